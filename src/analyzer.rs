@@ -1,0 +1,337 @@
+//! The text analyzer: words, bytes and runes of a UTF-8 text.
+//!
+//! Pure code: no async, no I/O. The semantics are those of SPEC section 4, which are Go's
+//! `len(strings.Fields(s))`, `len(s)` and `utf8.RuneCountInString(s)`:
+//!
+//! - `bytes` is the length of the UTF-8 encoding;
+//! - `runes` is the number of Unicode scalar values;
+//! - `words` is the number of maximal runs of characters that are not White_Space
+//!   (U+0009..U+000D, U+0020, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
+//!   U+202F, U+205F, U+3000; not U+200B nor U+FEFF).
+//!
+//! The scan works on bytes, never decoding a `char`: a rune starts at every byte that is not
+//! a UTF-8 continuation byte, and the few multi-byte White_Space characters are recognised by
+//! their encoded bytes. It checks its cancellation signal between chunks, so a large text
+//! stops early when asked to.
+//!
+//! The worker calls it through the [`Analyzer`] trait, so that tests can put a gate in front
+//! of it or make it fail.
+
+use std::fmt;
+
+use tokio_util::sync::CancellationToken;
+
+/// How many bytes are scanned between two looks at the cancellation signal.
+const CANCEL_CHECK_BYTES: usize = 1 << 20;
+
+/// The three results of an analysis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub words: i64,
+    pub bytes: i64,
+    pub runes: i64,
+}
+
+impl fmt::Display for Counts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "words={} bytes={} runes={}",
+            self.words, self.bytes, self.runes
+        )
+    }
+}
+
+/// Why an analysis ended without a result.
+///
+/// Both variants carry the partial counts reached so far; the finisher never stores them
+/// (SPEC invariant 2), but logs may show them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnalyzeError {
+    /// The cancellation signal was seen before the text was fully scanned.
+    #[error("analysis canceled")]
+    Canceled { partial: Counts },
+    /// The analyzer failed; the message becomes the task's `error`.
+    #[error("{message}")]
+    Failed { message: String, partial: Counts },
+}
+
+/// Something that turns a payload into [`Counts`].
+///
+/// The daemon uses [`TextStats`]; tests substitute analyzers held at a gate, counting their
+/// calls, or failing. Implementations are called on a blocking thread and should look at
+/// `cancel` now and then on long inputs.
+pub trait Analyzer: Send + Sync + 'static {
+    /// Analyze `text`.
+    ///
+    /// # Errors
+    ///
+    /// [`AnalyzeError::Canceled`] when `cancel` fired before the end, and
+    /// [`AnalyzeError::Failed`] when the analysis itself failed.
+    fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError>;
+}
+
+/// The real analyzer of SPEC section 4.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TextStats;
+
+impl Analyzer for TextStats {
+    fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError> {
+        analyze_cancellable(text, || cancel.is_cancelled())
+    }
+}
+
+/// Analyze the whole of `text`.
+pub fn analyze(text: &str) -> Counts {
+    match analyze_cancellable(text, || false) {
+        Ok(counts) => counts,
+        Err(_) => unreachable!("an analysis that is never canceled always finishes"),
+    }
+}
+
+/// Analyze `text`, asking `canceled` between chunks whether to stop.
+///
+/// # Errors
+///
+/// [`AnalyzeError::Canceled`] with the counts of the part scanned so far when `canceled`
+/// returned true before the end.
+pub fn analyze_cancellable(
+    text: &str,
+    canceled: impl Fn() -> bool,
+) -> Result<Counts, AnalyzeError> {
+    let bytes = text.as_bytes();
+    let mut scan = Scan::default();
+    let mut start = 0;
+    while start < bytes.len() {
+        if canceled() {
+            return Err(AnalyzeError::Canceled {
+                partial: scan.counts(start),
+            });
+        }
+        let end = (start + CANCEL_CHECK_BYTES).min(bytes.len());
+        scan.run(bytes, start, end);
+        start = end;
+    }
+    Ok(scan.counts(bytes.len()))
+}
+
+/// The state carried from one chunk to the next.
+#[derive(Debug)]
+struct Scan {
+    words: i64,
+    runes: i64,
+    in_space: bool,
+}
+
+impl Default for Scan {
+    fn default() -> Self {
+        Scan {
+            words: 0,
+            runes: 0,
+            in_space: true,
+        }
+    }
+}
+
+impl Scan {
+    fn counts(&self, bytes: usize) -> Counts {
+        Counts {
+            words: self.words,
+            bytes: bytes as i64,
+            runes: self.runes,
+        }
+    }
+
+    /// Scan `bytes[start..end]`. `bytes` is valid UTF-8, so the look-ahead of a lead byte
+    /// stays inside it even when the character crosses `end`.
+    fn run(&mut self, bytes: &[u8], start: usize, end: usize) {
+        let mut words = self.words;
+        let mut runes = self.runes;
+        let mut in_space = self.in_space;
+        for i in start..end {
+            let b = bytes[i];
+            let space = if b < 0x80 {
+                b == b' ' || b.wrapping_sub(b'\t') < 5
+            } else if b < 0xC0 {
+                // A continuation byte belongs to the character its lead byte decided on.
+                continue;
+            } else {
+                multibyte_is_space(b, bytes, i)
+            };
+            runes += 1;
+            words += i64::from(in_space & !space);
+            in_space = space;
+        }
+        self.words = words;
+        self.runes = runes;
+        self.in_space = in_space;
+    }
+}
+
+/// Whether the character led by `lead` at `bytes[i]` is one of the non-ASCII White_Space
+/// characters.
+#[inline]
+fn multibyte_is_space(lead: u8, bytes: &[u8], i: usize) -> bool {
+    let next = |k: usize| bytes.get(i + k).copied().unwrap_or(0);
+    match lead {
+        // U+0085, U+00A0
+        0xC2 => matches!(next(1), 0x85 | 0xA0),
+        // U+1680
+        0xE1 => next(1) == 0x9A && next(2) == 0x80,
+        0xE2 => match next(1) {
+            // U+2000..U+200A, U+2028, U+2029, U+202F
+            0x80 => matches!(next(2), 0x80..=0x8A | 0xA8 | 0xA9 | 0xAF),
+            // U+205F
+            0x81 => next(2) == 0x9F,
+            _ => false,
+        },
+        // U+3000
+        0xE3 => next(1) == 0x80 && next(2) == 0x80,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every character with the Unicode White_Space property.
+    const WHITE_SPACE: &[char] = &[
+        '\u{0009}', '\u{000A}', '\u{000B}', '\u{000C}', '\u{000D}', '\u{0020}', '\u{0085}',
+        '\u{00A0}', '\u{1680}', '\u{2000}', '\u{2001}', '\u{2002}', '\u{2003}', '\u{2004}',
+        '\u{2005}', '\u{2006}', '\u{2007}', '\u{2008}', '\u{2009}', '\u{200A}', '\u{2028}',
+        '\u{2029}', '\u{202F}', '\u{205F}', '\u{3000}',
+    ];
+
+    fn counts(words: i64, bytes: i64, runes: i64) -> Counts {
+        Counts {
+            words,
+            bytes,
+            runes,
+        }
+    }
+
+    #[test]
+    fn table_of_texts_gives_go_fields_len_and_rune_count() {
+        let cases: &[(&str, Counts)] = &[
+            ("", counts(0, 0, 0)),
+            (" ", counts(0, 1, 1)),
+            ("   \t\n\r\x0b\x0c ", counts(0, 9, 9)),
+            ("hello", counts(1, 5, 5)),
+            ("hello world", counts(2, 11, 11)),
+            ("  hello   world  ", counts(2, 17, 17)),
+            ("naïve 日本語 text", counts(3, 21, 14)),
+            ("emoji🚀 😀", counts(2, 14, 8)),
+            ("𝔘𝔫𝔦", counts(1, 12, 3)),
+            ("a\u{3000}b\u{00A0}c", counts(3, 8, 5)),
+            ("a\u{200B}b", counts(1, 5, 3)),
+            ("a\u{FEFF}b", counts(1, 5, 3)),
+            ("\u{200B}", counts(1, 3, 1)),
+            ("\u{FEFF}", counts(1, 3, 1)),
+            ("Straße crème brûlée", counts(3, 23, 19)),
+            // Near misses of the multi-byte spaces: same lead bytes, other characters.
+            (
+                "\u{00A1}\u{1681}\u{200C}\u{2030}\u{2060}\u{3001}",
+                counts(1, 17, 6),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(analyze(text), *want, "text {text:?}");
+        }
+    }
+
+    #[test]
+    fn every_white_space_character_separates_words_and_alone_is_no_word() {
+        for &space in WHITE_SPACE {
+            let alone = space.to_string();
+            assert_eq!(analyze(&alone).words, 0, "{space:?} alone");
+            let between = format!("a{space}b");
+            let want = counts(2, 2 + space.len_utf8() as i64, 3);
+            assert_eq!(analyze(&between), want, "{space:?} between two words");
+            let runs = format!("{space}{space}x{space}");
+            assert_eq!(analyze(&runs).words, 1, "{space:?} around one word");
+        }
+    }
+
+    #[test]
+    fn white_space_table_is_the_unicode_property() {
+        // Rust's char::is_whitespace is the White_Space property; check our table against it
+        // over every scalar value, so that the byte scan and the property cannot drift apart.
+        let from_property: Vec<char> = (0..=0x10FFFF_u32)
+            .filter_map(char::from_u32)
+            .filter(|c| c.is_whitespace())
+            .collect();
+        assert_eq!(from_property, WHITE_SPACE);
+        for c in (0..=0x10FFFF_u32).filter_map(char::from_u32) {
+            let text = format!("x{c}y");
+            let want = if c.is_whitespace() { 2 } else { 1 };
+            assert_eq!(analyze(&text).words, want, "U+{:04X}", c as u32);
+        }
+    }
+
+    #[test]
+    fn random_texts_agree_with_split_whitespace_and_chars() {
+        let alphabet: Vec<char> = WHITE_SPACE
+            .iter()
+            .copied()
+            .chain("ab日本😀ïß\u{200B}\u{FEFF}\u{00A1}\u{2030}".chars())
+            .collect();
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..2_000 {
+            let len = rng.usize(0..64);
+            let text: String = (0..len)
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            let want = counts(
+                text.split_whitespace().count() as i64,
+                text.len() as i64,
+                text.chars().count() as i64,
+            );
+            assert_eq!(analyze(&text), want, "text {text:?}");
+        }
+    }
+
+    #[test]
+    fn texts_larger_than_a_chunk_count_across_chunk_boundaries() {
+        // Multi-byte characters and words straddle every chunk boundary.
+        let piece = "日本語 café\u{3000}x ";
+        let text = piece.repeat(3 * CANCEL_CHECK_BYTES / piece.len() + 7);
+        let want = counts(
+            text.split_whitespace().count() as i64,
+            text.len() as i64,
+            text.chars().count() as i64,
+        );
+        assert_eq!(analyze(&text), want);
+    }
+
+    #[test]
+    fn a_canceled_analysis_stops_early_with_partial_counts() {
+        let text = "word ".repeat(CANCEL_CHECK_BYTES); // five chunks
+        let asked = std::cell::Cell::new(0);
+        let result = analyze_cancellable(&text, || {
+            asked.set(asked.get() + 1);
+            asked.get() > 2
+        });
+        match result {
+            Err(AnalyzeError::Canceled { partial }) => {
+                assert_eq!(partial.bytes, 2 * CANCEL_CHECK_BYTES as i64);
+                let scanned = &text[..partial.bytes as usize];
+                assert_eq!(partial, analyze(scanned));
+            }
+            other => panic!("expected a canceled analysis, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn text_stats_reports_canceled_when_the_token_fired() {
+        let token = CancellationToken::new();
+        token.cancel();
+        let result = TextStats.analyze("some words", &token);
+        assert!(matches!(result, Err(AnalyzeError::Canceled { .. })));
+        assert_eq!(
+            TextStats.analyze("", &token),
+            Ok(Counts::default()),
+            "an empty text has nothing left to cancel"
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! `pgtaskd run`: wires the listener, the pool and the worker together, and stops them in
+//! order.
+//!
+//! Start: take a fresh instance id; connect (retrying while the database is unreachable);
+//! check the database encoding and schema (or migrate, with `--migrate`); start the listener
+//! and the worker. Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish
+//! within the grace, stop the analyzers that still run, commit or release every claim, then
+//! return.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::analyzer::Analyzer;
+use crate::backoff::Backoff;
+use crate::config::Config;
+use crate::db::listen::{self, ListenEvents};
+use crate::db::migrate::{self, SchemaError};
+use crate::db::ConnectSettings;
+use crate::db::DbError;
+use crate::shutdown::Shutdown;
+use crate::worker::Worker;
+
+const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
+const STARTUP_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// How `run` was asked to start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Apply pending migrations before starting.
+    pub migrate: bool,
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The configuration or the schema cannot be used (exit 78).
+    #[error(transparent)]
+    Config(anyhow::Error),
+    /// Anything else (exit 1).
+    #[error(transparent)]
+    Runtime(anyhow::Error),
+}
+
+/// A fresh id for this process's leases: host, process id and a random suffix, short enough
+/// for `application_name`.
+pub fn new_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".to_string());
+    let host: String = host.chars().take(32).collect();
+    format!(
+        "{host}:{}:{:06x}",
+        std::process::id(),
+        fastrand::u32(..0x100_0000)
+    )
+}
+
+/// Run the daemon until `shutdown` fires and every claim is committed or released.
+///
+/// # Errors
+///
+/// [`DaemonError::Config`] for a bad connection string, a database that is not UTF8, or a
+/// schema this binary does not know; [`DaemonError::Runtime`] otherwise. A database that is
+/// down is waited for, not an error.
+pub async fn run(
+    config: &Config,
+    analyzer: Arc<dyn Analyzer>,
+    shutdown: Shutdown,
+    options: RunOptions,
+) -> Result<(), DaemonError> {
+    let instance = new_instance_id();
+    let settings = ConnectSettings::new(&config.database, &instance)
+        .map_err(|err| DaemonError::Config(err.into()))?;
+    tracing::info!(instance = %instance, concurrency = config.worker.concurrency,
+        queues = ?config.worker.queues, "pgtaskd starting");
+
+    let stop = shutdown.stopping();
+    if !prepare_schema(&settings, options, &stop).await? {
+        tracing::info!("shutdown before the database was reached");
+        return Ok(());
+    }
+
+    let pool = settings.pool();
+    let worker = Worker::new(pool, analyzer, instance, config.worker.clone());
+    let listening = Arc::new(AtomicBool::new(false));
+    let listener_stop = tokio_util::sync::CancellationToken::new();
+    let listener = tokio::spawn(listen::run(
+        settings.clone(),
+        DaemonEvents {
+            worker: worker.clone(),
+            listening: Arc::clone(&listening),
+        },
+        listener_stop.clone(),
+    ));
+
+    worker.run(stop).await;
+    tracing::info!(running = worker.running(), "no more claims");
+    worker
+        .shutdown(config.shutdown.grace, shutdown.hurrying())
+        .await;
+    listener_stop.cancel();
+    let _ = listener.await;
+    tracing::info!("pgtaskd stopped");
+    Ok(())
+}
+
+/// Check (or migrate) the schema, retrying while the database is unreachable. Returns false
+/// when shutdown came first.
+async fn prepare_schema(
+    settings: &ConnectSettings,
+    options: RunOptions,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<bool, DaemonError> {
+    let mut backoff = Backoff::new(STARTUP_RETRY_BASE, STARTUP_RETRY_CAP);
+    loop {
+        let attempt = async {
+            let mut client = settings.connect().await?;
+            if options.migrate {
+                let applied = migrate::migrate(&mut client).await?;
+                if !applied.is_empty() {
+                    tracing::info!(?applied, "migrations applied");
+                }
+            }
+            let version = migrate::check(&client).await?;
+            tracing::info!(version, "schema checked");
+            Ok::<(), SchemaError>(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(true),
+            Err(SchemaError::Db(err)) if err.is_unavailable() => {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %crate::db::describe(&err), retry_in_ms = delay.as_millis() as u64,
+                    "database unavailable; waiting for it");
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(false),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(SchemaError::Db(err)) => return Err(DaemonError::Runtime(db_error(err))),
+            Err(err) => return Err(DaemonError::Config(err.into())),
+        }
+    }
+}
+
+fn db_error(err: DbError) -> anyhow::Error {
+    anyhow::anyhow!(crate::db::describe(&err))
+}
+
+/// The listener's events, delivered to the worker.
+struct DaemonEvents {
+    worker: Worker,
+    listening: Arc<AtomicBool>,
+}
+
+impl ListenEvents for DaemonEvents {
+    fn connected(&self) {
+        self.listening.store(true, Ordering::Relaxed);
+        self.worker.wake();
+    }
+
+    fn disconnected(&self) {
+        self.listening.store(false, Ordering::Relaxed);
+    }
+
+    fn work_available(&self) {
+        self.worker.wake();
+    }
+
+    fn cancel_requested(&self, id: i64) {
+        self.worker.cancel_running(id);
+    }
+}

@@ -1,0 +1,148 @@
+//! The dedicated LISTEN connection: one per daemon, outside the pool, never in a transaction.
+//!
+//! It turns `NOTIFY pgtaskd_tasks` into a wake-up and `NOTIFY pgtaskd_cancel, '<id>'` into a
+//! cancel request, through [`ListenEvents`]. Notifications are only a wake-up: the worker's
+//! poll tick is the safety net (SPEC invariant 6).
+//!
+//! The connection is checked, not trusted: a round trip every [`LIVENESS_INTERVAL`] with a
+//! deadline, on top of TCP keepalives, finds a half-open connection in seconds. On any
+//! failure it reconnects with capped, jittered backoff, and after every (re)connect it first
+//! issues `LISTEN`, then reports [`ListenEvents::connected`] so that the daemon scans for work
+//! that was enqueued while nobody listened, in that order.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use super::{ConnectSettings, DbError};
+use crate::backoff::Backoff;
+
+/// The channel the insert trigger notifies.
+pub const TASKS_CHANNEL: &str = "pgtaskd_tasks";
+/// The channel `pgtaskd.cancel` notifies, with the task id as payload.
+pub const CANCEL_CHANNEL: &str = "pgtaskd_cancel";
+
+/// How often the listener proves its connection alive.
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(5);
+/// How long that proof may take.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(5);
+const RECONNECT_BASE: Duration = Duration::from_millis(100);
+const RECONNECT_CAP: Duration = Duration::from_secs(5);
+
+/// What the listener reports to the daemon.
+pub trait ListenEvents: Send + Sync + 'static {
+    /// `LISTEN` is in place on a fresh connection: scan once for work.
+    fn connected(&self);
+    /// The connection was lost; notifications are not arriving until the next `connected`.
+    fn disconnected(&self);
+    /// Tasks were enqueued.
+    fn work_available(&self);
+    /// A running task's cancellation was requested.
+    fn cancel_requested(&self, id: i64);
+}
+
+/// Listen until `stop` fires, reconnecting as often as needed.
+pub async fn run(settings: ConnectSettings, events: impl ListenEvents, stop: CancellationToken) {
+    let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
+    loop {
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => return,
+            outcome = listen_once(&settings, &events, &mut backoff) => outcome,
+        };
+        events.disconnected();
+        if let Err(err) = outcome {
+            tracing::warn!(error = %super::describe(&err), "listener connection lost; reconnecting");
+        }
+        let delay = backoff.next_delay();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One connection's life: connect, LISTEN, report, then dispatch until it fails.
+async fn listen_once(
+    settings: &ConnectSettings,
+    events: &impl ListenEvents,
+    backoff: &mut Backoff,
+) -> Result<(), DbError> {
+    let connecting = settings.config().connect(NoTls);
+    let timeout = settings
+        .config()
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(LIVENESS_TIMEOUT);
+    let (client, mut connection) = tokio::time::timeout(timeout, connecting)
+        .await
+        .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
+        .map_err(|err| DbError::Unavailable(Box::new(err)))?;
+
+    // Notifications come only from a connection that we poll ourselves.
+    let (tx, mut messages) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = stream.next().await {
+            match message {
+                Ok(message) => {
+                    if tx.send(message).is_err() {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "listener connection failed");
+                    break;
+                }
+            }
+        }
+    });
+    let _abort_driver = AbortOnDrop(driver);
+
+    client
+        .batch_execute(&format!("LISTEN {TASKS_CHANNEL}; LISTEN {CANCEL_CHANNEL};"))
+        .await?;
+    tracing::info!("listening for notifications");
+    backoff.reset();
+    events.connected();
+
+    let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+    liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    liveness.tick().await;
+    loop {
+        tokio::select! {
+            message = messages.recv() => match message {
+                Some(AsyncMessage::Notification(n)) => match n.channel() {
+                    TASKS_CHANNEL => events.work_available(),
+                    CANCEL_CHANNEL => match n.payload().trim().parse::<i64>() {
+                        Ok(id) => events.cancel_requested(id),
+                        Err(_) => tracing::warn!(payload = n.payload(), "ignoring a cancel notification without a task id"),
+                    },
+                    other => tracing::debug!(channel = other, "ignoring a notification"),
+                },
+                Some(AsyncMessage::Notice(notice)) => {
+                    tracing::debug!(message = notice.message(), "server notice on the listener");
+                }
+                Some(_) => {}
+                None => return Err(DbError::unavailable("listener connection closed")),
+            },
+            _ = liveness.tick() => {
+                match tokio::time::timeout(LIVENESS_TIMEOUT, client.simple_query("")).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(err)) => return Err(err.into()),
+                    Err(_) => return Err(DbError::unavailable("listener connection did not answer its liveness check")),
+                }
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,164 @@
+//! Schema migrations: the numbered files of `sql/`, embedded in the binary.
+//!
+//! [`migrate`] applies the pending ones in order, all in one transaction, under a
+//! transaction-level advisory lock so that daemons started together never race; it records
+//! each in `pgtaskd.schema_migrations`, so applying twice is a no-op. [`check`] is what
+//! `pgtaskd run` does instead: it refuses a database whose schema it does not know.
+//! Both refuse a database whose encoding is not UTF8 (payloads are UTF-8 text).
+
+use tokio_postgres::Client;
+
+use super::DbError;
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_tasks",
+    sql: include_str!("../../sql/0001_tasks.sql"),
+}];
+
+/// The schema version this binary was built for.
+pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// The advisory lock key held while migrating ("pgtaskd" in ASCII).
+const MIGRATION_LOCK: i64 = 0x0070_6774_6173_6b64;
+
+/// Why the schema cannot be used as it is (exit 78), or the database failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("database encoding is {0}, but pgtaskd needs UTF8 (create the database with ENCODING 'UTF8')")]
+    Encoding(String),
+    #[error(
+        "the pgtaskd schema is not installed: run `pgtaskd migrate` (or `pgtaskd run --migrate`)"
+    )]
+    Missing,
+    #[error("the pgtaskd schema is at version {found}, older than this binary's {LATEST_VERSION}: run `pgtaskd migrate`")]
+    Behind { found: i32 },
+    #[error("the pgtaskd schema is at version {found}, newer than this binary knows ({LATEST_VERSION}): upgrade pgtaskd")]
+    Ahead { found: i32 },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<tokio_postgres::Error> for SchemaError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        SchemaError::Db(err.into())
+    }
+}
+
+/// Apply every pending migration. Returns the versions applied (empty when up to date).
+///
+/// # Errors
+///
+/// [`SchemaError::Encoding`] and [`SchemaError::Ahead`] refuse the database; database
+/// failures roll everything back.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, SchemaError> {
+    check_encoding(client).await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE SCHEMA IF NOT EXISTS pgtaskd;
+         CREATE TABLE IF NOT EXISTS pgtaskd.schema_migrations (
+             version    int         PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .await?;
+    let found: Option<i32> = tx
+        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .await?
+        .get(0);
+    let found = found.unwrap_or(0);
+    if found > LATEST_VERSION {
+        return Err(SchemaError::Ahead { found });
+    }
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
+        tx.batch_execute(migration.sql).await?;
+        tx.execute(
+            "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES ($1, $2)",
+            &[&migration.version, &migration.name],
+        )
+        .await?;
+        applied.push(migration.version);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// Check that the schema is exactly the one this binary knows.
+///
+/// # Errors
+///
+/// [`SchemaError::Missing`], [`SchemaError::Behind`] or [`SchemaError::Ahead`] when it is not;
+/// [`SchemaError::Encoding`] for a database that is not UTF8.
+pub async fn check(client: &Client) -> Result<i32, SchemaError> {
+    check_encoding(client).await?;
+    let found = current_version(client).await?;
+    match found {
+        None => Err(SchemaError::Missing),
+        Some(found) if found < LATEST_VERSION => Err(SchemaError::Behind { found }),
+        Some(found) if found > LATEST_VERSION => Err(SchemaError::Ahead { found }),
+        Some(found) => Ok(found),
+    }
+}
+
+/// The highest applied migration, or `None` when the schema is not installed.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn current_version(client: &Client) -> Result<Option<i32>, DbError> {
+    let installed: bool = client
+        .query_one(
+            "SELECT to_regclass('pgtaskd.schema_migrations') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !installed {
+        return Ok(None);
+    }
+    let row = client
+        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn check_encoding(client: &Client) -> Result<(), SchemaError> {
+    let row = client
+        .query_one("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()", &[])
+        .await?;
+    let encoding: String = row.get(0);
+    if encoding == "UTF8" {
+        Ok(())
+    } else {
+        Err(SchemaError::Encoding(encoding))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_from_one() {
+        for (i, migration) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(migration.version, i as i32 + 1);
+            assert!(migration
+                .name
+                .starts_with(&format!("{:04}_", migration.version)));
+            assert!(!migration.sql.trim().is_empty());
+        }
+    }
+}

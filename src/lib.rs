@@ -1,0 +1,31 @@
+//! pgtaskd: a PostgreSQL task daemon for text analysis.
+//!
+//! Producers `INSERT` into `pgtaskd.tasks`; a statement-level trigger sends
+//! `NOTIFY pgtaskd_tasks`; the daemon's listener wakes the worker, which claims tasks with a
+//! conditional `UPDATE`, runs the analyzer, and commits the terminal status together with the
+//! results in one fenced `UPDATE`. The row is the single source of truth.
+//!
+//! Module map, in the order data flows (SPEC section 1):
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`config`] | the TOML configuration, validated, with its defaults |
+//! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
+//! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
+//! | [`worker`] | wake -> permit -> claim -> analyze -> finish, and the two-phase stop |
+//! | [`analyzer`] | words, bytes and runes: pure, cancellable |
+//! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
+//! | [`shutdown`] | signals -> stop and hurry tokens |
+//! | [`backoff`] | capped, jittered retry delays |
+//! | [`cli`], [`commands`] | the command line and its exit codes |
+
+pub mod analyzer;
+pub mod backoff;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod daemon;
+pub mod db;
+pub mod queue;
+pub mod shutdown;
+pub mod worker;

@@ -1,0 +1,200 @@
+//! Finishing a claim: the terminal status and the results in one fenced `UPDATE`
+//! (invariants 2 and 3), and releasing a claim back to QUEUED on shutdown.
+//!
+//! Both statements match only `status = 'RUNNING' AND attempt = $claimed AND lease_owner =
+//! $instance`: a claim that was lost (rescued, finished by someone else, released) is never
+//! written over. A finish that matches no row changes nothing, and the caller learns whether
+//! the task is "not running any more" or "not found" from the same statement.
+//!
+//! A finish also reads `cancel_requested` in the same `UPDATE`: a task whose cancellation was
+//! requested while it ran is committed CANCELED with zero counts, whatever the analyzer said.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use super::task::{status_column, TaskStatus};
+use crate::analyzer::Counts;
+use crate::db::DbError;
+
+/// What the analyzer made of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The counts to store.
+    Succeeded(Counts),
+    /// Why it failed; stored as `error`, with zero counts.
+    Failed(String),
+    /// The analyzer stopped for a cancel request; zero counts.
+    Canceled,
+}
+
+impl Outcome {
+    fn status(&self) -> TaskStatus {
+        match self {
+            Outcome::Succeeded(_) => TaskStatus::Succeeded,
+            Outcome::Failed(_) => TaskStatus::Failed,
+            Outcome::Canceled => TaskStatus::Canceled,
+        }
+    }
+}
+
+/// Why a finish or release changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// The task exists but is not RUNNING under this claim any more; `status` is what the
+    /// finish saw.
+    #[error("task is not running under this claim any more (status {status})")]
+    NotRunning { status: TaskStatus },
+    /// There is no such task.
+    #[error("no such task")]
+    NotFound,
+    /// The database failed. When it is [`DbError::Unavailable`], the outcome of the
+    /// statement is unknown: re-read the row, never re-run the analyzer (invariant 4).
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<tokio_postgres::Error> for FinishError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        FinishError::Db(err.into())
+    }
+}
+
+const FINISH: &str = "
+WITH done AS (
+    UPDATE pgtaskd.tasks
+       SET status = CASE WHEN cancel_requested THEN 'CANCELED' ELSE $4 END,
+           words = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $5 END,
+           bytes = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $6 END,
+           runes = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $7 END,
+           error = CASE WHEN cancel_requested OR $4 <> 'FAILED' THEN NULL ELSE $8 END,
+           lease_owner = NULL,
+           lease_expires_at = NULL,
+           finished_at = now()
+     WHERE id = $1 AND status = 'RUNNING' AND attempt = $2 AND lease_owner = $3
+    RETURNING status
+)
+SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1)";
+
+/// Commit the outcome of claim (`id`, `attempt`) held by `owner`. Returns the status written,
+/// which is CANCELED when a cancel was requested meanwhile.
+///
+/// # Errors
+///
+/// [`FinishError::NotRunning`] or [`FinishError::NotFound`] when nothing matched (nothing
+/// changed); [`FinishError::Db`] when the database failed.
+pub async fn finish(
+    client: &Client,
+    owner: &str,
+    id: i64,
+    attempt: i32,
+    outcome: &Outcome,
+) -> Result<TaskStatus, FinishError> {
+    let status = outcome.status().as_str();
+    let counts = match outcome {
+        Outcome::Succeeded(counts) => *counts,
+        Outcome::Failed(_) | Outcome::Canceled => Counts::default(),
+    };
+    let error = match outcome {
+        Outcome::Failed(message) => Some(message.as_str()),
+        Outcome::Succeeded(_) | Outcome::Canceled => None,
+    };
+    let row = client
+        .query_typed(
+            FINISH,
+            &[
+                (&id, Type::INT8),
+                (&attempt, Type::INT4),
+                (&owner, Type::TEXT),
+                (&status, Type::TEXT),
+                (&counts.words, Type::INT8),
+                (&counts.bytes, Type::INT8),
+                (&counts.runes, Type::INT8),
+                (&error, Type::TEXT),
+            ],
+        )
+        .await?;
+    matched(&row[0])
+}
+
+const RELEASE: &str = "
+WITH done AS (
+    UPDATE pgtaskd.tasks
+       SET status = CASE WHEN cancel_requested THEN 'CANCELED' ELSE 'QUEUED' END,
+           attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
+           started_at = CASE WHEN cancel_requested THEN started_at END,
+           finished_at = CASE WHEN cancel_requested THEN now() END,
+           lease_owner = NULL,
+           lease_expires_at = NULL
+     WHERE id = $1 AND status = 'RUNNING' AND attempt = $2 AND lease_owner = $3
+    RETURNING status
+)
+SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1)";
+
+/// Give claim (`id`, `attempt`) back without a result, as a shutdown does: the task becomes
+/// QUEUED for any daemon to take at once, and the claim does not count as an attempt, so
+/// shutdowns alone never exhaust `max_attempts`. A task whose cancellation was requested
+/// becomes CANCELED instead. Returns the status written.
+///
+/// # Errors
+///
+/// As [`finish`].
+pub async fn release(
+    client: &Client,
+    owner: &str,
+    id: i64,
+    attempt: i32,
+) -> Result<TaskStatus, FinishError> {
+    let row = client
+        .query_typed(
+            RELEASE,
+            &[
+                (&id, Type::INT8),
+                (&attempt, Type::INT4),
+                (&owner, Type::TEXT),
+            ],
+        )
+        .await?;
+    matched(&row[0])
+}
+
+/// Read the `(written, current)` pair that FINISH and RELEASE return.
+fn matched(row: &tokio_postgres::Row) -> Result<TaskStatus, FinishError> {
+    let written: Option<&str> = row.get(0);
+    let current: Option<&str> = row.get(1);
+    match (written, current) {
+        (Some(written), _) => Ok(status_column(written)),
+        (None, Some(current)) => Err(FinishError::NotRunning {
+            status: status_column(current),
+        }),
+        (None, None) => Err(FinishError::NotFound),
+    }
+}
+
+/// Where a claim stands, as a re-read after an unknown commit outcome finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimState {
+    pub status: TaskStatus,
+    pub attempt: i32,
+    pub lease_owner: Option<String>,
+}
+
+/// Re-read claim-relevant columns of task `id`, waiting (`FOR SHARE`) for any transaction that
+/// still holds the row, such as the one whose commit outcome is unknown. `None` when there is
+/// no such task.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn reread(client: &Client, id: i64) -> Result<Option<ClaimState>, DbError> {
+    let row = client
+        .query_typed(
+            "SELECT status, attempt, lease_owner FROM pgtaskd.tasks WHERE id = $1 FOR SHARE",
+            &[(&id, Type::INT8)],
+        )
+        .await?;
+    Ok(row.first().map(|row| ClaimState {
+        status: status_column(row.get(0)),
+        attempt: row.get(1),
+        lease_owner: row.get(2),
+    }))
+}

@@ -1,0 +1,27 @@
+//! The task table's operations: one SQL statement per function, the SQL next to it.
+//!
+//! Every status change here is guarded by the status and claim it expects (SPEC section 3),
+//! so that no stale actor can overwrite a newer state:
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | [`enqueue`] | inserting a task |
+//! | [`claim`] | QUEUED -> RUNNING, in batches, one winner per task |
+//! | [`finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by attempt and lease owner; release back to QUEUED |
+//! | [`cancel`] | `pgtaskd.cancel(id)` |
+//! | [`heartbeat`] | extending the leases of running tasks, reading their cancel requests |
+//! | [`task`] | the row as clients see it, and reading it |
+
+pub mod cancel;
+pub mod claim;
+pub mod enqueue;
+pub mod finish;
+pub mod heartbeat;
+pub mod task;
+
+pub use cancel::{cancel, CancelOutcome};
+pub use claim::{claim, Claimed};
+pub use enqueue::enqueue;
+pub use finish::{finish, release, reread, ClaimState, FinishError, Outcome};
+pub use heartbeat::{heartbeat, Extended};
+pub use task::{get, Task, TaskStatus};

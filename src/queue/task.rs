@@ -1,0 +1,136 @@
+//! The task row as clients see it, read straight from the database.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::{Client, Row};
+
+use crate::db::DbError;
+
+/// The five states of SPEC section 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum TaskStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Queued => "QUEUED",
+            TaskStatus::Running => "RUNNING",
+            TaskStatus::Succeeded => "SUCCEEDED",
+            TaskStatus::Failed => "FAILED",
+            TaskStatus::Canceled => "CANCELED",
+        }
+    }
+
+    /// Whether no transition leaves this state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Canceled
+        )
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status string that is none of the five.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown task status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for TaskStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "QUEUED" => TaskStatus::Queued,
+            "RUNNING" => TaskStatus::Running,
+            "SUCCEEDED" => TaskStatus::Succeeded,
+            "FAILED" => TaskStatus::Failed,
+            "CANCELED" => TaskStatus::Canceled,
+            other => return Err(UnknownStatus(other.to_string())),
+        })
+    }
+}
+
+/// Parse a status column; the table's CHECK constraint keeps it one of the five.
+pub(crate) fn status_column(text: &str) -> TaskStatus {
+    text.parse()
+        .unwrap_or_else(|err| panic!("the tasks table's CHECK constraint was bypassed: {err}"))
+}
+
+/// One row of `pgtaskd.tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Task {
+    pub id: i64,
+    pub queue: String,
+    pub payload: String,
+    pub status: TaskStatus,
+    pub priority: i16,
+    pub run_at: DateTime<Utc>,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub cancel_requested: bool,
+    pub words: i64,
+    pub bytes: i64,
+    pub runes: i64,
+    pub error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+const COLUMNS: &str = "id, queue, payload, status, priority, run_at, attempt, max_attempts, \
+    cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, created_at, \
+    started_at, finished_at";
+
+impl Task {
+    fn from_row(row: &Row) -> Task {
+        Task {
+            id: row.get("id"),
+            queue: row.get("queue"),
+            payload: row.get("payload"),
+            status: status_column(row.get("status")),
+            priority: row.get("priority"),
+            run_at: row.get("run_at"),
+            attempt: row.get("attempt"),
+            max_attempts: row.get("max_attempts"),
+            cancel_requested: row.get("cancel_requested"),
+            words: row.get("words"),
+            bytes: row.get("bytes"),
+            runes: row.get("runes"),
+            error: row.get("error"),
+            lease_owner: row.get("lease_owner"),
+            lease_expires_at: row.get("lease_expires_at"),
+            created_at: row.get("created_at"),
+            started_at: row.get("started_at"),
+            finished_at: row.get("finished_at"),
+        }
+    }
+}
+
+/// Read one task; `None` when there is no such task.
+///
+/// # Errors
+///
+/// [`DbError::Unavailable`] when the database cannot be asked: never `None` for that.
+pub async fn get(client: &Client, id: i64) -> Result<Option<Task>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
+    let row = client.query_opt(&sql, &[&id]).await?;
+    Ok(row.as_ref().map(Task::from_row))
+}

@@ -1,0 +1,501 @@
+//! The worker: wake (notify | poll) -> permit -> claim -> analyze -> finish.
+//!
+//! One producer loop per daemon claims work; each claimed task runs on a task of its own that
+//! holds one of `worker.concurrency` permits, taken *before* the claim, so that nothing is
+//! claimed that no worker can start. Claims are batched to the number of free permits.
+//!
+//! Each running task has a cancellation token, a child of the worker's abort token. A user's
+//! cancel (the listener's `pgtaskd_cancel` notification, or the heartbeat's read of
+//! `cancel_requested`) fires it; so does the abort phase of a shutdown. The analyzer runs on
+//! a blocking thread and is always awaited to its return before the claim is finished,
+//! released or dropped: "asked to stop" is never taken for "stopped".
+//!
+//! Finishing a claim survives database faults (invariant 4): when the connection fails after
+//! the finish was sent, the result stays in memory, the row is re-read on a fresh connection
+//! (with capped, jittered backoff while the database is down), and then accepted (terminal),
+//! finished again (still RUNNING under this claim) or dropped (claim lost). The analyzer
+//! never runs twice for one claim.
+//!
+//! Callers: [`crate::daemon`] runs [`Worker::run`] and [`Worker::shutdown`]; tests also call
+//! [`Worker::run_once`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::analyzer::{AnalyzeError, Analyzer};
+use crate::backoff::{jitter, Backoff};
+use crate::config::WorkerConfig;
+use crate::db::{DbError, Pool};
+use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
+
+/// The most tasks one claim statement takes.
+const MAX_CLAIM_BATCH: usize = 100;
+/// Retry delays while a finish cannot reach the database.
+const COMMIT_RETRY_BASE: Duration = Duration::from_millis(50);
+const COMMIT_RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// The worker of one daemon instance. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    analyzer: Arc<dyn Analyzer>,
+    instance: String,
+    config: WorkerConfig,
+    permits: Arc<Semaphore>,
+    wake: Notify,
+    running: Mutex<HashMap<i64, Running>>,
+    tracker: TaskTracker,
+    /// Fires the tokens of every running task: the second phase of a shutdown.
+    abort: CancellationToken,
+    /// Ends the heartbeat, once the last task ended.
+    heartbeat_stop: CancellationToken,
+}
+
+/// A task this worker runs, as the cancel paths find it.
+struct Running {
+    attempt: i32,
+    cancel: CancellationToken,
+}
+
+/// What to do with a claim once its analyzer returned.
+#[derive(Debug)]
+enum Action {
+    Finish(Outcome),
+    /// Shutdown stopped the analyzer: give the claim back.
+    Release,
+}
+
+impl Worker {
+    /// A worker that claims for instance `instance` from `pool`.
+    pub fn new(
+        pool: Pool,
+        analyzer: Arc<dyn Analyzer>,
+        instance: String,
+        config: WorkerConfig,
+    ) -> Worker {
+        Worker {
+            inner: Arc::new(Inner {
+                permits: Arc::new(Semaphore::new(config.concurrency)),
+                pool,
+                analyzer,
+                instance,
+                config,
+                wake: Notify::new(),
+                running: Mutex::new(HashMap::new()),
+                tracker: TaskTracker::new(),
+                abort: CancellationToken::new(),
+                heartbeat_stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The instance id written as `lease_owner`.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// Ask the producer loop to look for work now. Wake-ups are coalesced: many calls while
+    /// the loop is busy make one more scan.
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// A cancel request for task `id` arrived: stop its analyzer if this worker runs it. The
+    /// database already holds `cancel_requested`; the finish will commit CANCELED.
+    pub fn cancel_running(&self, id: i64) {
+        let running = self
+            .inner
+            .running
+            .lock()
+            .expect("running-task registry poisoned");
+        if let Some(task) = running.get(&id) {
+            tracing::info!(
+                id,
+                attempt = task.attempt,
+                "cancel requested; stopping the analyzer"
+            );
+            task.cancel.cancel();
+        }
+    }
+
+    /// How many tasks this worker is running now.
+    pub fn running(&self) -> usize {
+        self.inner
+            .running
+            .lock()
+            .expect("running-task registry poisoned")
+            .len()
+    }
+
+    /// The producer loop: scan for work at start, on every wake-up and on every poll tick,
+    /// until `stop` fires. Returns at once when it does; running tasks go on (see
+    /// [`Worker::shutdown`]). The lease heartbeat runs alongside until the last task ended.
+    pub async fn run(&self, stop: CancellationToken) {
+        tokio::spawn(self.clone().heartbeat());
+        loop {
+            self.fill(&stop).await;
+            let poll = jitter(self.inner.config.poll_interval);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = self.inner.wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// Claim one batch, as many tasks as there are free permits (at most one claim
+    /// statement), and start them. Returns how many were claimed.
+    ///
+    /// # Errors
+    ///
+    /// Database failures; nothing was claimed.
+    pub async fn run_once(&self) -> Result<usize, DbError> {
+        let free = self.inner.permits.available_permits().min(MAX_CLAIM_BATCH);
+        if free == 0 {
+            return Ok(0);
+        }
+        let permits = Arc::clone(&self.inner.permits)
+            .acquire_many_owned(free as u32)
+            .await
+            .expect("the worker's semaphore is never closed");
+        self.claim_and_start(permits).await
+    }
+
+    /// Claim until the queue runs dry or `stop` fires, one batch per free set of permits.
+    async fn fill(&self, stop: &CancellationToken) {
+        loop {
+            // At least one permit before claiming anything.
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                permit = Arc::clone(&self.inner.permits).acquire_owned() => {
+                    permit.expect("the worker's semaphore is never closed")
+                }
+            };
+            let mut permits = first;
+            let more = self
+                .inner
+                .permits
+                .available_permits()
+                .min(MAX_CLAIM_BATCH - 1);
+            if more > 0 {
+                if let Ok(extra) =
+                    Arc::clone(&self.inner.permits).try_acquire_many_owned(more as u32)
+                {
+                    permits.merge(extra);
+                }
+            }
+            if stop.is_cancelled() {
+                return;
+            }
+            let wanted = permits.num_permits();
+            match self.claim_and_start(permits).await {
+                Ok(claimed) if claimed == wanted => continue,
+                Ok(_) => return,
+                Err(err) => {
+                    tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn claim_and_start(&self, mut permits: OwnedSemaphorePermit) -> Result<usize, DbError> {
+        let inner = &self.inner;
+        let client = inner.pool.get().await?;
+        let tasks = queue::claim(
+            &client,
+            &inner.instance,
+            &inner.config.queues,
+            permits.num_permits(),
+            inner.config.lease,
+        )
+        .await?;
+        drop(client);
+        let claimed = tasks.len();
+        for task in tasks {
+            let permit = permits.split(1).expect("one permit per claimed task");
+            let cancel = inner.abort.child_token();
+            inner
+                .running
+                .lock()
+                .expect("running-task registry poisoned")
+                .insert(
+                    task.id,
+                    Running {
+                        attempt: task.attempt,
+                        cancel: cancel.clone(),
+                    },
+                );
+            tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
+            inner
+                .tracker
+                .spawn(self.clone().execute(task, cancel, permit));
+        }
+        Ok(claimed)
+    }
+
+    /// Analyze one claimed task and commit what came of it.
+    async fn execute(self, task: Claimed, cancel: CancellationToken, permit: OwnedSemaphorePermit) {
+        let started = Instant::now();
+        let Claimed {
+            id,
+            attempt,
+            payload,
+            ..
+        } = task;
+        tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
+        let analyzer = Arc::clone(&self.inner.analyzer);
+        let token = cancel.clone();
+        let analyzed =
+            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token)).await;
+        let action = match analyzed {
+            Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
+            Ok(Err(AnalyzeError::Failed { message, .. })) => {
+                Action::Finish(Outcome::Failed(message))
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) if self.inner.abort.is_cancelled() => {
+                Action::Release
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
+            Err(join) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {join}"))),
+        };
+        // The analyzer has returned: from here on, nothing else may stop this claim.
+        let result = self.commit(id, attempt, &action).await;
+        self.inner
+            .running
+            .lock()
+            .expect("running-task registry poisoned")
+            .remove(&id);
+        drop(permit);
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        match (result, &action) {
+            (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
+                if status == TaskStatus::Succeeded =>
+            {
+                tracing::info!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, duration_ms, "task finished");
+            }
+            (Ok(status), Action::Finish(Outcome::Failed(error)))
+                if status == TaskStatus::Failed =>
+            {
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, duration_ms, error = error.as_str(), "task finished");
+            }
+            (Ok(status), Action::Release) if status == TaskStatus::Queued => {
+                tracing::info!(id, attempt, %status, duration_ms, "task released for another daemon");
+            }
+            (Ok(status), _) => {
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, duration_ms, "task finished");
+            }
+            (Err(FinishError::NotRunning { status }), _) => {
+                tracing::warn!(id, attempt, %status, "claim lost before the finish; result dropped");
+            }
+            (Err(FinishError::NotFound), _) => {
+                tracing::warn!(id, attempt, "task deleted while it ran; result dropped");
+            }
+            (Err(FinishError::Db(err)), _) => {
+                tracing::error!(id, attempt, error = %crate::db::describe(&err), "finish failed; the lease will expire");
+            }
+        }
+    }
+
+    /// Apply `action` to the claim, retrying until the database answers. After a failure
+    /// whose outcome is unknown, re-read before writing again.
+    async fn commit(
+        &self,
+        id: i64,
+        attempt: i32,
+        action: &Action,
+    ) -> Result<TaskStatus, FinishError> {
+        let mut backoff = Backoff::new(COMMIT_RETRY_BASE, COMMIT_RETRY_CAP);
+        let mut outcome_unknown = false;
+        loop {
+            let result = match self.inner.pool.get().await {
+                Err(err) => Err(FinishError::Db(err.into())),
+                Ok(client) if outcome_unknown => self.resolve(&client, id, attempt, action).await,
+                Ok(client) => self.apply(&client, id, attempt, action).await,
+            };
+            match result {
+                Err(FinishError::Db(err)) => {
+                    if err.is_unavailable() {
+                        outcome_unknown = true;
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::warn!(id, attempt, error = %crate::db::describe(&err), retry_in_ms = delay.as_millis() as u64,
+                        "commit outcome unknown; will re-read the row");
+                    tokio::time::sleep(delay).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn apply(
+        &self,
+        client: &tokio_postgres::Client,
+        id: i64,
+        attempt: i32,
+        action: &Action,
+    ) -> Result<TaskStatus, FinishError> {
+        let owner = &self.inner.instance;
+        match action {
+            Action::Finish(outcome) => queue::finish(client, owner, id, attempt, outcome).await,
+            Action::Release => queue::release(client, owner, id, attempt).await,
+        }
+    }
+
+    /// Invariant 4: find out what became of a write whose outcome is unknown.
+    async fn resolve(
+        &self,
+        client: &tokio_postgres::Client,
+        id: i64,
+        attempt: i32,
+        action: &Action,
+    ) -> Result<TaskStatus, FinishError> {
+        let state = queue::reread(client, id).await?;
+        let Some(state) = state else {
+            tracing::warn!(
+                id,
+                attempt,
+                found = "no row",
+                "commit outcome unknown: resolved"
+            );
+            return Err(FinishError::NotFound);
+        };
+        let ours = state.status == TaskStatus::Running
+            && state.attempt == attempt
+            && state.lease_owner.as_deref() == Some(self.inner.instance.as_str());
+        if ours {
+            tracing::warn!(
+                id,
+                attempt,
+                found = "still running under this claim",
+                "commit outcome unknown: resolved; applying the same finish again"
+            );
+            return self.apply(client, id, attempt, action).await;
+        }
+        let landed = match action {
+            Action::Finish(_) => state.status.is_terminal() && state.attempt == attempt,
+            Action::Release => {
+                state.status == TaskStatus::Queued || state.status == TaskStatus::Canceled
+            }
+        };
+        if landed {
+            tracing::warn!(id, attempt, found = %state.status, "commit outcome unknown: resolved; the write had landed");
+            Ok(state.status)
+        } else {
+            tracing::warn!(id, attempt, found = %state.status, found_attempt = state.attempt, "commit outcome unknown: resolved; the claim was lost");
+            Err(FinishError::NotRunning {
+                status: state.status,
+            })
+        }
+    }
+
+    /// Extend the leases of running tasks every third of a lease, and stop the analyzers of
+    /// tasks whose cancellation was requested (a lost notification) or whose claim was lost.
+    async fn heartbeat(self) {
+        let period = self.inner.config.lease / 3;
+        loop {
+            tokio::select! {
+                _ = self.inner.heartbeat_stop.cancelled() => return,
+                _ = tokio::time::sleep(jitter(period)) => {}
+            }
+            let claims: Vec<(i64, i32)> = {
+                let running = self
+                    .inner
+                    .running
+                    .lock()
+                    .expect("running-task registry poisoned");
+                running
+                    .iter()
+                    .map(|(id, task)| (*id, task.attempt))
+                    .collect()
+            };
+            if claims.is_empty() {
+                continue;
+            }
+            let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
+            let extended = match self.inner.pool.get().await {
+                Ok(client) => {
+                    queue::heartbeat(&client, &self.inner.instance, &ids, self.inner.config.lease)
+                        .await
+                }
+                Err(err) => Err(err.into()),
+            };
+            let extended = match extended {
+                Ok(extended) => extended,
+                Err(err) => {
+                    tracing::warn!(error = %crate::db::describe(&err), "lease heartbeat failed");
+                    continue;
+                }
+            };
+            let running = self
+                .inner
+                .running
+                .lock()
+                .expect("running-task registry poisoned");
+            for &(id, attempt) in &claims {
+                let Some(task) = running.get(&id) else {
+                    continue;
+                };
+                match extended.iter().find(|e| e.id == id) {
+                    Some(e) if e.cancel_requested && !task.cancel.is_cancelled() => {
+                        tracing::info!(
+                            id,
+                            attempt,
+                            "cancel requested (seen by the heartbeat); stopping the analyzer"
+                        );
+                        task.cancel.cancel();
+                    }
+                    Some(_) => {}
+                    None => {
+                        tracing::warn!(
+                            id,
+                            attempt,
+                            "lease lost; stopping the analyzer, its result will be dropped"
+                        );
+                        task.cancel.cancel();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The two-phase stop, after [`Worker::run`] returned: let running tasks finish for up
+    /// to `grace` (or until `hurry` fires), then stop the analyzers that still run, wait for
+    /// each to return, commit what finished and release the rest to QUEUED.
+    pub async fn shutdown(&self, grace: Duration, hurry: CancellationToken) {
+        let tracker = &self.inner.tracker;
+        tracker.close();
+        let running = self.running();
+        if running > 0 {
+            tracing::info!(
+                running,
+                grace_ms = grace.as_millis() as u64,
+                "waiting for running tasks"
+            );
+        }
+        tokio::select! {
+            _ = tracker.wait() => {
+                self.inner.heartbeat_stop.cancel();
+                return;
+            }
+            _ = tokio::time::sleep(grace) => {
+                tracing::info!(running = self.running(), "shutdown grace is over; stopping the analyzers");
+            }
+            _ = hurry.cancelled() => {
+                tracing::info!(running = self.running(), "second signal; stopping the analyzers");
+            }
+        }
+        self.inner.abort.cancel();
+        tracker.wait().await;
+        self.inner.heartbeat_stop.cancel();
+    }
+}
