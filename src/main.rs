@@ -1,6 +1,7 @@
 //! The `pgtaskd` binary: parse the command line, load the configuration, set up logging, run
 //! the command, and map its result to an exit code. Nothing else lives here.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -46,7 +47,8 @@ fn init_tracing(config: &Config) {
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(&config.log.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match config.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -276,23 +276,23 @@ impl Worker {
             .expect("running-task registry poisoned")
             .remove(&id);
         drop(permit);
-        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        let duration = started.elapsed();
         match (result, &action) {
             (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
                 if status == TaskStatus::Succeeded =>
             {
-                tracing::info!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, duration_ms, "task finished");
+                tracing::info!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, ?duration, "task finished");
             }
             (Ok(status), Action::Finish(Outcome::Failed(error)))
                 if status == TaskStatus::Failed =>
             {
-                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, duration_ms, error = error.as_str(), "task finished");
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, error = error.as_str(), "task finished");
             }
             (Ok(status), Action::Release) if status == TaskStatus::Queued => {
-                tracing::info!(id, attempt, %status, duration_ms, "task released for another daemon");
+                tracing::info!(id, attempt, %status, ?duration, "task released for another daemon");
             }
             (Ok(status), _) => {
-                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, duration_ms, "task finished");
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, "task finished");
             }
             (Err(FinishError::NotRunning { status }), _) => {
                 tracing::warn!(id, attempt, %status, "claim lost before the finish; result dropped");

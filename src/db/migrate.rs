@@ -65,6 +65,9 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, SchemaError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
+    // "already exists, skipping" notices are expected on every run but the first.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await?;
     tx.batch_execute(
         "CREATE SCHEMA IF NOT EXISTS pgtaskd;
          CREATE TABLE IF NOT EXISTS pgtaskd.schema_migrations (

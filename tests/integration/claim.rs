@@ -1,0 +1,194 @@
+//! Invariant 1: each claim of a task succeeds for exactly one claimer.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgtaskd::queue;
+use tokio::sync::Barrier;
+
+use crate::support::{within, TestDb, WAIT};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn default_queue() -> Vec<String> {
+    vec!["default".to_string()]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_claimers_released_by_one_barrier_get_one_winner_thirty_times_in_a_row() {
+    let db = TestDb::new().await;
+    let pool = db.pool(2);
+    let setup = db.client().await;
+    for round in 0..30 {
+        let id: i64 = setup
+            .query_one("SELECT pgtaskd.enqueue($1)", &[&format!("round {round}")])
+            .await
+            .unwrap()
+            .get(0);
+        // Both connections are open before the barrier, so the race is between statements.
+        let a = within(WAIT, "a pooled connection", pool.get())
+            .await
+            .unwrap();
+        let b = within(WAIT, "a pooled connection", pool.get())
+            .await
+            .unwrap();
+        let barrier = Arc::new(Barrier::new(2));
+        let claimer = |client: deadpool_postgres::Object, owner: &'static str| {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let claimed = queue::claim(&client, owner, &default_queue(), 1, LEASE).await;
+                (owner, claimed.expect("a claim statement does not fail"))
+            })
+        };
+        let first = claimer(a, "claimer-a");
+        let second = claimer(b, "claimer-b");
+        let (first, second) = within(WAIT, "both claims", async {
+            (first.await.unwrap(), second.await.unwrap())
+        })
+        .await;
+        let winners: Vec<_> = [&first, &second]
+            .into_iter()
+            .filter(|(_, claimed)| !claimed.is_empty())
+            .collect();
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: exactly one claim wins: {first:?} {second:?}"
+        );
+        let (owner, claimed) = winners[0];
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(
+            (claimed[0].id, claimed[0].attempt),
+            (id, 1),
+            "round {round}"
+        );
+        let row = setup
+            .query_one(
+                "SELECT status, attempt, lease_owner FROM pgtaskd.tasks WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, &str>(0), "RUNNING");
+        assert_eq!(
+            row.get::<_, i32>(1),
+            1,
+            "round {round}: one claim, one attempt"
+        );
+        assert_eq!(row.get::<_, Option<&str>>(2), Some(*owner));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_claimers_over_two_thousand_tasks_claim_each_task_exactly_once() {
+    let db = TestDb::new().await;
+    let setup = db.client().await;
+    setup
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'task ' || i FROM generate_series(1, 2000) i",
+            &[],
+        )
+        .await
+        .unwrap();
+    let pool = db.pool(8);
+    let barrier = Arc::new(Barrier::new(8));
+    let mut claimers = Vec::new();
+    for n in 0..8 {
+        let pool = pool.clone();
+        let barrier = Arc::clone(&barrier);
+        claimers.push(tokio::spawn(async move {
+            let client = pool.get().await.unwrap();
+            let owner = format!("claimer-{n}");
+            barrier.wait().await;
+            let mut ids = Vec::new();
+            loop {
+                // Batches of varying size, so that claimers overlap in many ways.
+                let batch = 1 + (n * 7 + ids.len()) % 23;
+                let claimed = queue::claim(&client, &owner, &default_queue(), batch, LEASE)
+                    .await
+                    .unwrap();
+                assert!(
+                    claimed.len() <= batch,
+                    "a claim never takes more than its limit"
+                );
+                if claimed.is_empty() {
+                    return ids;
+                }
+                ids.extend(claimed.iter().map(|t| (t.id, t.attempt)));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for claimer in claimers {
+        all.extend(within(WAIT, "a claimer to finish", claimer).await.unwrap());
+    }
+    let unique: HashSet<i64> = all.iter().map(|(id, _)| *id).collect();
+    assert_eq!(all.len(), 2000, "every task claimed once in all");
+    assert_eq!(unique.len(), 2000, "no task claimed twice");
+    assert!(all.iter().all(|(_, attempt)| *attempt == 1));
+    let row = setup
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'RUNNING' AND attempt = 1), count(*) FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (2000, 2000));
+}
+
+#[tokio::test]
+async fn claims_take_higher_priority_first_then_oldest_and_skip_future_and_other_queues() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload, priority) VALUES ('low', 0), ('high', 5), ('low2', 0);
+             INSERT INTO pgtaskd.tasks (payload, run_at) VALUES ('later', now() + interval '1 hour');
+             INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('elsewhere', 'other');",
+        )
+        .await
+        .unwrap();
+    let mut order = Vec::new();
+    loop {
+        let claimed = queue::claim(&client, "me", &default_queue(), 1, LEASE)
+            .await
+            .unwrap();
+        match claimed.first() {
+            Some(task) => order.push(task.payload.clone()),
+            None => break,
+        }
+    }
+    assert_eq!(order, ["high", "low", "low2"]);
+    let other = queue::claim(&client, "me", &["other".to_string()], 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].payload, "elsewhere");
+}
+
+#[tokio::test]
+async fn a_claim_sets_the_lease_from_the_database_clock() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .execute("SELECT pgtaskd.enqueue('x')", &[])
+        .await
+        .unwrap();
+    let claimed = queue::claim(&client, "me", &default_queue(), 5, Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let row = client
+        .query_one(
+            "SELECT lease_owner, extract(epoch FROM lease_expires_at - started_at)::float8, started_at IS NOT NULL
+               FROM pgtaskd.tasks WHERE id = $1",
+            &[&claimed[0].id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), "me");
+    assert!((row.get::<_, f64>(1) - 90.0).abs() < 0.01);
+    assert!(row.get::<_, bool>(2));
+}

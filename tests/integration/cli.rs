@@ -1,0 +1,199 @@
+//! The command line's outputs and exit codes (SPEC section 5), through the real binary.
+
+use std::net::TcpListener;
+
+use crate::support::daemon::{pgtaskd, tempfile_path::TempPath};
+use crate::support::TestDb;
+
+/// A connection string to a loopback port where nothing listens.
+fn nowhere() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=2")
+}
+
+#[tokio::test]
+async fn enqueue_then_status_prints_the_row_as_text_and_json() {
+    let db = TestDb::new().await;
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["enqueue", "hello world"]).await;
+    assert!(status.success(), "{stderr}");
+    let id: i64 = stdout.trim().parse().expect("enqueue prints the id");
+
+    let (status, stdout, _) = pgtaskd(Some(&db.url), &["status", &id.to_string()]).await;
+    assert!(status.success());
+    assert!(
+        stdout.starts_with(&format!("task {id}: QUEUED")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("attempt: 0/3"), "{stdout}");
+
+    let (status, stdout, _) = pgtaskd(Some(&db.url), &["status", &id.to_string(), "--json"]).await;
+    assert!(status.success());
+    let json: serde_json::Value = serde_json::from_str(&stdout).expect("status --json prints JSON");
+    assert_eq!(json["id"], id);
+    assert_eq!(json["status"], "QUEUED");
+    assert_eq!(json["payload"], "hello world");
+    assert_eq!(json["words"], 0);
+}
+
+#[tokio::test]
+async fn enqueue_reads_a_file_or_standard_input() {
+    let db = TestDb::new().await;
+    let file = TempPath::write("from a file");
+    let (status, stdout, _) = pgtaskd(
+        Some(&db.url),
+        &["enqueue", "--file", &file.path().to_string_lossy()],
+    )
+    .await;
+    assert!(status.success());
+    let from_file: i64 = stdout.trim().parse().unwrap();
+
+    let mut command = tokio::process::Command::new(crate::support::daemon::binary());
+    command
+        .args(["enqueue", "-"])
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all("from stdin ü".as_bytes()).await.unwrap();
+    }
+    let output =
+        crate::support::within(crate::support::WAIT, "enqueue -", child.wait_with_output())
+            .await
+            .unwrap();
+    assert!(output.status.success());
+    let from_stdin: i64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+
+    let client = db.client().await;
+    for (id, want) in [(from_file, "from a file"), (from_stdin, "from stdin ü")] {
+        let row = client
+            .query_one("SELECT payload FROM pgtaskd.tasks WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, &str>(0), want);
+    }
+}
+
+#[tokio::test]
+async fn status_of_a_missing_task_exits_3() {
+    let db = TestDb::new().await;
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["status", "987654"]).await;
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("no such task: 987654"), "{stderr}");
+}
+
+#[tokio::test]
+async fn status_and_cancel_with_the_database_down_exit_69_not_3() {
+    let url = nowhere();
+    for args in [
+        &["status", "1"][..],
+        &["cancel", "1"],
+        &["enqueue", "x"],
+        &["migrate"],
+    ] {
+        let (status, stdout, stderr) = pgtaskd(Some(&url), args).await;
+        assert_eq!(status.code(), Some(69), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}");
+        assert!(
+            stderr.contains("database unavailable"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("no such task"), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn cancel_reports_canceled_then_terminal_and_unknown_ids() {
+    let db = TestDb::new().await;
+    let (_, stdout, _) = pgtaskd(Some(&db.url), &["enqueue", "cancel me"]).await;
+    let id = stdout.trim().to_string();
+    let (status, stdout, _) = pgtaskd(Some(&db.url), &["cancel", &id]).await;
+    assert!(status.success());
+    assert_eq!(stdout.trim(), "CANCELED");
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["cancel", &id]).await;
+    assert_eq!(status.code(), Some(4), "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(stderr.contains("already CANCELED"), "{stderr}");
+    let (status, _, _) = pgtaskd(Some(&db.url), &["cancel", "55555"]).await;
+    assert_eq!(status.code(), Some(3));
+}
+
+#[tokio::test]
+async fn an_unknown_config_key_exits_78_naming_the_key_and_line() {
+    let config = TempPath::write("[worker]\nconcurrency = 4\npoll_intervall = \"1s\"\n");
+    let path = config.path().to_string_lossy().to_string();
+    for args in [
+        &["check-config", "--config", &path][..],
+        &["run", "--config", &path],
+        &["status", "1", "--config", &path],
+    ] {
+        let (status, stdout, stderr) = pgtaskd(None, args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(stderr.contains("poll_intervall"), "{stderr}");
+        assert!(stderr.contains("line 3"), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn the_config_file_can_be_named_by_pgtaskd_config() {
+    let config = TempPath::write("[worker]\nconcurrency = 0\n");
+    let output = tokio::process::Command::new(crate::support::daemon::binary())
+        .arg("check-config")
+        .env("PGTASKD_CONFIG", config.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("worker.concurrency must be at least 1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("line 2"), "{stderr}");
+}
+
+#[tokio::test]
+async fn check_config_accepts_the_example_file() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/pgtaskd.example.toml");
+    let (status, stdout, stderr) = pgtaskd(None, &["check-config", "--config", example]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("configuration is valid"), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_missing_config_file_exits_78() {
+    let (status, _, stderr) = pgtaskd(
+        None,
+        &["check-config", "--config", "/nonexistent/pgtaskd.toml"],
+    )
+    .await;
+    assert_eq!(status.code(), Some(78));
+    assert!(stderr.contains("/nonexistent/pgtaskd.toml"), "{stderr}");
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2_with_nothing_on_stdout() {
+    for args in [
+        &["status", "abc"][..],
+        &["status"],
+        &["frobnicate"],
+        &["enqueue"],
+        &["enqueue", "x", "--file", "y"],
+    ] {
+        let (status, stdout, stderr) = pgtaskd(None, args).await;
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(!stderr.is_empty(), "{args:?}");
+    }
+}

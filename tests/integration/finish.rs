@@ -1,0 +1,275 @@
+//! Invariants 2 and 3: results and status commit together, and finishes are fenced.
+
+use std::time::Duration;
+
+use pgtaskd::analyzer::{analyze, Counts};
+use pgtaskd::queue::{self, FinishError, Outcome, TaskStatus};
+use tokio_postgres::Client;
+
+use crate::support::{eventually, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
+
+const OWNER: &str = "test-owner";
+
+async fn claim_one(client: &Client, payload: &str) -> (i64, i32) {
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
+        .await
+        .unwrap()
+        .get(0);
+    let claimed = queue::claim(
+        client,
+        OWNER,
+        &["default".into()],
+        1,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].id, id);
+    (id, claimed[0].attempt)
+}
+
+#[tokio::test]
+async fn finish_commits_succeeded_with_the_three_counts() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let text = "naïve 日本語 text";
+    let (id, attempt) = claim_one(&client, text).await;
+    let status = queue::finish(
+        &client,
+        OWNER,
+        id,
+        attempt,
+        &Outcome::Succeeded(analyze(text)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, TaskStatus::Succeeded);
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Succeeded);
+    assert_eq!((task.words, task.bytes, task.runes), (3, 21, 14));
+    assert_eq!(task.error, None);
+    assert_eq!(task.lease_owner, None);
+    assert_eq!(task.lease_expires_at, None);
+    assert!(task.finished_at.is_some());
+}
+
+#[tokio::test]
+async fn a_failed_analysis_with_partial_counts_commits_failed_with_zero_counts_and_the_error() {
+    let db = TestDb::new().await;
+    let config = db.config("[worker]\nconcurrency = 2\n");
+    let analyzer = GatedAnalyzer::failing("the analyzer broke at byte 7");
+    let daemon = InProcessDaemon::start(&db, config, analyzer.clone()).await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('some words here')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let task = eventually(WAIT, "the task to fail", || {
+        let client = &client;
+        async move {
+            queue::get(client, id)
+                .await
+                .unwrap()
+                .filter(|t| t.status.is_terminal())
+        }
+    })
+    .await;
+    daemon.stop().await;
+    assert_eq!(analyzer.calls_for("some words here"), 1);
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(
+        (task.words, task.bytes, task.runes),
+        (0, 0, 0),
+        "partial counts are never stored"
+    );
+    assert_eq!(task.error.as_deref(), Some("the analyzer broke at byte 7"));
+}
+
+#[tokio::test]
+async fn a_second_finish_is_not_running_and_the_first_result_stays() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (id, attempt) = claim_one(&client, "one two").await;
+    queue::finish(
+        &client,
+        OWNER,
+        id,
+        attempt,
+        &Outcome::Succeeded(analyze("one two")),
+    )
+    .await
+    .unwrap();
+    let forged = Counts {
+        words: 99,
+        bytes: 99,
+        runes: 99,
+    };
+    let second = queue::finish(&client, OWNER, id, attempt, &Outcome::Succeeded(forged)).await;
+    assert!(
+        matches!(
+            second,
+            Err(FinishError::NotRunning {
+                status: TaskStatus::Succeeded
+            })
+        ),
+        "{second:?}"
+    );
+    let failed = queue::finish(&client, OWNER, id, attempt, &Outcome::Failed("late".into())).await;
+    assert!(
+        matches!(failed, Err(FinishError::NotRunning { .. })),
+        "{failed:?}"
+    );
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.words, task.bytes, task.runes),
+        (TaskStatus::Succeeded, 2, 7, 7)
+    );
+}
+
+#[tokio::test]
+async fn a_finish_of_an_unknown_id_is_not_found() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let result = queue::finish(&client, OWNER, 424242, 1, &Outcome::Succeeded(analyze("x"))).await;
+    assert!(matches!(result, Err(FinishError::NotFound)), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_finish_with_a_stale_attempt_or_another_owner_changes_nothing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (id, attempt) = claim_one(&client, "fenced").await;
+    for (owner, attempt) in [
+        (OWNER, attempt + 1),
+        (OWNER, attempt - 1),
+        ("someone-else", attempt),
+    ] {
+        let result = queue::finish(
+            &client,
+            owner,
+            id,
+            attempt,
+            &Outcome::Succeeded(analyze("fenced")),
+        )
+        .await;
+        assert!(
+            matches!(
+                result,
+                Err(FinishError::NotRunning {
+                    status: TaskStatus::Running
+                })
+            ),
+            "{owner} attempt {attempt}: {result:?}"
+        );
+    }
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.words), (TaskStatus::Running, 0));
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_leaves_the_row_running_and_a_real_finish_then_commits_once() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    let (id, attempt) = claim_one(&client, "rollback me").await;
+    {
+        let tx = client.transaction().await.unwrap();
+        tx.execute(
+            "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 99, lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        let err = tx.execute("SELECT 1/0", &[]).await.unwrap_err();
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
+        );
+        tx.rollback().await.unwrap();
+    }
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.words, task.bytes, task.runes),
+        (TaskStatus::Running, 0, 0, 0)
+    );
+    let status = queue::finish(
+        &client,
+        OWNER,
+        id,
+        attempt,
+        &Outcome::Succeeded(analyze("rollback me")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, TaskStatus::Succeeded);
+    let again = queue::finish(
+        &client,
+        OWNER,
+        id,
+        attempt,
+        &Outcome::Succeeded(analyze("rollback me")),
+    )
+    .await;
+    assert!(
+        matches!(again, Err(FinishError::NotRunning { .. })),
+        "{again:?}"
+    );
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.words, task.bytes, task.runes),
+        (TaskStatus::Succeeded, 2, 11, 11)
+    );
+}
+
+#[tokio::test]
+async fn the_table_refuses_results_on_a_row_that_did_not_succeed() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (id, _) = claim_one(&client, "x").await;
+    let err = client
+        .execute("UPDATE pgtaskd.tasks SET words = 5 WHERE id = $1", &[&id])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION)
+    );
+    let err = client
+        .execute(
+            "UPDATE pgtaskd.tasks SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION),
+        "FAILED needs an error"
+    );
+}
+
+#[tokio::test]
+async fn release_puts_the_claim_back_to_queued_without_counting_an_attempt() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (id, attempt) = claim_one(&client, "released").await;
+    let status = queue::release(&client, OWNER, id, attempt).await.unwrap();
+    assert_eq!(status, TaskStatus::Queued);
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.attempt, task.lease_owner.as_deref()),
+        (TaskStatus::Queued, 0, None)
+    );
+    let again = queue::release(&client, OWNER, id, attempt).await;
+    assert!(
+        matches!(
+            again,
+            Err(FinishError::NotRunning {
+                status: TaskStatus::Queued
+            })
+        ),
+        "{again:?}"
+    );
+}

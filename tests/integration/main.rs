@@ -1,0 +1,11 @@
+//! pgtaskd's integration tests: one binary, a module per area, all against a real PostgreSQL
+//! (see `support` for where it comes from). None is skipped without a database: they fail and
+//! say how to get one.
+
+mod support;
+
+mod claim;
+mod cli;
+mod end_to_end;
+mod finish;
+mod migrate;

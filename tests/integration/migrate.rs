@@ -1,0 +1,86 @@
+//! Migrations: applied once, under a lock; a schema or database pgtaskd does not know is
+//! refused with exit 78.
+
+use crate::support::daemon::pgtaskd;
+use crate::support::TestDb;
+
+#[tokio::test]
+async fn migrate_twice_is_a_no_op() {
+    let db = TestDb::empty().await;
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("applied migration 1"));
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("schema is up to date"), "{stdout}");
+    let client = db.client().await;
+    let row = client
+        .query_one("SELECT count(*) FROM pgtaskd.schema_migrations", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_apply_each_version_once() {
+    let db = TestDb::empty().await;
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let url = db.url.clone();
+            tokio::spawn(async move { pgtaskd(Some(&url), &["migrate"]).await })
+        })
+        .collect();
+    let mut applied = 0;
+    for run in runs {
+        let (status, stdout, stderr) = run.await.unwrap();
+        assert!(status.success(), "{stderr}");
+        applied += stdout.matches("applied migration").count();
+    }
+    assert_eq!(applied, 1, "exactly one run applied the migration");
+}
+
+#[tokio::test]
+async fn run_refuses_a_database_without_the_schema() {
+    let db = TestDb::empty().await;
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["run"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("pgtaskd migrate"), "{stderr}");
+}
+
+#[tokio::test]
+async fn run_refuses_a_schema_newer_than_the_binary() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES (999, '0999_future')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["run"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("version 999, newer than this binary"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_database_that_is_not_utf8_is_refused() {
+    let db =
+        TestDb::create("ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'").await;
+    for args in [&["migrate"][..], &["run", "--migrate"]] {
+        let (status, _, stderr) = pgtaskd(Some(&db.url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(stderr.contains("needs UTF8"), "{stderr}");
+    }
+    let client = db.client().await;
+    let row = client
+        .query_one("SELECT to_regnamespace('pgtaskd') IS NULL", &[])
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0), "nothing was installed");
+}

@@ -1,0 +1,267 @@
+//! A throwaway PostgreSQL cluster: `initdb` into a fresh directory, then `postgres` as a
+//! child of this process on a free loopback port, stoppable and restartable by fault tests.
+//!
+//! The server runs as the `postgres` user when this process is root. It gets SIGINT (a fast
+//! shutdown) when the thread that started it dies, which for the shared cluster is only at
+//! process exit; directories left by earlier runs whose process is gone are removed at start.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const DIR_PREFIX: &str = "pgtaskd-test-";
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One PostgreSQL server of the tests' own.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub port: u16,
+    bindir: PathBuf,
+    user: Option<(u32, u32)>,
+    child: Mutex<Option<Child>>,
+}
+
+fn how_to_get_one() -> String {
+    "the integration tests need PostgreSQL: install its server binaries \
+     (Debian: apt-get install postgresql), or set PGTASKD_TEST_DATABASE_URL to a server \
+     where the user may CREATE DATABASE"
+        .to_string()
+}
+
+impl Cluster {
+    /// The cluster shared by every test of this process.
+    pub fn start_shared() -> Cluster {
+        remove_stale_dirs();
+        Cluster::start()
+    }
+
+    /// A cluster of its own, for a test that stops or restarts the server.
+    pub fn start() -> Cluster {
+        let bindir = find_bindir().unwrap_or_else(|| panic!("{}", how_to_get_one()));
+        let user = server_user();
+        let dir = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{}-{}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("create the cluster directory");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                .expect("chown the cluster directory");
+        }
+        let mut initdb = Command::new(bindir.join("initdb"));
+        initdb
+            .args(["-D", &dir.join("data").to_string_lossy()])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = user {
+            initdb.uid(uid).gid(gid);
+        }
+        let output = initdb
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run initdb: {err}; {}", how_to_get_one()));
+        assert!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = Cluster {
+            port: free_port(),
+            dir,
+            bindir,
+            user,
+            child: Mutex::new(None),
+        };
+        cluster.start_server();
+        cluster
+    }
+
+    /// A connection config for database `dbname` on this cluster.
+    pub fn config(&self, dbname: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(dbname);
+        config
+    }
+
+    /// Start the server process (again), and wait until it accepts connections.
+    pub fn start_server(&self) {
+        let mut slot = self.child.lock().unwrap();
+        assert!(slot.is_none(), "the test cluster is already running");
+        let log = std::fs::File::create(self.dir.join("server.log")).expect("server log");
+        if let Some((uid, gid)) = self.user {
+            let _ = std::os::unix::fs::chown(self.dir.join("server.log"), Some(uid), Some(gid));
+        }
+        let mut command = Command::new(self.bindir.join("postgres"));
+        command
+            .args(["-D", &self.dir.join("data").to_string_lossy()])
+            .args(["-p", &self.port.to_string()])
+            .args(["-k", &self.dir.to_string_lossy()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some((uid, gid)) = self.user {
+            command.uid(uid).gid(gid);
+        }
+        // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT);
+                Ok(())
+            });
+        }
+        // The server dies with the thread that started it: start it from one that never ends.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(command.spawn());
+            loop {
+                std::thread::park();
+            }
+        });
+        let child = rx
+            .recv()
+            .expect("the starter thread answers")
+            .unwrap_or_else(|err| panic!("cannot start postgres: {err}; {}", how_to_get_one()));
+        *slot = Some(child);
+        drop(slot);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let ready = Command::new(self.bindir.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ready {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("postgres exited ({status}) at start: {}", self.server_log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not accept connections within {START_TIMEOUT:?}: {}",
+                self.server_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stop the server: `fast` disconnects sessions and shuts down cleanly; otherwise an
+    /// immediate stop, as a crash would.
+    pub fn stop_server(&self, fast: bool) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        let signal = if fast { libc::SIGINT } else { libc::SIGQUIT };
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(child.id() as i32, signal);
+        }
+        let _ = child.wait();
+    }
+
+    /// What the server logged.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_server(true);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn find_bindir() -> Option<PathBuf> {
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Some(dir);
+        }
+    }
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    candidates.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    candidates.pop()
+}
+
+/// The uid and gid to run the server as: `postgres` (or `nobody`) when this process is root.
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: plain libc calls; getpwnam's static buffer is read at once.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        for name in [c"postgres", c"nobody"] {
+            let entry = libc::getpwnam(name.as_ptr());
+            if !entry.is_null() {
+                return Some(((*entry).pw_uid, (*entry).pw_gid));
+            }
+        }
+    }
+    panic!("running as root, but there is no postgres or nobody user to run the test server as")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Remove cluster directories whose process is gone.
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix(DIR_PREFIX) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}

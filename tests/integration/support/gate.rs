@@ -1,0 +1,163 @@
+//! Analyzers for tests: they count their calls, and can be held at a gate that the test
+//! opens, or fail.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use pgtaskd::analyzer::{AnalyzeError, Analyzer, Counts, TextStats};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{within, WAIT};
+
+/// The real analyzer behind a gate, with a count of every call by payload.
+pub struct GatedAnalyzer {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// Whether a held analyzer gives up when its cancellation token fires.
+    honors_cancel: bool,
+    /// Fail every call with this message (after passing the gate), with partial counts.
+    fails_with: Option<String>,
+    calls: Mutex<HashMap<String, usize>>,
+    entered: watch::Sender<usize>,
+    returned: watch::Sender<usize>,
+}
+
+impl GatedAnalyzer {
+    fn build(open: bool, honors_cancel: bool, fails_with: Option<String>) -> Arc<Self> {
+        Arc::new(GatedAnalyzer {
+            open: Mutex::new(open),
+            opened: Condvar::new(),
+            honors_cancel,
+            fails_with,
+            calls: Mutex::new(HashMap::new()),
+            entered: watch::channel(0).0,
+            returned: watch::channel(0).0,
+        })
+    }
+
+    /// Never held: only counts.
+    pub fn counting() -> Arc<Self> {
+        GatedAnalyzer::build(true, true, None)
+    }
+
+    /// Held until [`GatedAnalyzer::open`]; gives up early when canceled.
+    pub fn closed() -> Arc<Self> {
+        GatedAnalyzer::build(false, true, None)
+    }
+
+    /// Held until [`GatedAnalyzer::open`], whatever its cancellation token says.
+    pub fn closed_ignoring_cancel() -> Arc<Self> {
+        GatedAnalyzer::build(false, false, None)
+    }
+
+    /// Every call fails with `message`, carrying the counts it had reached.
+    pub fn failing(message: &str) -> Arc<Self> {
+        GatedAnalyzer::build(true, true, Some(message.to_string()))
+    }
+
+    /// Let every held and future call through.
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    /// How many calls there were for `payload`.
+    pub fn calls_for(&self, payload: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .get(payload)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many calls there were in all.
+    pub fn calls(&self) -> usize {
+        self.calls.lock().unwrap().values().sum()
+    }
+
+    /// The largest number of calls any one payload had.
+    pub fn most_calls_for_one_payload(&self) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Wait until `n` calls in all have entered the analyzer.
+    pub async fn entered(&self, n: usize) {
+        let mut rx = self.entered.subscribe();
+        within(
+            WAIT,
+            &format!("{n} analyzer calls to start"),
+            rx.wait_for(|&c| c >= n),
+        )
+        .await
+        .expect("the analyzer outlives the test");
+    }
+
+    /// Wait until `n` calls in all have returned from the analyzer.
+    pub async fn returned(&self, n: usize) {
+        let mut rx = self.returned.subscribe();
+        within(
+            WAIT,
+            &format!("{n} analyzer calls to return"),
+            rx.wait_for(|&c| c >= n),
+        )
+        .await
+        .expect("the analyzer outlives the test");
+    }
+
+    /// How many calls have returned.
+    pub fn returned_now(&self) -> usize {
+        *self.returned.borrow()
+    }
+
+    fn pass_gate(&self, cancel: &CancellationToken) -> bool {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            if self.honors_cancel && cancel.is_cancelled() {
+                return false;
+            }
+            open = self
+                .opened
+                .wait_timeout(open, Duration::from_millis(5))
+                .unwrap()
+                .0;
+        }
+        true
+    }
+}
+
+impl Analyzer for GatedAnalyzer {
+    fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(text.to_string())
+            .or_default() += 1;
+        self.entered.send_modify(|c| *c += 1);
+        let result = if !self.pass_gate(cancel) {
+            Err(AnalyzeError::Canceled {
+                partial: Counts::default(),
+            })
+        } else if let Some(message) = &self.fails_with {
+            Err(AnalyzeError::Failed {
+                message: message.clone(),
+                partial: pgtaskd::analyzer::analyze(text),
+            })
+        } else if self.honors_cancel {
+            TextStats.analyze(text, cancel)
+        } else {
+            Ok(pgtaskd::analyzer::analyze(text))
+        };
+        self.returned.send_modify(|c| *c += 1);
+        result
+    }
+}

@@ -1,0 +1,261 @@
+//! Test support: the PostgreSQL server the tests talk to, a database per test, the daemon
+//! in-process or as a real process, and analyzers that tests can hold at a gate.
+//!
+//! The server is `PGTASKD_TEST_DATABASE_URL` when set (it needs CREATEDB), else a throwaway
+//! cluster that this process starts with `initdb` and `postgres` from the installed server
+//! binaries (as the `postgres` user when running as root: PostgreSQL refuses root). There is
+//! no skipping: without either, tests fail with a message saying how to get one.
+
+#![allow(dead_code)]
+
+pub mod cluster;
+pub mod daemon;
+pub mod gate;
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pgtaskd::config::Config;
+use tokio_postgres::{Client, NoTls};
+
+pub use cluster::Cluster;
+pub use daemon::{DaemonProcess, InProcessDaemon};
+pub use gate::GatedAnalyzer;
+
+/// How long any single await in a test may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// Await `future`, failing the test after `limit`.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Poll `check` until it returns `Some`, failing after `limit`. For conditions that only the
+/// database can tell (a row's state); the polling interval is not a synchronization.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(limit, what, async {
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// The server every test database is created on.
+pub enum Server {
+    External(tokio_postgres::Config),
+    Local(Cluster),
+}
+
+impl Server {
+    fn admin_config(&self) -> tokio_postgres::Config {
+        match self {
+            Server::External(config) => config.clone(),
+            Server::Local(cluster) => cluster.config("postgres"),
+        }
+    }
+}
+
+/// The shared server of this test process, started on first use.
+pub fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| match std::env::var("PGTASKD_TEST_DATABASE_URL") {
+        Ok(url) => Server::External(
+            tokio_postgres::Config::from_str(&url).unwrap_or_else(|err| {
+                panic!("PGTASKD_TEST_DATABASE_URL is not a connection string: {err}")
+            }),
+        ),
+        Err(_) => Server::Local(Cluster::start_shared()),
+    })
+}
+
+/// A connection string with every part of `config` and the database `dbname`, in key=value
+/// form (what a daemon process receives).
+pub fn conninfo(config: &tokio_postgres::Config, dbname: &str) -> String {
+    use tokio_postgres::config::Host;
+    let mut parts = Vec::new();
+    if let Some(host) = config.get_hosts().first() {
+        match host {
+            Host::Tcp(name) => parts.push(format!("host={name}")),
+            Host::Unix(path) => parts.push(format!("host={}", path.display())),
+        }
+    }
+    if let Some(port) = config.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(password)));
+    }
+    parts.push(format!("dbname={dbname}"));
+    parts.join(" ")
+}
+
+/// Connect with a plain client, driving the connection on a task.
+pub async fn connect(conninfo: &str) -> Client {
+    let (client, connection) = within(WAIT, "a database connection", async {
+        tokio_postgres::connect(conninfo, NoTls).await
+    })
+    .await
+    .unwrap_or_else(|err| panic!("cannot connect to the test database ({conninfo}): {err}"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A database of its own for one test, migrated, dropped when the value is dropped (also
+/// when the test panics).
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    admin: String,
+}
+
+impl TestDb {
+    /// A fresh, migrated database.
+    pub async fn new() -> TestDb {
+        let db = TestDb::empty().await;
+        let mut client = db.client().await;
+        within(
+            WAIT,
+            "migrations",
+            pgtaskd::db::migrate::migrate(&mut client),
+        )
+        .await
+        .expect("migrations apply to a fresh database");
+        db
+    }
+
+    /// A fresh database without the pgtaskd schema.
+    pub async fn empty() -> TestDb {
+        TestDb::create("").await
+    }
+
+    /// A fresh database created with extra `CREATE DATABASE` options.
+    pub async fn create(options: &str) -> TestDb {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let admin_config = server().admin_config();
+        let admin_db = admin_config.get_dbname().unwrap_or("postgres").to_string();
+        let admin = conninfo(&admin_config, &admin_db);
+        let name = format!(
+            "pgtaskd_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let client = connect(&admin).await;
+        within(
+            WAIT,
+            "CREATE DATABASE",
+            client.batch_execute(&format!("CREATE DATABASE {name} {options}")),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("cannot create test database {name}: {err:?}"));
+        TestDb {
+            url: conninfo(&admin_config, &name),
+            name,
+            admin,
+        }
+    }
+
+    pub async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+
+    /// A daemon configuration for this database, from `toml` plus the database URL.
+    pub fn config(&self, toml: &str) -> Config {
+        let mut config = Config::from_toml(toml, "test").expect("test config is valid");
+        config.database.url = Some(self.url.clone());
+        config
+    }
+
+    /// A pool of `size` sessions on this database.
+    pub fn pool(&self, size: usize) -> pgtaskd::db::Pool {
+        let mut config = self.config("");
+        config.database.pool_size = size;
+        pgtaskd::db::ConnectSettings::new(&config.database, "test")
+            .expect("test URL parses")
+            .pool()
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime, or while unwinding: use a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for dropping the test database");
+            runtime.block_on(async {
+                let Ok(Ok((client, connection))) =
+                    tokio::time::timeout(WAIT, tokio_postgres::connect(&admin, NoTls)).await
+                else {
+                    return;
+                };
+                tokio::spawn(connection);
+                let _ = tokio::time::timeout(
+                    WAIT,
+                    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")),
+                )
+                .await;
+            });
+        });
+        let _ = dropped.join();
+    }
+}
+
+/// The three counts of a text, by the obvious definition (`split_whitespace` is Unicode
+/// White_Space, as Go's `strings.Fields`): the oracle the daemon's results are checked against.
+pub fn expected_counts(text: &str) -> (i64, i64, i64) {
+    (
+        text.split_whitespace().count() as i64,
+        text.len() as i64,
+        text.chars().count() as i64,
+    )
+}
+
+/// A deterministic, varied payload for task number `i`: ASCII, multi-byte, and every kind of
+/// space.
+pub fn payload(i: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the",
+        "naïve",
+        "日本語",
+        "emoji🚀",
+        "Straße",
+        "𝔘𝔫𝔦",
+        "x",
+        "crème",
+        "\u{200B}",
+        "a",
+    ];
+    const SPACES: &[&str] = &[" ", "\n", "\t", "\u{3000}", "\u{00A0}", "  ", "\u{2028}"];
+    let mut rng = fastrand::Rng::with_seed(i as u64);
+    let n = rng.usize(0..40);
+    let mut text = String::new();
+    for k in 0..n {
+        if k > 0 || rng.bool() {
+            text.push_str(SPACES[rng.usize(..SPACES.len())]);
+        }
+        text.push_str(WORDS[rng.usize(..WORDS.len())]);
+    }
+    text
+}
