@@ -2,6 +2,7 @@
 //! themselves live in [`crate::commands`].
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -45,8 +46,30 @@ pub enum Command {
         /// Task id
         id: i64,
     },
+    /// Analyze files locally, without a database: one line `WORDS BYTES RUNES PATH` per
+    /// file, in the order given
+    Analyze {
+        /// Files analyzed at once (default: the number of CPUs)
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        workers: Option<u32>,
+        /// Cancel the work still running after this long, e.g. "10s"
+        #[arg(long, value_parser = parse_timeout)]
+        timeout: Option<Duration>,
+        /// The files
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
     /// Validate the configuration and exit
     CheckConfig,
+}
+
+/// A positive duration such as "250ms" or "10s".
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    if duration.is_zero() {
+        return Err("the timeout must be longer than zero".to_string());
+    }
+    Ok(duration)
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::analyzer::TextStats;
+use crate::batch;
 use crate::cli::{Cli, Command, EnqueueArgs};
 use crate::config::Config;
 use crate::daemon::{self, DaemonError, RunOptions};
@@ -145,6 +146,39 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                     return Err(CommandError::Terminal { id, status })
                 }
                 CancelOutcome::NotFound => return Err(CommandError::NotFound(id)),
+            }
+        }
+        Command::Analyze {
+            workers,
+            timeout,
+            files,
+        } => {
+            let workers = workers.map_or_else(
+                || std::thread::available_parallelism().map_or(1, |n| n.get()),
+                |n| n as usize,
+            );
+            let failures = batch::analyze_files(
+                &files,
+                workers,
+                timeout,
+                Arc::new(TextStats),
+                |path, result| match result {
+                    Ok(counts) => println!(
+                        "{} {} {} {}",
+                        counts.words,
+                        counts.bytes,
+                        counts.runes,
+                        path.display()
+                    ),
+                    Err(err) => eprintln!("pgtaskd: {}: {err}", path.display()),
+                },
+            )
+            .await;
+            if failures > 0 {
+                return Err(CommandError::Runtime(anyhow::anyhow!(
+                    "{failures} of {} files could not be analyzed",
+                    files.len()
+                )));
             }
         }
         Command::CheckConfig => {

@@ -14,6 +14,7 @@
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
 //! | [`worker`] | wake -> permit -> claim -> analyze -> finish, and the two-phase stop |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
+//! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | [`backoff`] | capped, jittered retry delays |
@@ -21,6 +22,7 @@
 
 pub mod analyzer;
 pub mod backoff;
+pub mod batch;
 pub mod cli;
 pub mod commands;
 pub mod config;

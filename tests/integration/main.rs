@@ -4,8 +4,11 @@
 
 mod support;
 
+mod analyze;
+mod cancel;
 mod claim;
 mod cli;
 mod end_to_end;
 mod finish;
 mod migrate;
+mod shutdown;

@@ -22,6 +22,8 @@ pub struct GatedAnalyzer {
     calls: Mutex<HashMap<String, usize>>,
     entered: watch::Sender<usize>,
     returned: watch::Sender<usize>,
+    /// Calls that saw their cancellation token fire while held.
+    cancel_seen: watch::Sender<usize>,
 }
 
 impl GatedAnalyzer {
@@ -34,6 +36,7 @@ impl GatedAnalyzer {
             calls: Mutex::new(HashMap::new()),
             entered: watch::channel(0).0,
             returned: watch::channel(0).0,
+            cancel_seen: watch::channel(0).0,
         })
     }
 
@@ -113,6 +116,18 @@ impl GatedAnalyzer {
         .expect("the analyzer outlives the test");
     }
 
+    /// Wait until `n` held calls have seen their cancellation token fire.
+    pub async fn saw_cancel(&self, n: usize) {
+        let mut rx = self.cancel_seen.subscribe();
+        within(
+            WAIT,
+            &format!("{n} analyzer calls to see a cancel"),
+            rx.wait_for(|&c| c >= n),
+        )
+        .await
+        .expect("the analyzer outlives the test");
+    }
+
     /// How many calls have returned.
     pub fn returned_now(&self) -> usize {
         *self.returned.borrow()
@@ -120,8 +135,13 @@ impl GatedAnalyzer {
 
     fn pass_gate(&self, cancel: &CancellationToken) -> bool {
         let mut open = self.open.lock().unwrap();
+        let mut seen = false;
         while !*open {
-            if self.honors_cancel && cancel.is_cancelled() {
+            if cancel.is_cancelled() && !seen {
+                seen = true;
+                self.cancel_seen.send_modify(|c| *c += 1);
+            }
+            if self.honors_cancel && seen {
                 return false;
             }
             open = self

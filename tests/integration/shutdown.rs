@@ -1,0 +1,246 @@
+//! Invariant 8: a shutdown stops claiming at once, lets running tasks finish within the grace,
+//! then stops the analyzers, waits for each, commits what finished and releases the rest.
+
+use std::time::Duration;
+
+use pgtaskd::queue::{self, TaskStatus};
+use tokio_postgres::Client;
+
+use crate::support::{
+    eventually, expected_counts, payload, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb,
+    WAIT,
+};
+
+async fn enqueue(client: &Client, payload: &str) -> i64 {
+    client
+        .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_held_analyzer_and_commits_its_result_within_the_grace() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let analyzer = GatedAnalyzer::closed();
+    let mut daemon = InProcessDaemon::start(
+        &db,
+        db.config("[shutdown]\ngrace = \"60s\"\n"),
+        analyzer.clone(),
+    )
+    .await;
+    let id = enqueue(&client, "finish me during shutdown").await;
+    analyzer.entered(1).await;
+    daemon.shutdown.trigger();
+    // Nothing lets the daemon return while the analyzer is held: give it the chance.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !daemon.is_finished(),
+        "shutdown returned while an analyzer was held"
+    );
+    assert_eq!(
+        queue::get(&client, id).await.unwrap().unwrap().status,
+        TaskStatus::Running
+    );
+    analyzer.open();
+    daemon.join().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Succeeded);
+    assert_eq!(
+        (task.words, task.bytes, task.runes),
+        expected_counts("finish me during shutdown")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_short_grace_the_claim_goes_back_to_queued_and_another_daemon_finishes_it() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let held = GatedAnalyzer::closed();
+    let mut first = InProcessDaemon::start(
+        &db,
+        db.config("[shutdown]\ngrace = \"100ms\"\n"),
+        held.clone(),
+    )
+    .await;
+    let id = enqueue(&client, "hand me over").await;
+    held.entered(1).await;
+    first.shutdown.trigger();
+    first.join().await;
+    assert_eq!(
+        held.returned_now(),
+        1,
+        "the analyzer returned before shutdown did"
+    );
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert_eq!(
+        (task.attempt, task.lease_owner, task.lease_expires_at),
+        (0, None, None)
+    );
+    assert_eq!(task.words, 0);
+
+    let counting = GatedAnalyzer::counting();
+    let second = InProcessDaemon::start(&db, db.config(""), counting.clone()).await;
+    let task = eventually(WAIT, "the second daemon to finish the task", || {
+        let client = &client;
+        async move {
+            queue::get(client, id)
+                .await
+                .unwrap()
+                .filter(|t| t.status == TaskStatus::Succeeded)
+        }
+    })
+    .await;
+    second.stop().await;
+    assert_eq!(task.attempt, 1, "a release does not count as an attempt");
+    assert_eq!(
+        (task.words, task.bytes, task.runes),
+        expected_counts("hand me over")
+    );
+    assert_eq!(counting.calls_for("hand me over"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_inserted_after_shutdown_began_stay_queued() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let analyzer = GatedAnalyzer::closed();
+    let mut daemon = InProcessDaemon::start(
+        &db,
+        db.config("[shutdown]\ngrace = \"60s\"\n"),
+        analyzer.clone(),
+    )
+    .await;
+    let held = enqueue(&client, "held").await;
+    analyzer.entered(1).await;
+    daemon.shutdown.trigger();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'late ' || i FROM generate_series(1, 50) i",
+            &[],
+        )
+        .await
+        .unwrap();
+    analyzer.open();
+    daemon.join().await;
+    assert_eq!(
+        analyzer.calls(),
+        1,
+        "nothing was claimed after the shutdown began"
+    );
+    assert_eq!(
+        queue::get(&client, held).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded
+    );
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.tasks
+              WHERE payload LIKE 'late %' AND status = 'QUEUED' AND attempt = 0 AND lease_owner IS NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_request_skips_the_grace_and_triggering_many_times_is_safe() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let analyzer = GatedAnalyzer::closed();
+    let mut daemon = InProcessDaemon::start(
+        &db,
+        db.config("[shutdown]\ngrace = \"1h\"\n"),
+        analyzer.clone(),
+    )
+    .await;
+    let id = enqueue(&client, "interrupted").await;
+    analyzer.entered(1).await;
+    daemon.shutdown.trigger();
+    daemon.shutdown.trigger();
+    daemon.shutdown.trigger();
+    daemon.join().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.attempt), (TaskStatus::Queued, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canceled_task_released_by_shutdown_ends_canceled() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let analyzer = GatedAnalyzer::closed_ignoring_cancel();
+    let mut daemon = InProcessDaemon::start(
+        &db,
+        db.config("[shutdown]\ngrace = \"1h\"\n"),
+        analyzer.clone(),
+    )
+    .await;
+    let id = enqueue(&client, "canceled and stopped").await;
+    analyzer.entered(1).await;
+    queue::cancel(&client, id).await.unwrap();
+    analyzer.saw_cancel(1).await;
+    daemon.shutdown.trigger();
+    daemon.shutdown.trigger();
+    analyzer.open();
+    daemon.join().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.words), (TaskStatus::Canceled, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_backlog_exits_0_leaving_every_row_terminal_or_queued_without_a_lease() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let payloads: Vec<String> = (0..20_000).map(payload).collect();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
+            &[&payloads],
+        )
+        .await
+        .unwrap();
+    let mut daemon = DaemonProcess::start(&db, "[worker]\nconcurrency = 16\n", &[]);
+    daemon.wait_for_log("task finished").await;
+    daemon.signal(libc::SIGTERM);
+    daemon.signal(libc::SIGTERM);
+    daemon.signal(libc::SIGINT);
+    let status = daemon.wait().await;
+    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+
+    let rows = client
+        .query(
+            "SELECT payload, status, words, bytes, runes, attempt, lease_owner FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut succeeded = 0;
+    let mut queued = 0;
+    for row in &rows {
+        let text: &str = row.get(0);
+        match row.get::<_, &str>(1) {
+            "SUCCEEDED" => {
+                succeeded += 1;
+                let got = (
+                    row.get::<_, i64>(2),
+                    row.get::<_, i64>(3),
+                    row.get::<_, i64>(4),
+                );
+                assert_eq!(got, expected_counts(text));
+            }
+            "QUEUED" => {
+                queued += 1;
+                assert_eq!(row.get::<_, i32>(5), 0);
+                assert_eq!(row.get::<_, Option<&str>>(6), None);
+            }
+            other => panic!("row left {other} after a clean shutdown"),
+        }
+    }
+    assert_eq!(succeeded + queued, 20_000);
+    assert!(succeeded > 0);
+}
