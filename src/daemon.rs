@@ -20,6 +20,7 @@ use crate::db::ConnectSettings;
 use crate::db::DbError;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
+use crate::{rescuer, retention};
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
 const STARTUP_RETRY_CAP: Duration = Duration::from_secs(10);
@@ -82,7 +83,7 @@ pub async fn run(
     }
 
     let pool = settings.pool();
-    let worker = Worker::new(pool, analyzer, instance, config.worker.clone());
+    let worker = Worker::new(pool.clone(), analyzer, instance, config.worker.clone());
     let listening = Arc::new(AtomicBool::new(false));
     let listener_stop = tokio_util::sync::CancellationToken::new();
     let listener = tokio::spawn(listen::run(
@@ -94,13 +95,32 @@ pub async fn run(
         listener_stop.clone(),
     ));
 
+    let maintenance_stop = tokio_util::sync::CancellationToken::new();
+    let mut maintenance = vec![tokio::spawn(rescuer::run(
+        pool.clone(),
+        worker.instance().to_string(),
+        config.worker.lease,
+        maintenance_stop.clone(),
+    ))];
+    if let Some(older_than) = config.retention.finished_after {
+        maintenance.push(tokio::spawn(retention::run(
+            pool.clone(),
+            older_than,
+            maintenance_stop.clone(),
+        )));
+    }
+
     worker.run(stop).await;
     tracing::info!(running = worker.running(), "no more claims");
     worker
         .shutdown(config.shutdown.grace, shutdown.hurrying())
         .await;
     listener_stop.cancel();
+    maintenance_stop.cancel();
     let _ = listener.await;
+    for task in maintenance {
+        let _ = task.await;
+    }
     tracing::info!("pgtaskd stopped");
     Ok(())
 }

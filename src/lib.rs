@@ -12,6 +12,8 @@
 //! | [`config`] | the TOML configuration, validated, with its defaults |
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
+//! | [`rescuer`] | taking back the tasks of expired leases |
+//! | [`retention`] | pruning old finished rows, when configured |
 //! | [`worker`] | wake -> permit -> claim -> analyze -> finish, and the two-phase stop |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
@@ -29,5 +31,7 @@ pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod queue;
+pub mod rescuer;
+pub mod retention;
 pub mod shutdown;
 pub mod worker;

@@ -324,12 +324,23 @@ impl Worker {
             };
             match result {
                 Err(FinishError::Db(err)) => {
-                    if err.is_unavailable() {
-                        outcome_unknown = true;
-                    }
                     let delay = backoff.next_delay();
-                    tracing::warn!(id, attempt, error = %crate::db::describe(&err), retry_in_ms = delay.as_millis() as u64,
-                        "commit outcome unknown; will re-read the row");
+                    let retry_in_ms = delay.as_millis() as u64;
+                    let error = crate::db::describe(&err);
+                    if err.is_unavailable() {
+                        // The statement may or may not have committed.
+                        outcome_unknown = true;
+                        tracing::warn!(
+                            id,
+                            attempt,
+                            error,
+                            retry_in_ms,
+                            "commit outcome unknown; will re-read the row"
+                        );
+                    } else {
+                        // The server answered with an error: nothing was written.
+                        tracing::warn!(id, attempt, error, retry_in_ms, "finish failed; retrying");
+                    }
                     tokio::time::sleep(delay).await;
                 }
                 other => return other,

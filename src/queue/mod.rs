@@ -9,6 +9,8 @@
 //! | [`claim`] | QUEUED -> RUNNING, in batches, one winner per task |
 //! | [`finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by attempt and lease owner; release back to QUEUED |
 //! | [`cancel`] | `pgtaskd.cancel(id)` |
+//! | [`rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
+//! | [`prune`] | deleting old finished rows (retention) |
 //! | [`heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`task`] | the row as clients see it, and reading it |
 
@@ -17,6 +19,8 @@ pub mod claim;
 pub mod enqueue;
 pub mod finish;
 pub mod heartbeat;
+pub mod prune;
+pub mod rescue;
 pub mod task;
 
 pub use cancel::{cancel, CancelOutcome};
@@ -24,4 +28,6 @@ pub use claim::{claim, Claimed};
 pub use enqueue::enqueue;
 pub use finish::{finish, release, reread, ClaimState, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
+pub use prune::prune;
+pub use rescue::{notify_tasks, rescue, Rescued};
 pub use task::{get, Task, TaskStatus};

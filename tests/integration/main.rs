@@ -10,5 +10,6 @@ mod claim;
 mod cli;
 mod end_to_end;
 mod finish;
+mod leases;
 mod migrate;
 mod shutdown;

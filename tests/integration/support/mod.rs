@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod cluster;
 pub mod daemon;
 pub mod gate;

@@ -1,0 +1,352 @@
+//! Crash recovery with leases, and many daemons on one database (SPEC invariant 6 and the
+//! fencing of section 3), with real daemon processes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgtaskd::queue::{self, TaskStatus};
+use tokio::sync::Barrier;
+use tokio_postgres::Client;
+
+use crate::support::{audit, eventually, expected_counts, payload, DaemonProcess, TestDb, WAIT};
+
+const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
+
+async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
+    let payloads: Vec<String> = (0..n).map(payload).collect();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
+            &[&payloads],
+        )
+        .await
+        .unwrap();
+    payloads
+}
+
+async fn count(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn wait_count(client: &Client, sql: &str, want: i64, what: &str) {
+    eventually(WAIT, what, || async move {
+        (count(client, sql).await == want).then_some(())
+    })
+    .await;
+}
+
+/// Every row SUCCEEDED with the right counts and the given attempt.
+async fn assert_all_succeeded(client: &Client, attempt: i32) {
+    let rows = client
+        .query(
+            "SELECT payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in rows {
+        let text: &str = row.get(0);
+        assert_eq!(row.get::<_, &str>(1), "SUCCEEDED");
+        let got = (
+            row.get::<_, i64>(2),
+            row.get::<_, i64>(3),
+            row.get::<_, i64>(4),
+        );
+        assert_eq!(got, expected_counts(text));
+        assert_eq!(row.get::<_, i32>(5), attempt);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expires() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    audit::refuse_finishes_of_attempt(&client, 1).await;
+    insert_payloads(&client, 3).await;
+
+    let mut first = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        3,
+        "three claims",
+    )
+    .await;
+    first.wait_for_log("finish failed; retrying").await;
+    first.signal(libc::SIGKILL);
+    first.wait().await;
+
+    let mut second = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        3,
+        "the rescue",
+    )
+    .await;
+    assert_all_succeeded(&client, 2).await;
+    assert!(
+        second.log_text().contains("task rescued"),
+        "{}",
+        second.log_text()
+    );
+    assert_eq!(audit::tasks_finished_twice(&client).await, 0);
+    assert_eq!(audit::transitions_out_of_terminal(&client).await, 0);
+    second.signal(libc::SIGTERM);
+    assert_eq!(second.wait().await.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_daemon_that_wakes_after_a_takeover_has_its_finish_refused() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    audit::refuse_finishes_of_attempt(&client, 1).await;
+    insert_payloads(&client, 2).await;
+
+    let mut frozen = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        2,
+        "two claims",
+    )
+    .await;
+    frozen.wait_for_log("finish failed; retrying").await;
+    frozen.signal(libc::SIGSTOP);
+
+    let mut second = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        2,
+        "the takeover",
+    )
+    .await;
+    audit::accept_all_finishes(&client).await;
+    frozen.signal(libc::SIGCONT);
+    frozen
+        .wait_for_log("claim lost before the finish; result dropped")
+        .await;
+
+    assert_all_succeeded(&client, 2).await;
+    assert_eq!(
+        audit::tasks_finished_twice(&client).await,
+        0,
+        "each row was finished once"
+    );
+    assert_eq!(audit::transitions_out_of_terminal(&client).await, 0);
+    for daemon in [&mut frozen, &mut second] {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_daemons_share_ten_thousand_tasks_each_finished_exactly_once() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    let config = "[worker]\nconcurrency = 8\n";
+    let mut daemons: Vec<DaemonProcess> = (0..3)
+        .map(|_| DaemonProcess::start(&db, config, &[]))
+        .collect();
+    crate::support::daemon::wait_listening(&db, 3).await;
+    insert_payloads(&client, 10_000).await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        10_000,
+        "10,000 tasks",
+    )
+    .await;
+    assert_all_succeeded(&client, 1).await;
+    assert_eq!(audit::tasks_finished_twice(&client).await, 0);
+    let shares = client
+        .query(
+            "SELECT old_owner, count(*) FROM public.audit WHERE new_status = 'SUCCEEDED' GROUP BY old_owner",
+            &[],
+        )
+        .await
+        .unwrap();
+    let shares: Vec<(String, i64)> = shares.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        shares.len(),
+        3,
+        "all three daemons finished tasks: {shares:?}"
+    );
+    assert!(
+        shares.iter().all(|(_, n)| *n >= 500),
+        "the work is spread: {shares:?}"
+    );
+    for daemon in &mut daemons {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0));
+    }
+}
+
+#[tokio::test]
+async fn a_task_that_loses_every_lease_ends_failed_after_max_attempts() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('doomed', max_attempts => 2)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let pool = db.pool(2);
+    let queues = vec!["default".to_string()];
+    for attempt in 1..=2 {
+        let claimed = queue::claim(&client, "crashy", &queues, 1, Duration::from_millis(1))
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1, "attempt {attempt} is claimable at once");
+        assert_eq!(claimed[0].attempt, attempt);
+        // Nobody extends the lease: it expires.
+        eventually(WAIT, "the lease to be rescued", || {
+            let pool = &pool;
+            async move {
+                (pgtaskd::rescuer::run_once(pool, "rescuer").await.unwrap() == 1).then_some(())
+            }
+        })
+        .await;
+    }
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.attempt, 2);
+    assert_eq!((task.words, task.lease_owner), (0, None));
+    let error = task.error.unwrap();
+    assert!(error.contains("lease lost after 2 attempts"), "{error}");
+    assert!(error.contains("crashy"), "{error}");
+}
+
+#[tokio::test]
+async fn an_expired_lease_of_a_canceled_task_ends_canceled() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('x')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    queue::claim(
+        &client,
+        "gone",
+        &["default".into()],
+        1,
+        Duration::from_millis(1),
+    )
+    .await
+    .unwrap();
+    queue::cancel(&client, id).await.unwrap();
+    let pool = db.pool(1);
+    eventually(WAIT, "the rescue", || {
+        let pool = &pool;
+        async move { (pgtaskd::rescuer::run_once(pool, "r").await.unwrap() == 1).then_some(()) }
+    })
+    .await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.error), (TaskStatus::Canceled, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_rescuers_take_back_each_expired_lease_once() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'r' || i FROM generate_series(1, 300) i",
+            &[],
+        )
+        .await
+        .unwrap();
+    let claimed = queue::claim(
+        &client,
+        "gone",
+        &["default".into()],
+        300,
+        Duration::from_millis(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 300);
+    tokio::time::sleep(Duration::from_millis(5)).await; // past the 1 ms lease
+    let pool = db.pool(4);
+    let barrier = Arc::new(Barrier::new(4));
+    let rescuers: Vec<_> = (0..4)
+        .map(|n| {
+            let pool = pool.clone();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                let client = pool.get().await.unwrap();
+                barrier.wait().await;
+                let mut mine = Vec::new();
+                loop {
+                    let rescued = queue::rescue(&client, 7 + n).await.unwrap();
+                    if rescued.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(rescued.into_iter().map(|r| r.id));
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for rescuer in rescuers {
+        all.extend(
+            crate::support::within(WAIT, "a rescuer", rescuer)
+                .await
+                .unwrap(),
+        );
+    }
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 300);
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED' AND attempt = 1"
+        )
+        .await,
+        300
+    );
+}
+
+#[tokio::test]
+async fn retention_deletes_only_finished_rows_older_than_the_setting() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'old ' || i FROM generate_series(1, 2500) i;
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('recent'), ('queued'), ('running');
+             UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() - interval '2 days'
+              WHERE payload LIKE 'old %';
+             UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() WHERE payload = 'recent';",
+        )
+        .await
+        .unwrap();
+    queue::claim(
+        &client,
+        "me",
+        &["default".into()],
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let pool = db.pool(1);
+    let deleted = pgtaskd::retention::run_once(&pool, Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 2500);
+    let left: Vec<String> = client
+        .query("SELECT payload FROM pgtaskd.tasks ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["recent", "queued", "running"]);
+}
