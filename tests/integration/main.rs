@@ -6,6 +6,7 @@ mod support;
 
 mod analyze;
 mod cancel;
+mod chaos;
 mod claim;
 mod cli;
 mod end_to_end;
