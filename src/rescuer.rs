@@ -43,7 +43,7 @@ pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
     let client = pool.get().await?;
     let mut total = 0;
     loop {
-        let rescued = queue::rescue(&client, BATCH).await?;
+        let rescued = client.bounded(queue::rescue(&client, BATCH)).await?;
         for task in &rescued {
             tracing::warn!(
                 id = task.id,
@@ -56,7 +56,7 @@ pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
         }
         total += rescued.len();
         if rescued.iter().any(|t| t.status == TaskStatus::Queued) {
-            queue::notify_tasks(&client).await?;
+            client.bounded(queue::notify_tasks(&client)).await?;
         }
         if (rescued.len() as i64) < BATCH {
             return Ok(total);

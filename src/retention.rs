@@ -36,7 +36,9 @@ pub async fn run_once(pool: &Pool, older_than: Duration) -> Result<u64, DbError>
     let client = pool.get().await?;
     let mut total = 0;
     loop {
-        let deleted = queue::prune(&client, older_than, BATCH).await?;
+        let deleted = client
+            .bounded(queue::prune(&client, older_than, BATCH))
+            .await?;
         total += deleted;
         if deleted < BATCH as u64 {
             if total > 0 {

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::analyzer::{AnalyzeError, Analyzer};
 use crate::backoff::{jitter, Backoff};
 use crate::config::WorkerConfig;
-use crate::db::{DbError, Pool};
+use crate::db::{DbError, Pool, Session};
 use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
 
 /// The most tasks one claim statement takes.
@@ -211,14 +211,15 @@ impl Worker {
     async fn claim_and_start(&self, mut permits: OwnedSemaphorePermit) -> Result<usize, DbError> {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
-        let tasks = queue::claim(
-            &client,
-            &inner.instance,
-            &inner.config.queues,
-            permits.num_permits(),
-            inner.config.lease,
-        )
-        .await?;
+        let tasks = client
+            .bounded(queue::claim(
+                &client,
+                &inner.instance,
+                &inner.config.queues,
+                permits.num_permits(),
+                inner.config.lease,
+            ))
+            .await?;
         drop(client);
         let claimed = tasks.len();
         for task in tasks {
@@ -318,7 +319,7 @@ impl Worker {
         let mut outcome_unknown = false;
         loop {
             let result = match self.inner.pool.get().await {
-                Err(err) => Err(FinishError::Db(err.into())),
+                Err(err) => Err(FinishError::Db(err)),
                 Ok(client) if outcome_unknown => self.resolve(&client, id, attempt, action).await,
                 Ok(client) => self.apply(&client, id, attempt, action).await,
             };
@@ -350,27 +351,35 @@ impl Worker {
 
     async fn apply(
         &self,
-        client: &tokio_postgres::Client,
+        client: &Session,
         id: i64,
         attempt: i32,
         action: &Action,
     ) -> Result<TaskStatus, FinishError> {
         let owner = &self.inner.instance;
         match action {
-            Action::Finish(outcome) => queue::finish(client, owner, id, attempt, outcome).await,
-            Action::Release => queue::release(client, owner, id, attempt).await,
+            Action::Finish(outcome) => {
+                client
+                    .bounded(queue::finish(client, owner, id, attempt, outcome))
+                    .await
+            }
+            Action::Release => {
+                client
+                    .bounded(queue::release(client, owner, id, attempt))
+                    .await
+            }
         }
     }
 
     /// Invariant 4: find out what became of a write whose outcome is unknown.
     async fn resolve(
         &self,
-        client: &tokio_postgres::Client,
+        client: &Session,
         id: i64,
         attempt: i32,
         action: &Action,
     ) -> Result<TaskStatus, FinishError> {
-        let state = queue::reread(client, id).await?;
+        let state = client.bounded(queue::reread(client, id)).await?;
         let Some(state) = state else {
             tracing::warn!(
                 id,
@@ -435,10 +444,16 @@ impl Worker {
             let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
             let extended = match self.inner.pool.get().await {
                 Ok(client) => {
-                    queue::heartbeat(&client, &self.inner.instance, &ids, self.inner.config.lease)
+                    client
+                        .bounded(queue::heartbeat(
+                            &client,
+                            &self.inner.instance,
+                            &ids,
+                            self.inner.config.lease,
+                        ))
                         .await
                 }
-                Err(err) => Err(err.into()),
+                Err(err) => Err(err),
             };
             let extended = match extended {
                 Ok(extended) => extended,

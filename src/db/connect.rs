@@ -19,7 +19,7 @@ use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
-use super::DbError;
+use super::{DbError, Pool};
 use crate::config::DatabaseConfig;
 
 /// The environment variable read when `database.url` is not set.
@@ -29,14 +29,13 @@ pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
 const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A session that stays idle inside a transaction this long is ended by the server.
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The client-side deadline of an operation when `statement_timeout` is off.
+const QUERY_DEADLINE_WITHOUT_TIMEOUT: Duration = Duration::from_secs(60);
 /// TCP keepalive: first probe after this much silence, then one per interval.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Unacknowledged data older than this closes the connection.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A pool of worker connections.
-pub type Pool = deadpool_postgres::Pool;
 
 /// Everything needed to open a session: the resolved libpq settings and the deadlines.
 #[derive(Clone)]
@@ -44,6 +43,7 @@ pub struct ConnectSettings {
     config: Config,
     pool_size: usize,
     connect_timeout: Duration,
+    query_deadline: Duration,
 }
 
 impl std::fmt::Debug for ConnectSettings {
@@ -91,6 +91,7 @@ impl ConnectSettings {
             config,
             pool_size: database.pool_size,
             connect_timeout,
+            query_deadline: query_deadline(database.statement_timeout),
         };
         settings.add_session_timeouts(database.statement_timeout);
         Ok(settings)
@@ -140,7 +141,8 @@ impl ConnectSettings {
         Ok(client)
     }
 
-    /// A pool of at most `database.pool_size` sessions, opened on demand.
+    /// A pool of at most `database.pool_size` sessions, opened on demand, with a
+    /// client-side deadline of twice `statement_timeout` on each operation.
     pub fn pool(&self) -> Pool {
         let manager = Manager::from_config(
             self.config.clone(),
@@ -149,14 +151,26 @@ impl ConnectSettings {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        deadpool_postgres::Pool::builder(manager)
+        let pool = deadpool_postgres::Pool::builder(manager)
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(POOL_WAIT_TIMEOUT))
             .create_timeout(Some(self.connect_timeout))
             .recycle_timeout(Some(self.connect_timeout))
             .build()
-            .expect("a pool with a runtime always builds")
+            .expect("a pool with a runtime always builds");
+        Pool::new(pool, self.query_deadline)
+    }
+}
+
+/// The client-side deadline of one pooled operation: twice the server's
+/// `statement_timeout`, so that the server's own timeout normally answers first, or a minute
+/// when that timeout is off.
+fn query_deadline(statement_timeout: Duration) -> Duration {
+    if statement_timeout.is_zero() {
+        QUERY_DEADLINE_WITHOUT_TIMEOUT
+    } else {
+        statement_timeout * 2
     }
 }
 

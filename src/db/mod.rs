@@ -1,4 +1,5 @@
-//! The database side: connecting, migrating, and the dedicated LISTEN connection.
+//! The database side: connecting, the pool of worker sessions, migrating, and the dedicated
+//! LISTEN connection.
 //!
 //! [`DbError`] is the one error type of database work. Its split between
 //! [`DbError::Unavailable`] (the database could not be reached, or the connection died) and
@@ -8,8 +9,10 @@
 pub mod connect;
 pub mod listen;
 pub mod migrate;
+pub mod pool;
 
-pub use connect::{ConnectSettings, Pool};
+pub use connect::ConnectSettings;
+pub use pool::{Outage, Pool, Session};
 
 use tokio_postgres::error::SqlState;
 

@@ -53,6 +53,12 @@ pub enum FinishError {
     Db(#[from] DbError),
 }
 
+impl crate::db::Outage for FinishError {
+    fn is_outage(&self) -> bool {
+        matches!(self, FinishError::Db(err) if err.is_unavailable())
+    }
+}
+
 impl From<tokio_postgres::Error> for FinishError {
     fn from(err: tokio_postgres::Error) -> Self {
         FinishError::Db(err.into())

@@ -34,7 +34,7 @@ async fn two_claimers_released_by_one_barrier_get_one_winner_thirty_times_in_a_r
             .await
             .unwrap();
         let barrier = Arc::new(Barrier::new(2));
-        let claimer = |client: deadpool_postgres::Object, owner: &'static str| {
+        let claimer = |client: pgtaskd::db::Session, owner: &'static str| {
             let barrier = Arc::clone(&barrier);
             tokio::spawn(async move {
                 barrier.wait().await;

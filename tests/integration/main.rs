@@ -10,6 +10,7 @@ mod chaos;
 mod claim;
 mod cli;
 mod end_to_end;
+mod faults;
 mod finish;
 mod leases;
 mod migrate;

@@ -114,7 +114,7 @@ impl Cluster {
             .args(["-p", &self.port.to_string()])
             .args(["-k", &self.dir.to_string_lossy()])
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+            .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
             .stdout(Stdio::null())
             .stderr(log);

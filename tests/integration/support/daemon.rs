@@ -122,13 +122,18 @@ pub struct DaemonProcess {
 impl DaemonProcess {
     /// Start `pgtaskd run ARGS` on `db` with `config_toml` as its configuration file.
     pub fn start(db: &TestDb, config_toml: &str, args: &[&str]) -> DaemonProcess {
+        DaemonProcess::start_url(&db.url, config_toml, args)
+    }
+
+    /// Start `pgtaskd run ARGS` on the database at `url`.
+    pub fn start_url(url: &str, config_toml: &str, args: &[&str]) -> DaemonProcess {
         let config = tempfile_path::TempPath::write(config_toml);
         let mut child = Command::new(binary())
             .arg("run")
             .args(args)
             .arg("--config")
             .arg(config.path())
-            .env("PGTASKD_DATABASE_URL", &db.url)
+            .env("PGTASKD_DATABASE_URL", url)
             .env("RUST_LOG", "pgtaskd=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -12,6 +12,7 @@ pub mod audit;
 pub mod cluster;
 pub mod daemon;
 pub mod gate;
+pub mod proxy;
 
 use std::future::Future;
 use std::str::FromStr;
@@ -83,6 +84,30 @@ pub fn server() -> &'static Server {
     })
 }
 
+/// The TCP address of the shared server, for a proxy in front of it.
+pub fn server_addr() -> std::net::SocketAddr {
+    use tokio_postgres::config::Host;
+    let config = server().admin_config();
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        _ => panic!("the fault proxy needs a TCP server address"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .expect("resolve the server address")
+        .next()
+        .expect("one address")
+}
+
+/// The user the tests connect as.
+pub fn server_user() -> String {
+    server()
+        .admin_config()
+        .get_user()
+        .unwrap_or("postgres")
+        .to_string()
+}
+
 /// A connection string with every part of `config` and the database `dbname`, in key=value
 /// form (what a daemon process receives).
 pub fn conninfo(config: &tokio_postgres::Config, dbname: &str) -> String {
@@ -150,8 +175,25 @@ impl TestDb {
 
     /// A fresh database created with extra `CREATE DATABASE` options.
     pub async fn create(options: &str) -> TestDb {
+        TestDb::create_on(server().admin_config(), options).await
+    }
+
+    /// A fresh, migrated database on a cluster of the test's own.
+    pub async fn on(cluster: &Cluster) -> TestDb {
+        let db = TestDb::create_on(cluster.config("postgres"), "").await;
+        let mut client = db.client().await;
+        within(
+            WAIT,
+            "migrations",
+            pgtaskd::db::migrate::migrate(&mut client),
+        )
+        .await
+        .expect("migrations apply to a fresh database");
+        db
+    }
+
+    async fn create_on(admin_config: tokio_postgres::Config, options: &str) -> TestDb {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let admin_config = server().admin_config();
         let admin_db = admin_config.get_dbname().unwrap_or("postgres").to_string();
         let admin = conninfo(&admin_config, &admin_db);
         let name = format!(

@@ -1,0 +1,359 @@
+//! Database faults (SPEC invariants 4, 6, 7): unknown commit outcomes through a
+//! fault-injecting proxy, terminated sessions, server restarts and outages, deadlines and a
+//! bounded pool.
+
+use std::time::Duration;
+
+use pgtaskd::queue::{self, TaskStatus};
+use tokio_postgres::Client;
+
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::{
+    audit, eventually, expected_counts, payload, server_addr, server_user, Cluster, DaemonProcess,
+    GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
+};
+
+/// Text found only in the finish statement.
+const FINISH_NEEDLE: &str = "THEN 'CANCELED' ELSE $4 END";
+
+async fn unknown_outcome_ends_succeeded_with_one_analyzer_run(fault: Fault) {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    let proxy = Proxy::start(server_addr(), fault, FINISH_NEEDLE).await;
+    let mut config =
+        db.config("[database]\nstatement_timeout = \"1s\"\n[worker]\npoll_interval = \"500ms\"\n");
+    config.database.url = Some(proxy.conninfo(&server_user(), &db.name));
+    let analyzer = GatedAnalyzer::counting();
+    let daemon = InProcessDaemon::start(&db, config, analyzer.clone()).await;
+
+    let text = "the commit outcome is unknown";
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue($1)", &[&text])
+        .await
+        .unwrap()
+        .get(0);
+    let task = eventually(WAIT, "the task to succeed", || {
+        let client = &client;
+        async move {
+            queue::get(client, id)
+                .await
+                .unwrap()
+                .filter(|t| t.status.is_terminal())
+        }
+    })
+    .await;
+    daemon.stop().await;
+
+    assert!(proxy.triggered(), "{fault:?} happened");
+    assert_eq!(task.status, TaskStatus::Succeeded, "{fault:?}");
+    assert_eq!((task.words, task.bytes, task.runes), expected_counts(text));
+    assert_eq!(
+        task.attempt, 1,
+        "{fault:?}: the claim was kept, not rescued"
+    );
+    assert_eq!(
+        analyzer.calls_for(text),
+        1,
+        "{fault:?}: the analyzer ran once for the claim"
+    );
+    assert_eq!(audit::tasks_finished_twice(&client).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_lost_before_it_reached_the_server_is_applied_again_after_a_reread() {
+    unknown_outcome_ends_succeeded_with_one_analyzer_run(Fault::DropBeforeSend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_committed_but_unanswered_is_accepted_after_a_reread() {
+    unknown_outcome_ends_succeeded_with_one_analyzer_run(Fault::DropAfterReply).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_on_a_half_open_connection_hits_the_deadline_and_is_resolved() {
+    unknown_outcome_ends_succeeded_with_one_analyzer_run(Fault::HalfOpen).await;
+}
+
+async fn count(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn listener_pid(client: &Client) -> Option<i32> {
+    client
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+               AND application_name LIKE 'pgtaskd/%' AND query LIKE 'LISTEN%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|row| row.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_listener_reconnects_and_rescans_before_the_poll_tick() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut daemon = DaemonProcess::start(&db, "[worker]\npoll_interval = \"60s\"\n", &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    crate::support::daemon::wait_listening(&db, 1).await;
+    let old = listener_pid(&client).await.unwrap();
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&old])
+        .await
+        .unwrap();
+    // Inserted while nobody listens: only the scan after the reconnect finds it.
+    client
+        .execute("SELECT pgtaskd.enqueue('while deaf')", &[])
+        .await
+        .unwrap();
+    let limit = Duration::from_secs(15); // well under the 60 s poll tick
+    let done = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'";
+    eventually(limit, "the task enqueued while deaf", || async {
+        (count(&client, done).await == 1).then_some(())
+    })
+    .await;
+    let new = eventually(limit, "a new listener", || async {
+        listener_pid(&client).await.filter(|pid| *pid != old)
+    })
+    .await;
+    assert_ne!(new, old);
+    client
+        .execute("SELECT pgtaskd.enqueue('after reconnect')", &[])
+        .await
+        .unwrap();
+    eventually(limit, "the task enqueued after the reconnect", || async {
+        (count(&client, done).await == 2).then_some(())
+    })
+    .await;
+    assert!(
+        daemon.log_text().contains("listener connection lost"),
+        "{}",
+        daemon.log_text()
+    );
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0));
+}
+
+/// After a fault: every task terminal and SUCCEEDED with correct counts, none finished twice,
+/// no session left idle in a transaction.
+async fn assert_backlog_done(client: &Client, n: i64) {
+    eventually(WAIT, "the backlog to finish", || async move {
+        (count(
+            client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == n)
+            .then_some(())
+    })
+    .await;
+    let rows = client
+        .query(
+            "SELECT payload, words, bytes, runes FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len() as i64, n);
+    for row in rows {
+        let text: &str = row.get(0);
+        assert_eq!(
+            (
+                row.get::<_, i64>(1),
+                row.get::<_, i64>(2),
+                row.get::<_, i64>(3)
+            ),
+            expected_counts(text)
+        );
+    }
+    assert_eq!(audit::tasks_finished_twice(client).await, 0);
+    assert_eq!(audit::transitions_out_of_terminal(client).await, 0);
+    let idle_in_transaction = count(
+        client,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .await;
+    assert_eq!(idle_in_transaction, 0);
+}
+
+async fn insert_backlog(client: &Client, n: usize) {
+    let payloads: Vec<String> = (0..n).map(payload).collect();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
+            &[&payloads],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_every_daemon_session_mid_backlog_loses_nothing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    insert_backlog(&client, 2000).await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 8\npoll_interval = \"500ms\"\n",
+        &[],
+    );
+    daemon.wait_for_log("task finished").await;
+    for _ in 0..3 {
+        client
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'pgtaskd/%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_backlog_done(&client, 2000).await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_server_restart_mid_backlog_loses_nothing() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    insert_backlog(&client, 2000).await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 8\npoll_interval = \"500ms\"\n",
+        &[],
+    );
+    daemon.wait_for_log("task finished").await;
+    cluster.stop_server(true);
+    cluster.start_server();
+    let client = db.client().await;
+    assert_backlog_done(&client, 2000).await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_waits_out_an_outage_longer_than_a_poll_interval() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    insert_backlog(&client, 100).await;
+    let mut daemon = DaemonProcess::start(&db, "[worker]\npoll_interval = \"300ms\"\n", &[]);
+    assert_backlog_done(&client, 100).await;
+    drop(client);
+    cluster.stop_server(false); // an immediate stop, as a crash would
+                                // The outage itself: several poll intervals with no server.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, _, stderr) =
+        crate::support::daemon::pgtaskd(Some(&db.url), &["status", "1"]).await;
+    assert_eq!(
+        status.code(),
+        Some(69),
+        "status during the outage: {stderr}"
+    );
+    let (status, _, _) = crate::support::daemon::pgtaskd(Some(&db.url), &["cancel", "1"]).await;
+    assert_eq!(status.code(), Some(69), "cancel during the outage");
+    cluster.start_server();
+    let client = db.client().await;
+    insert_backlog(&client, 100).await;
+    assert_backlog_done(&client, 200).await;
+    assert!(daemon.log_text().contains("listener connection lost"));
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(
+        daemon.wait().await.code(),
+        Some(0),
+        "the outage did not end the daemon:\n{}",
+        daemon.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_a_database_that_is_down_at_start() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    cluster.stop_server(true);
+    let mut daemon = DaemonProcess::start(&db, "", &[]);
+    daemon
+        .wait_for_log("database unavailable; waiting for it")
+        .await;
+    cluster.start_server();
+    daemon.wait_for_log("listening for notifications").await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn status_against_a_server_that_never_answers_exits_69_at_the_connect_timeout() {
+    // Accepts connections and says nothing: only the connect deadline ends the wait.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let url = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=1");
+    for args in [&["status", "1"][..], &["cancel", "1"]] {
+        let (status, stdout, stderr) = crate::support::daemon::pgtaskd(Some(&url), args).await;
+        assert_eq!(status.code(), Some(69), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(stderr.contains("database unavailable"), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_two_serves_concurrency_sixteen_with_at_most_three_sessions() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    insert_backlog(&client, 3000).await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[database]\npool_size = 2\n[worker]\nconcurrency = 16\n",
+        &[],
+    );
+    let mut most = 0;
+    let mut names = std::collections::HashSet::new();
+    loop {
+        let rows = client
+            .query(
+                "SELECT application_name FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'pgtaskd/%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        most = most.max(rows.len());
+        names.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        if count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        )
+        .await
+            == 3000
+        {
+            break;
+        }
+        assert!(!daemon.log_text().contains("pgtaskd stopped"));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        most <= 3,
+        "at most two worker sessions and the listener, saw {most}"
+    );
+    assert!(most >= 2, "the sampling saw the daemon at work");
+    assert_eq!(
+        names.len(),
+        1,
+        "one instance id on every session: {names:?}"
+    );
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0));
+}
