@@ -4,27 +4,8 @@
 use std::time::Duration;
 
 use pgtaskd::queue::{self, CancelOutcome, TaskStatus};
-use tokio_postgres::Client;
 
-use crate::support::{eventually, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
-
-async fn enqueue(client: &Client, payload: &str) -> i64 {
-    client
-        .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
-        .await
-        .unwrap()
-        .get(0)
-}
-
-async fn wait_status(client: &Client, id: i64, want: TaskStatus) -> queue::Task {
-    eventually(WAIT, &format!("task {id} to be {want}"), || async move {
-        queue::get(client, id)
-            .await
-            .unwrap()
-            .filter(|t| t.status == want)
-    })
-    .await
-}
+use crate::support::{enqueue, wait_status, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
 
 #[tokio::test]
 async fn a_canceled_queued_task_is_never_analyzed() {

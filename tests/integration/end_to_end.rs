@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::support::daemon::pgtaskd;
-use crate::support::{eventually, expected_counts, payload, DaemonProcess, TestDb, WAIT};
+use crate::support::{eventually, expected_counts, insert_payloads, DaemonProcess, TestDb, WAIT};
 
 /// Shorter than the poll interval below: a task done within it was woken by NOTIFY.
 const NOTIFY_PATH_LIMIT: Duration = Duration::from_secs(15);
@@ -56,14 +56,7 @@ async fn inserted_rows_are_analyzed_and_committed_by_the_daemon_process() {
         .unwrap();
 
     // One INSERT ... SELECT of 10,000 rows: one statement, one notification.
-    let payloads: Vec<String> = (0..10_000).map(payload).collect();
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
-            &[&payloads],
-        )
-        .await
-        .unwrap();
+    let payloads = insert_payloads(&client, 10_000).await;
     eventually(WAIT, "10,000 tasks to succeed", || {
         let client = &client;
         async move {

@@ -9,8 +9,8 @@ use tokio_postgres::Client;
 
 use crate::support::proxy::{Fault, Proxy};
 use crate::support::{
-    audit, eventually, expected_counts, payload, server_addr, server_user, Cluster, DaemonProcess,
-    GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
+    audit, count, eventually, expected_counts, insert_payloads, server_addr, server_user, Cluster,
+    DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
 
 /// Text found only in the finish statement.
@@ -73,10 +73,6 @@ async fn a_finish_committed_but_unanswered_is_accepted_after_a_reread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finish_on_a_half_open_connection_hits_the_deadline_and_is_resolved() {
     unknown_outcome_ends_succeeded_with_one_analyzer_run(Fault::HalfOpen).await;
-}
-
-async fn count(client: &Client, sql: &str) -> i64 {
-    client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
 async fn listener_pid(client: &Client) -> Option<i32> {
@@ -178,23 +174,12 @@ async fn assert_backlog_done(client: &Client, n: i64) {
     assert_eq!(idle_in_transaction, 0);
 }
 
-async fn insert_backlog(client: &Client, n: usize) {
-    let payloads: Vec<String> = (0..n).map(payload).collect();
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
-            &[&payloads],
-        )
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminating_every_daemon_session_mid_backlog_loses_nothing() {
     let db = TestDb::new().await;
     let client = db.client().await;
     audit::install(&client).await;
-    insert_backlog(&client, 2000).await;
+    insert_payloads(&client, 2000).await;
     let mut daemon = DaemonProcess::start(
         &db,
         "[worker]\nconcurrency = 8\npoll_interval = \"500ms\"\n",
@@ -223,7 +208,7 @@ async fn a_fast_server_restart_mid_backlog_loses_nothing() {
     let db = TestDb::on(&cluster).await;
     let client = db.client().await;
     audit::install(&client).await;
-    insert_backlog(&client, 2000).await;
+    insert_payloads(&client, 2000).await;
     let mut daemon = DaemonProcess::start(
         &db,
         "[worker]\nconcurrency = 8\npoll_interval = \"500ms\"\n",
@@ -244,7 +229,7 @@ async fn the_daemon_waits_out_an_outage_longer_than_a_poll_interval() {
     let db = TestDb::on(&cluster).await;
     let client = db.client().await;
     audit::install(&client).await;
-    insert_backlog(&client, 100).await;
+    insert_payloads(&client, 100).await;
     let mut daemon = DaemonProcess::start(&db, "[worker]\npoll_interval = \"300ms\"\n", &[]);
     assert_backlog_done(&client, 100).await;
     drop(client);
@@ -262,7 +247,7 @@ async fn the_daemon_waits_out_an_outage_longer_than_a_poll_interval() {
     assert_eq!(status.code(), Some(69), "cancel during the outage");
     cluster.start_server();
     let client = db.client().await;
-    insert_backlog(&client, 100).await;
+    insert_payloads(&client, 100).await;
     assert_backlog_done(&client, 200).await;
     assert!(daemon.log_text().contains("listener connection lost"));
     daemon.signal(libc::SIGTERM);
@@ -313,7 +298,7 @@ async fn status_against_a_server_that_never_answers_exits_69_at_the_connect_time
 async fn a_pool_of_two_serves_concurrency_sixteen_with_at_most_three_sessions() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    insert_backlog(&client, 3000).await;
+    insert_payloads(&client, 3000).await;
     let mut daemon = DaemonProcess::start(
         &db,
         "[database]\npool_size = 2\n[worker]\nconcurrency = 16\n",

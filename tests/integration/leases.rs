@@ -8,32 +8,12 @@ use pgtaskd::queue::{self, TaskStatus};
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
 
-use crate::support::{audit, eventually, expected_counts, payload, DaemonProcess, TestDb, WAIT};
+use crate::support::{
+    audit, count, eventually, expected_counts, insert_payloads, wait_count, DaemonProcess, TestDb,
+    WAIT,
+};
 
 const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
-
-async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
-    let payloads: Vec<String> = (0..n).map(payload).collect();
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
-            &[&payloads],
-        )
-        .await
-        .unwrap();
-    payloads
-}
-
-async fn count(client: &Client, sql: &str) -> i64 {
-    client.query_one(sql, &[]).await.unwrap().get(0)
-}
-
-async fn wait_count(client: &Client, sql: &str, want: i64, what: &str) {
-    eventually(WAIT, what, || async move {
-        (count(client, sql).await == want).then_some(())
-    })
-    .await;
-}
 
 /// Every row SUCCEEDED with the right counts and the given attempt.
 async fn assert_all_succeeded(client: &Client, attempt: i32) {

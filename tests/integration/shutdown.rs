@@ -4,20 +4,11 @@
 use std::time::Duration;
 
 use pgtaskd::queue::{self, TaskStatus};
-use tokio_postgres::Client;
 
 use crate::support::{
-    eventually, expected_counts, payload, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb,
-    WAIT,
+    enqueue, eventually, expected_counts, insert_payloads, DaemonProcess, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
 };
-
-async fn enqueue(client: &Client, payload: &str) -> i64 {
-    client
-        .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
-        .await
-        .unwrap()
-        .get(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_a_held_analyzer_and_commits_its_result_within_the_grace() {
@@ -196,14 +187,7 @@ async fn a_canceled_task_released_by_shutdown_ends_canceled() {
 async fn sigterm_during_a_backlog_exits_0_leaving_every_row_terminal_or_queued_without_a_lease() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let payloads: Vec<String> = (0..20_000).map(payload).collect();
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
-            &[&payloads],
-        )
-        .await
-        .unwrap();
+    insert_payloads(&client, 20_000).await;
     let mut daemon = DaemonProcess::start(&db, "[worker]\nconcurrency = 16\n", &[]);
     daemon.wait_for_log("task finished").await;
     daemon.signal(libc::SIGTERM);

@@ -265,6 +265,56 @@ impl Drop for TestDb {
     }
 }
 
+/// Enqueue one task through `pgtaskd.enqueue`; returns its id.
+pub async fn enqueue(client: &Client, payload: &str) -> i64 {
+    client
+        .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Insert tasks `payload(0..n)` in one `INSERT ... SELECT`; returns the payloads.
+pub async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
+    let payloads: Vec<String> = (0..n).map(payload).collect();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT unnest($1::text[])",
+            &[&payloads],
+        )
+        .await
+        .unwrap();
+    payloads
+}
+
+/// The single `bigint` a query returns.
+pub async fn count(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Wait until `sql` counts `want`.
+pub async fn wait_count(client: &Client, sql: &str, want: i64, what: &str) {
+    eventually(WAIT, what, || async move {
+        (count(client, sql).await == want).then_some(())
+    })
+    .await;
+}
+
+/// Wait until task `id` has status `want`; returns the row.
+pub async fn wait_status(
+    client: &Client,
+    id: i64,
+    want: pgtaskd::queue::TaskStatus,
+) -> pgtaskd::queue::Task {
+    eventually(WAIT, &format!("task {id} to be {want}"), || async move {
+        pgtaskd::queue::get(client, id)
+            .await
+            .unwrap()
+            .filter(|t| t.status == want)
+    })
+    .await
+}
+
 /// The three counts of a text, by the obvious definition (`split_whitespace` is Unicode
 /// White_Space, as Go's `strings.Fields`): the oracle the daemon's results are checked against.
 pub fn expected_counts(text: &str) -> (i64, i64, i64) {
