@@ -7,7 +7,7 @@
 //! within the grace, stop the analyzers that still run, commit or release every claim, then
 //! return.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +18,13 @@ use crate::db::listen::{self, ListenEvents};
 use crate::db::migrate::{self, SchemaError};
 use crate::db::ConnectSettings;
 use crate::db::DbError;
+use crate::health::{self, Health};
+use crate::http;
+use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
 use crate::{rescuer, retention};
+use tokio_util::sync::CancellationToken;
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
 const STARTUP_RETRY_CAP: Duration = Duration::from_secs(10);
@@ -61,9 +65,10 @@ pub fn new_instance_id() -> String {
 ///
 /// # Errors
 ///
-/// [`DaemonError::Config`] for a bad connection string, a database that is not UTF8, or a
-/// schema this binary does not know; [`DaemonError::Runtime`] otherwise. A database that is
-/// down is waited for, not an error.
+/// [`DaemonError::Config`] for a bad connection string, an unreadable HTTP token file, a
+/// database that is not UTF8, or a schema this binary does not know;
+/// [`DaemonError::Runtime`] otherwise (an HTTP address that cannot be bound). A database
+/// that is down is waited for, not an error.
 pub async fn run(
     config: &Config,
     analyzer: Arc<dyn Analyzer>,
@@ -75,52 +80,95 @@ pub async fn run(
         .map_err(|err| DaemonError::Config(err.into()))?;
     tracing::info!(instance = %instance, concurrency = config.worker.concurrency,
         queues = ?config.worker.queues, "pgtaskd starting");
+    let health = Arc::new(Health::new());
+    let metrics = Arc::new(Metrics::new());
+    let background = CancellationToken::new();
+    let _stop_background = background.clone().drop_guard();
+    tokio::spawn(health::watchdog(background.clone()));
+
+    // The HTTP server's settings are checked before the database is waited for.
+    let http_listener = match config.http.listen {
+        None => None,
+        Some(addr) => {
+            let token = match &config.http.token_file {
+                Some(path) => {
+                    Some(http::read_token(path).map_err(|err| DaemonError::Config(err.into()))?)
+                }
+                None => None,
+            };
+            let listener = http::bind(addr)
+                .await
+                .map_err(|err| DaemonError::Runtime(err.into()))?;
+            Some((listener, token))
+        }
+    };
 
     let stop = shutdown.stopping();
-    if !prepare_schema(&settings, options, &stop).await? {
+    if !prepare_schema(&settings, options, &health, &stop).await? {
         tracing::info!("shutdown before the database was reached");
         return Ok(());
     }
 
     let pool = settings.pool();
-    let worker = Worker::new(pool.clone(), analyzer, instance, config.worker.clone());
-    let listening = Arc::new(AtomicBool::new(false));
-    let listener_stop = tokio_util::sync::CancellationToken::new();
+    let worker = Worker::new(
+        pool.clone(),
+        analyzer,
+        instance,
+        config.worker.clone(),
+        Arc::clone(&metrics),
+    );
+    if let Some((listener, token)) = http_listener {
+        let state = http::AppState {
+            pool: pool.clone(),
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+            token,
+        };
+        let router = http::router(state, config.http.max_body);
+        tokio::spawn(http::serve(listener, router, background.clone()));
+    }
     let listener = tokio::spawn(listen::run(
         settings.clone(),
         DaemonEvents {
             worker: worker.clone(),
-            listening: Arc::clone(&listening),
+            health: Arc::clone(&health),
+            metrics: Arc::clone(&metrics),
+            connects: AtomicU64::new(0),
         },
-        listener_stop.clone(),
+        background.clone(),
     ));
-
-    let maintenance_stop = tokio_util::sync::CancellationToken::new();
-    let mut maintenance = vec![tokio::spawn(rescuer::run(
+    tokio::spawn(rescuer::run(
         pool.clone(),
         worker.instance().to_string(),
         config.worker.lease,
-        maintenance_stop.clone(),
-    ))];
+        Arc::clone(&metrics),
+        background.clone(),
+    ));
     if let Some(older_than) = config.retention.finished_after {
-        maintenance.push(tokio::spawn(retention::run(
-            pool.clone(),
-            older_than,
-            maintenance_stop.clone(),
-        )));
+        tokio::spawn(retention::run(pool.clone(), older_than, background.clone()));
     }
+    // Ready once the listener is up and a scan for work ran after it came up.
+    let readiness = tokio::spawn({
+        let health = Arc::clone(&health);
+        let mut scans = worker.scans();
+        async move {
+            health.wait_listening().await;
+            let seen = *scans.borrow_and_update();
+            if scans.wait_for(|n| *n > seen).await.is_ok() {
+                health.started();
+            }
+        }
+    });
 
     worker.run(stop).await;
+    readiness.abort();
+    health.stopping();
     tracing::info!(running = worker.running(), "no more claims");
     worker
         .shutdown(config.shutdown.grace, shutdown.hurrying())
         .await;
-    listener_stop.cancel();
-    maintenance_stop.cancel();
+    background.cancel();
     let _ = listener.await;
-    for task in maintenance {
-        let _ = task.await;
-    }
     tracing::info!("pgtaskd stopped");
     Ok(())
 }
@@ -130,7 +178,8 @@ pub async fn run(
 async fn prepare_schema(
     settings: &ConnectSettings,
     options: RunOptions,
-    stop: &tokio_util::sync::CancellationToken,
+    health: &Health,
+    stop: &CancellationToken,
 ) -> Result<bool, DaemonError> {
     let mut backoff = Backoff::new(STARTUP_RETRY_BASE, STARTUP_RETRY_CAP);
     loop {
@@ -150,8 +199,13 @@ async fn prepare_schema(
             Ok(()) => return Ok(true),
             Err(SchemaError::Db(err)) if err.is_unavailable() => {
                 let delay = backoff.next_delay();
-                tracing::warn!(error = %crate::db::describe(&err), retry_in_ms = delay.as_millis() as u64,
-                    "database unavailable; waiting for it");
+                let error = crate::db::describe(&err);
+                tracing::warn!(
+                    error,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "database unavailable; waiting for it"
+                );
+                health.waiting(&format!("waiting for the database: {error}"));
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(false),
                     _ = tokio::time::sleep(delay) => {}
@@ -167,20 +221,25 @@ fn db_error(err: DbError) -> anyhow::Error {
     anyhow::anyhow!(crate::db::describe(&err))
 }
 
-/// The listener's events, delivered to the worker.
+/// The listener's events, delivered to the worker, the readiness and the metrics.
 struct DaemonEvents {
     worker: Worker,
-    listening: Arc<AtomicBool>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    connects: AtomicU64,
 }
 
 impl ListenEvents for DaemonEvents {
     fn connected(&self) {
-        self.listening.store(true, Ordering::Relaxed);
+        if self.connects.fetch_add(1, Ordering::Relaxed) > 0 {
+            self.metrics.listener_reconnected();
+        }
+        self.health.listener_connected();
         self.worker.wake();
     }
 
     fn disconnected(&self) {
-        self.listening.store(false, Ordering::Relaxed);
+        self.health.listener_lost();
     }
 
     fn work_available(&self) {

@@ -18,6 +18,9 @@
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
+//! | [`health`] | readiness, and the systemd notifications (READY, STOPPING, WATCHDOG, STATUS) |
+//! | [`http`] | the optional HTTP server: task API, health, metrics |
+//! | [`metrics`] | Prometheus metrics |
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | [`backoff`] | capped, jittered retry delays |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
@@ -30,6 +33,9 @@ pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod db;
+pub mod health;
+pub mod http;
+pub mod metrics;
 pub mod queue;
 pub mod rescuer;
 pub mod retention;

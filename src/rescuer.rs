@@ -4,12 +4,14 @@
 //! CANCELED when a cancel was requested. It then wakes the daemons. Concurrent rescuers skip
 //! each other's rows, so many daemons never fight.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::jitter;
 use crate::db::{DbError, Pool};
+use crate::metrics::Metrics;
 use crate::queue::{self, TaskStatus};
 
 /// The most rows one rescue statement takes back.
@@ -21,15 +23,22 @@ pub fn interval(lease: Duration) -> Duration {
 }
 
 /// Rescue on every tick until `stop` fires.
-pub async fn run(pool: Pool, instance: String, lease: Duration, stop: CancellationToken) {
+pub async fn run(
+    pool: Pool,
+    instance: String,
+    lease: Duration,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
     let period = interval(lease);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(jitter(period)) => {}
         }
-        if let Err(err) = run_once(&pool, &instance).await {
-            tracing::warn!(error = %crate::db::describe(&err), "rescuer could not run");
+        match run_once(&pool, &instance).await {
+            Ok(rescued) => metrics.rescued(rescued),
+            Err(err) => tracing::warn!(error = %crate::db::describe(&err), "rescuer could not run"),
         }
     }
 }

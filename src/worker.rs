@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,6 +31,7 @@ use crate::analyzer::{AnalyzeError, Analyzer};
 use crate::backoff::{jitter, Backoff};
 use crate::config::WorkerConfig;
 use crate::db::{DbError, Pool, Session};
+use crate::metrics::Metrics;
 use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
 
 /// The most tasks one claim statement takes.
@@ -47,6 +48,9 @@ pub struct Worker {
 
 struct Inner {
     pool: Pool,
+    metrics: Arc<Metrics>,
+    /// How many scans for work the producer loop has completed.
+    scans: watch::Sender<u64>,
     analyzer: Arc<dyn Analyzer>,
     instance: String,
     config: WorkerConfig,
@@ -81,9 +85,12 @@ impl Worker {
         analyzer: Arc<dyn Analyzer>,
         instance: String,
         config: WorkerConfig,
+        metrics: Arc<Metrics>,
     ) -> Worker {
         Worker {
             inner: Arc::new(Inner {
+                metrics,
+                scans: watch::channel(0).0,
                 permits: Arc::new(Semaphore::new(config.concurrency)),
                 pool,
                 analyzer,
@@ -127,6 +134,11 @@ impl Worker {
         }
     }
 
+    /// Counts the scans for work completed so far; the first one ends the start-up.
+    pub fn scans(&self) -> watch::Receiver<u64> {
+        self.inner.scans.subscribe()
+    }
+
     /// How many tasks this worker is running now.
     pub fn running(&self) -> usize {
         self.inner
@@ -143,6 +155,7 @@ impl Worker {
         tokio::spawn(self.clone().heartbeat());
         loop {
             self.fill(&stop).await;
+            self.inner.scans.send_modify(|n| *n += 1);
             let poll = jitter(self.inner.config.poll_interval);
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -237,6 +250,7 @@ impl Worker {
                     },
                 );
             tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
+            inner.metrics.claimed(task.waited);
             inner
                 .tracker
                 .spawn(self.clone().execute(task, cancel, permit));
@@ -278,6 +292,9 @@ impl Worker {
             .remove(&id);
         drop(permit);
         let duration = started.elapsed();
+        if let Ok(status) = &result {
+            self.inner.metrics.finished(*status, duration.as_secs_f64());
+        }
         match (result, &action) {
             (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
                 if status == TaskStatus::Succeeded =>
@@ -380,6 +397,7 @@ impl Worker {
         action: &Action,
     ) -> Result<TaskStatus, FinishError> {
         let state = client.bounded(queue::reread(client, id)).await?;
+        self.inner.metrics.unknown_commit_resolved();
         let Some(state) = state else {
             tracing::warn!(
                 id,

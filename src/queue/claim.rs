@@ -9,20 +9,21 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
 
 /// A task this instance now runs, as the claim returned it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
     pub id: i64,
     /// The claim's fencing token: every later change of this claim names it.
     pub attempt: i32,
     pub payload: String,
-    pub created_at: DateTime<Utc>,
+    /// Seconds from the task becoming due (`created_at`, or a later `run_at`) to the claim,
+    /// by the database clock.
+    pub waited: f64,
 }
 
 const CLAIM: &str = "
@@ -45,7 +46,8 @@ UPDATE pgtaskd.tasks AS t
   FROM picked
  WHERE t.id = picked.id
    AND t.status = 'QUEUED'
-RETURNING t.id, t.attempt, t.payload, t.created_at";
+RETURNING t.id, t.attempt, t.payload,
+          extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8";
 
 /// Claim up to `limit` QUEUED tasks of `queues` whose `run_at` has come, for instance
 /// `owner`, with a lease of `lease`. Highest priority first, then oldest. An empty result
@@ -80,7 +82,7 @@ pub async fn claim(
             id: row.get(0),
             attempt: row.get(1),
             payload: row.get(2),
-            created_at: row.get(3),
+            waited: row.get(3),
         })
         .collect();
     Ok(claimed)

@@ -1,0 +1,176 @@
+//! The optional HTTP server (SPEC section 7): off unless `http.listen` is set.
+//!
+//! | route | file |
+//! | --- | --- |
+//! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | [`tasks`] |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | [`ops`] |
+//!
+//! Every answer about a task comes from the database, never from daemon memory; an
+//! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
+//! guards every route but `/healthz`. Bodies over `http.max_body` are 413; every request has a
+//! deadline, so that slow clients cannot hold the server.
+
+mod ops;
+mod tasks;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio_util::sync::CancellationToken;
+use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
+
+use crate::db::Pool;
+use crate::health::Health;
+use crate::metrics::Metrics;
+
+/// How long one request may take, body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: Pool,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub token: Option<Arc<str>>,
+}
+
+/// Why the HTTP server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot read http.token_file {path}")]
+    TokenFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http.token_file {0} is empty")]
+    EmptyToken(String),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Read the bearer token: the file's content without surrounding white space.
+///
+/// # Errors
+///
+/// An unreadable or empty file.
+pub fn read_token(path: &Path) -> Result<Arc<str>, HttpError> {
+    let text = std::fs::read_to_string(path).map_err(|source| HttpError::TokenFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(HttpError::EmptyToken(path.display().to_string()));
+    }
+    Ok(Arc::from(token))
+}
+
+/// The routes, with authentication, body limit and deadlines.
+pub fn router(state: AppState, max_body: usize) -> Router {
+    Router::new()
+        .route("/tasks", post(tasks::submit))
+        .route("/tasks/{id}", get(tasks::read))
+        .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .route("/healthz", get(ops::healthz))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .with_state(state)
+}
+
+/// Bind `addr` now, so that a busy port fails the start-up.
+///
+/// # Errors
+///
+/// The address cannot be bound.
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, HttpError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serve until `stop` fires.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router, stop: CancellationToken) {
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, "HTTP server listening");
+    if let Err(err) = axum::serve(listener, router)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
+        tracing::error!(error = %err, "HTTP server failed");
+    }
+}
+
+/// A JSON error body: `{"error": "..."}`.
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// Every route but `/healthz` needs `Authorization: Bearer <token>` when a token is set.
+/// A wrong or missing token is 401 and says nothing more.
+async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match presented {
+        Some(presented) if constant_time_eq(presented.as_bytes(), token.as_bytes()) => {
+            next.run(request).await
+        }
+        _ => {
+            let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized");
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            response
+        }
+    }
+}
+
+/// Compare without an early exit, so that timing does not reveal the token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_whole_strings() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

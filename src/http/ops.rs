@@ -1,0 +1,89 @@
+//! Operations routes: liveness, readiness, metrics, and the OpenAPI document.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::AppState;
+
+/// The OpenAPI 3 document of this server.
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+/// `GET /healthz`: the process answers. No token needed.
+pub(super) async fn healthz() -> Response {
+    Json(serde_json::json!({ "status": "ok" })).into_response()
+}
+
+/// `GET /readyz`: start-up finished, the listener is connected and the database answers now.
+pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    let not_ready = |reason: &str| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "not ready", "reason": reason })),
+        )
+            .into_response()
+    };
+    if state.health.is_stopping() {
+        return not_ready("shutting down");
+    }
+    if !state.health.is_started() {
+        return not_ready("starting");
+    }
+    if !state.health.is_listening() {
+        return not_ready("listener not connected");
+    }
+    let reachable = match state.pool.get().await {
+        Ok(session) => session
+            .bounded(async {
+                session
+                    .simple_query("")
+                    .await
+                    .map_err(crate::db::DbError::from)
+            })
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    if !reachable {
+        return not_ready("database unavailable");
+    }
+    Json(serde_json::json!({ "status": "ready" })).into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
+    if let Ok(session) = state.pool.get().await {
+        let counts = session
+            .bounded(async {
+                let row = session
+                    .query_one(
+                        "SELECT (SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'),
+                                (SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING')",
+                        &[],
+                    )
+                    .await?;
+                Ok::<_, crate::db::DbError>((row.get::<_, i64>(0), row.get::<_, i64>(1)))
+            })
+            .await;
+        drop(session);
+        if let Ok((queued, running)) = counts {
+            state
+                .metrics
+                .observe_table_and_pool(queued, running, state.pool.status());
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// `GET /openapi.json`.
+pub(super) async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
