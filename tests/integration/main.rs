@@ -12,6 +12,7 @@ mod cli;
 mod end_to_end;
 mod faults;
 mod finish;
+mod http;
 mod leases;
 mod migrate;
 mod shutdown;

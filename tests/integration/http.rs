@@ -1,0 +1,329 @@
+//! The HTTP API with a real HTTP client against a running daemon (SPEC section 7).
+
+use std::net::TcpListener;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::support::daemon::tempfile_path::TempPath;
+use crate::support::{
+    enqueue, eventually, expected_counts, within, Cluster, GatedAnalyzer, InProcessDaemon, TestDb,
+    WAIT,
+};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Api {
+    base: String,
+    client: reqwest::Client,
+    token: Option<String>,
+}
+
+impl Api {
+    fn new(port: u16) -> Api {
+        Api {
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::new(),
+            token: None,
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> (StatusCode, reqwest::header::HeaderMap, String) {
+        let response = within(WAIT, "an HTTP response", request.send())
+            .await
+            .expect("HTTP request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = within(WAIT, "an HTTP body", response.text()).await.unwrap();
+        (status, headers, body)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let (status, _, body) = self.send(self.request(reqwest::Method::GET, path)).await;
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+        )
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        body: &str,
+        json: bool,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut request = self
+            .request(reqwest::Method::POST, path)
+            .body(body.to_string());
+        if json {
+            request = request.header("content-type", "application/json");
+        }
+        let (status, headers, body) = self.send(request).await;
+        (
+            status,
+            headers,
+            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+        )
+    }
+}
+
+async fn daemon_with_http(
+    db: &TestDb,
+    analyzer: std::sync::Arc<GatedAnalyzer>,
+    extra: &str,
+) -> (InProcessDaemon, Api) {
+    let port = free_port();
+    let config = db.config(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{extra}"));
+    let daemon = InProcessDaemon::start(db, config, analyzer).await;
+    (daemon, Api::new(port))
+}
+
+async fn wait_task(api: &Api, id: i64, status: &str) -> Value {
+    eventually(
+        WAIT,
+        &format!("task {id} to be {status} over HTTP"),
+        || async move {
+            let (code, task) = api.get(&format!("/tasks/{id}")).await;
+            (code == StatusCode::OK && task["status"] == status).then_some(task)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_submitted_over_http_is_finished_by_the_daemon() {
+    let db = TestDb::new().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+
+    let (status, headers, body) = api.post("/tasks", "naïve 日本語 text", false).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["id"].as_i64().unwrap();
+    assert_eq!(body["status"], "QUEUED");
+    assert_eq!(headers["location"], format!("/tasks/{id}").as_str());
+    let task = wait_task(&api, id, "SUCCEEDED").await;
+    assert_eq!(
+        (
+            task["words"].as_i64(),
+            task["bytes"].as_i64(),
+            task["runes"].as_i64()
+        ),
+        (Some(3), Some(21), Some(14))
+    );
+
+    let (status, _, body) = api
+        .post("/tasks", r#"{"payload": "hello json world"}"#, true)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let task = wait_task(&api, body["id"].as_i64().unwrap(), "SUCCEEDED").await;
+    let (w, b, r) = expected_counts("hello json world");
+    assert_eq!(
+        (
+            task["words"].as_i64(),
+            task["bytes"].as_i64(),
+            task["runes"].as_i64()
+        ),
+        (Some(w), Some(b), Some(r))
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_400_404_and_413_with_a_json_error() {
+    let db = TestDb::new().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "max_body = 64\n").await;
+    for body in [
+        "{not json",
+        r#"{"text": "x"}"#,
+        r#"{"payload": 5}"#,
+        r#"{"payload": "x", "queue": ""}"#,
+    ] {
+        let (status, _, error) = api.post("/tasks", body, true).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        assert!(error["error"].is_string(), "{error}");
+    }
+    let (status, error) = api.get("/tasks/abc").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error["error"].is_string());
+    let (status, _, _) = api.post("/tasks/abc/cancel", "", false).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, error) = api.get("/tasks/987654").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(error["error"], "no such task");
+    let (status, _, _) = api.post("/tasks/987654/cancel", "", false).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = api.post("/tasks", &"x".repeat(65), false).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, _, _) = api.post("/tasks", &"x".repeat(64), false).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "a body of exactly max_body is accepted"
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_over_http_of_a_running_task_held_at_a_gate_then_of_queued_and_finished_ones() {
+    let db = TestDb::new().await;
+    let analyzer = GatedAnalyzer::closed_ignoring_cancel();
+    let (daemon, api) = daemon_with_http(&db, analyzer.clone(), "").await;
+    let client = db.client().await;
+    let running = enqueue(&client, "held over http").await;
+    analyzer.entered(1).await;
+    let (status, _, body) = api
+        .post(&format!("/tasks/{running}/cancel"), "", false)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(body["status"], "RUNNING");
+    assert_eq!(body["cancel_requested"], true);
+    let (_, task) = api.get(&format!("/tasks/{running}")).await;
+    assert_eq!(task["status"], "RUNNING", "accepted is not stopped");
+    analyzer.open();
+    let task = wait_task(&api, running, "CANCELED").await;
+    assert_eq!(task["words"], 0);
+
+    // A queue no daemon serves keeps the task QUEUED.
+    let (_, _, body) = api
+        .post(
+            "/tasks",
+            r#"{"payload": "parked", "queue": "parked"}"#,
+            true,
+        )
+        .await;
+    let parked = body["id"].as_i64().unwrap();
+    let (status, _, body) = api
+        .post(&format!("/tasks/{parked}/cancel"), "", false)
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(body["status"], "CANCELED");
+    let (status, _, body) = api
+        .post(&format!("/tasks/{parked}/cancel"), "", false)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["status"], "CANCELED");
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bearer_token_guards_every_route_but_healthz() {
+    let db = TestDb::new().await;
+    let token = TempPath::write("s3cret-token\n");
+    let extra = format!("token_file = \"{}\"\n", token.path().display());
+    let (daemon, mut api) = daemon_with_http(&db, GatedAnalyzer::counting(), &extra).await;
+    let (status, _) = api.get("/healthz").await;
+    assert_eq!(status, StatusCode::OK);
+    for path in ["/tasks/1", "/readyz", "/metrics", "/openapi.json"] {
+        let (status, body) = api.get(path).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "unauthorized"}),
+            "reveals nothing"
+        );
+    }
+    let (status, _, _) = api.post("/tasks", "x", false).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    api.token = Some("wrong".into());
+    assert_eq!(api.get("/tasks/1").await.0, StatusCode::UNAUTHORIZED);
+    api.token = Some("s3cret-token".into());
+    assert_eq!(api.get("/tasks/1").await.0, StatusCode::NOT_FOUND);
+    let (status, _, _) = api.post("/tasks", "with the token", false).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_metrics_and_openapi_describe_a_running_daemon() {
+    let db = TestDb::new().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    let client = db.client().await;
+    let id = enqueue(&client, "count me").await;
+    wait_task(&api, id, "SUCCEEDED").await;
+    let (status, body) = eventually(WAIT, "readiness", || async {
+        let (status, body) = api.get("/readyz").await;
+        (status == StatusCode::OK).then_some((status, body))
+    })
+    .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ready"))
+    );
+    let (status, _, text) = api
+        .send(api.request(reqwest::Method::GET, "/metrics"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    for needle in [
+        "pgtaskd_tasks_claimed_total 1",
+        "pgtaskd_tasks_finished_total{status=\"SUCCEEDED\"} 1",
+        "pgtaskd_tasks{status=\"QUEUED\"} 0",
+        "pgtaskd_claim_to_finish_seconds_bucket",
+        "pgtaskd_enqueue_to_start_seconds_count 1",
+        "pgtaskd_pool_connections_in_use",
+        "pgtaskd_listener_reconnects_total 0",
+    ] {
+        assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    let (status, doc) = api.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.0.3");
+    assert!(doc["paths"]["/tasks/{id}/cancel"]["post"]["responses"]["409"].is_object());
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_stopped_task_routes_answer_503_never_404() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let id = enqueue(&client, "exists").await;
+    drop(client);
+    let (daemon, api) = daemon_with_http(
+        &db,
+        GatedAnalyzer::counting(),
+        "[database]\nconnect_timeout = \"1s\"\n",
+    )
+    .await;
+    wait_task(&api, id, "SUCCEEDED").await;
+    cluster.stop_server(true);
+    for path in [format!("/tasks/{id}"), "/tasks/424242".to_string()] {
+        let (status, body) = api.get(&path).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert_eq!(body["error"], "database unavailable");
+    }
+    let (status, _, _) = api.post(&format!("/tasks/{id}/cancel"), "", false).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, _) = api.post("/tasks", "while down", false).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = api.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = api.get("/healthz").await;
+    assert_eq!(status, StatusCode::OK, "alive while the database is away");
+    cluster.start_server();
+    let (status, task) = eventually(WAIT, "the database to come back", || async {
+        let (status, task) = api.get(&format!("/tasks/{id}")).await;
+        (status == StatusCode::OK).then_some((status, task))
+    })
+    .await;
+    assert_eq!(
+        (status, task["status"].as_str()),
+        (StatusCode::OK, Some("SUCCEEDED"))
+    );
+    daemon.stop().await;
+}
