@@ -19,11 +19,18 @@ pub struct Migration {
 }
 
 /// Every migration this binary knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_tasks",
-    sql: include_str!("../../sql/0001_tasks.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_tasks",
+        sql: include_str!("../../sql/0001_tasks.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_roles",
+        sql: include_str!("../../sql/0002_roles.sql"),
+    },
+];
 
 /// The schema version this binary was built for.
 pub const LATEST_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;

@@ -15,4 +15,6 @@ mod finish;
 mod http;
 mod leases;
 mod migrate;
+mod roles;
 mod shutdown;
+mod systemd;

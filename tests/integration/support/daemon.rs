@@ -127,8 +127,19 @@ impl DaemonProcess {
 
     /// Start `pgtaskd run ARGS` on the database at `url`.
     pub fn start_url(url: &str, config_toml: &str, args: &[&str]) -> DaemonProcess {
+        DaemonProcess::start_with_env(url, config_toml, args, &[])
+    }
+
+    /// Start `pgtaskd run ARGS` on the database at `url` with extra environment variables.
+    pub fn start_with_env(
+        url: &str,
+        config_toml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> DaemonProcess {
         let config = tempfile_path::TempPath::write(config_toml);
         let mut child = Command::new(binary())
+            .envs(env.iter().copied())
             .arg("run")
             .args(args)
             .arg("--config")

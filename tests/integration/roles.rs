@@ -1,0 +1,129 @@
+//! Least privilege: a producer role may insert, read and cancel, and nothing else; the
+//! daemon works under its own role, without DDL.
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+use crate::support::{connect, wait_count, Cluster, DaemonProcess, TestDb};
+
+async fn role_client(db: &TestDb, role: &str) -> (Client, String) {
+    let url = db.url.replace("user=postgres", &format!("user={role}"));
+    assert_ne!(url, db.url, "the test URL names the user");
+    (connect(&url).await, url)
+}
+
+async fn denied(client: &Client, sql: &str) {
+    let err = client.batch_execute(sql).await.expect_err(sql);
+    assert_eq!(
+        err.code(),
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+        "{sql}: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    owner
+        .batch_execute("CREATE ROLE producer LOGIN; SELECT pgtaskd.grant_producer('producer');")
+        .await
+        .unwrap();
+    let (producer, _) = role_client(&db, "producer").await;
+
+    producer
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload, queue, priority) VALUES ('mine', 'default', 1)",
+        )
+        .await
+        .unwrap();
+    let id: i64 = producer
+        .query_one("SELECT pgtaskd.enqueue('also mine')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let status: String = producer
+        .query_one("SELECT status FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "QUEUED");
+    let canceled: String = producer
+        .query_one("SELECT pgtaskd.cancel($1)", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(canceled, "CANCELED");
+
+    denied(&producer, "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED'").await;
+    denied(&producer, "UPDATE pgtaskd.tasks SET words = 1").await;
+    denied(
+        &producer,
+        "INSERT INTO pgtaskd.tasks (payload, status) VALUES ('x', 'SUCCEEDED')",
+    )
+    .await;
+    denied(
+        &producer,
+        "INSERT INTO pgtaskd.tasks (payload, words) VALUES ('x', 5)",
+    )
+    .await;
+    denied(
+        &producer,
+        "INSERT INTO pgtaskd.tasks (payload, lease_owner) VALUES ('x', 'me')",
+    )
+    .await;
+    denied(&producer, "DELETE FROM pgtaskd.tasks").await;
+    denied(&producer, "CREATE TABLE pgtaskd.mine (x int)").await;
+    denied(&producer, "SELECT pgtaskd.grant_daemon('producer')").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_runs_under_its_role_without_ddl_rights() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    owner
+        .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
+        .await
+        .unwrap();
+    let (worker, url) = role_client(&db, "worker").await;
+    denied(&worker, "CREATE TABLE pgtaskd.mine (x int)").await;
+    denied(&worker, "DROP TABLE pgtaskd.tasks").await;
+    denied(
+        &worker,
+        "ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify",
+    )
+    .await;
+
+    let mut daemon = DaemonProcess::start_url(&url, "[retention]\nfinished_after = \"1h\"\n", &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    owner
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'w ' || i FROM generate_series(1, 100) i",
+            &[],
+        )
+        .await
+        .unwrap();
+    wait_count(
+        &owner,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        100,
+        "the tasks",
+    )
+    .await;
+    let (status, stdout, stderr) =
+        crate::support::daemon::pgtaskd(Some(&url), &["cancel", "1"]).await;
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "cancel under the daemon role: {stdout}{stderr}"
+    );
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    assert!(
+        !daemon.log_text().contains("permission denied"),
+        "{}",
+        daemon.log_text()
+    );
+}

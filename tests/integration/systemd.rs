@@ -1,0 +1,96 @@
+//! Running under systemd: the notification sequence of `Type=notify`, and JSON logs.
+
+use std::time::Duration;
+
+use tokio::net::UnixDatagram;
+
+use crate::support::daemon::wait_listening;
+use crate::support::{within, DaemonProcess, TestDb, WAIT};
+
+/// Receive notifications until one contains `needle`; returns everything received.
+async fn receive_until(socket: &UnixDatagram, needle: &str, seen: &mut Vec<String>) {
+    within(WAIT, &format!("the notification {needle}"), async {
+        let mut buffer = vec![0; 4096];
+        loop {
+            let n = socket
+                .recv(&mut buffer)
+                .await
+                .expect("receive a notification");
+            let message = String::from_utf8_lossy(&buffer[..n]).into_owned();
+            let found = message.lines().any(|line| line == needle);
+            seen.push(message);
+            if found {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_watchdog_and_stopping_are_sent_in_order_across_a_sigterm() {
+    let db = TestDb::new().await;
+    let path = std::env::temp_dir().join(format!(
+        "pgtaskd-notify-{}-{}.sock",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    let socket = UnixDatagram::bind(&path).unwrap();
+    let notify_socket = path.to_string_lossy().to_string();
+    let mut daemon = DaemonProcess::start_with_env(
+        &db.url,
+        "",
+        &[],
+        &[
+            ("NOTIFY_SOCKET", &notify_socket),
+            ("WATCHDOG_USEC", "200000"),
+        ],
+    );
+    let mut seen = Vec::new();
+    receive_until(&socket, "READY=1", &mut seen).await;
+    // READY came after the listener was up: it is there now, with no waiting.
+    within(
+        Duration::from_secs(1),
+        "the listener",
+        wait_listening(&db, 1),
+    )
+    .await;
+    let before_ready = seen.join("\n");
+    assert!(!before_ready.contains("STOPPING=1"), "{before_ready}");
+    receive_until(&socket, "WATCHDOG=1", &mut seen).await;
+    receive_until(&socket, "WATCHDOG=1", &mut seen).await;
+    daemon.signal(libc::SIGTERM);
+    receive_until(&socket, "STOPPING=1", &mut seen).await;
+    assert_eq!(daemon.wait().await.code(), Some(0));
+    let all = seen.join("\n");
+    let ready = all.find("READY=1").unwrap();
+    let stopping = all.find("STOPPING=1").unwrap();
+    assert!(ready < stopping, "{all}");
+    assert!(all.contains("STATUS=ready"), "{all}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_task_id_and_attempt_on_every_task_line() {
+    let db = TestDb::new().await;
+    let mut daemon = DaemonProcess::start(&db, "[log]\nformat = \"json\"\n", &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    let client = db.client().await;
+    crate::support::enqueue(&client, "json logs").await;
+    daemon.wait_for_log("task finished").await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0));
+    let log = daemon.log_text();
+    let mut task_lines = 0;
+    for line in log.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|err| panic!("not JSON ({err}): {line}"));
+        let message = value["fields"]["message"].as_str().unwrap_or_default();
+        if message.starts_with("task ") || message == "analyzer run" {
+            task_lines += 1;
+            assert!(value["fields"]["id"].is_i64(), "{line}");
+            assert!(value["fields"]["attempt"].is_i64(), "{line}");
+        }
+    }
+    assert!(task_lines >= 3, "claimed, analyzer run, finished:\n{log}");
+}
