@@ -3,7 +3,7 @@
 //! Where the connection comes from, first match wins: `database.url` in the configuration,
 //! `PGTASKD_DATABASE_URL`, then an empty string. Whatever that string leaves unset is taken
 //! from the libpq environment variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
-//! `PGDATABASE`, `PGSSLMODE`, `PGCONNECT_TIMEOUT`) and then libpq's defaults (the Unix socket
+//! `PGDATABASE`, `PGCONNECT_TIMEOUT`; `PGSSLMODE` and `PGSSLROOTCERT` in [`super::tls`]) and then libpq's defaults (the Unix socket
 //! in `/var/run/postgresql` or `/tmp` when one is there, else `localhost`; port 5432; the
 //! operating-system user; a database named like the user).
 //!
@@ -17,8 +17,10 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use tokio_postgres::config::Host;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::tls::{self, SslMode, TlsError};
 use super::{DbError, Pool};
 use crate::config::DatabaseConfig;
 
@@ -41,6 +43,8 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 pub struct ConnectSettings {
     config: Config,
+    tls: MakeRustlsConnect,
+    ssl_mode: SslMode,
     pool_size: usize,
     connect_timeout: Duration,
     query_deadline: Duration,
@@ -51,6 +55,7 @@ impl std::fmt::Debug for ConnectSettings {
         // tokio_postgres::Config's Debug already redacts the password.
         f.debug_struct("ConnectSettings")
             .field("config", &self.config)
+            .field("ssl_mode", &self.ssl_mode)
             .field("pool_size", &self.pool_size)
             .finish()
     }
@@ -58,8 +63,12 @@ impl std::fmt::Debug for ConnectSettings {
 
 /// A connection string that could not be used (exit 78).
 #[derive(Debug, thiserror::Error)]
-#[error("invalid database connection string")]
-pub struct BadConnectionString(#[source] tokio_postgres::Error);
+pub enum BadConnectionString {
+    #[error("invalid database connection string")]
+    Parse(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
 
 impl ConnectSettings {
     /// Resolve the connection settings for a process whose instance id is `instance`.
@@ -73,10 +82,22 @@ impl ConnectSettings {
             .clone()
             .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
             .unwrap_or_default();
-        let mut config = Config::from_str(&url).map_err(BadConnectionString)?;
-        apply_libpq_env(&mut config, &url, |name| std::env::var(name).ok())
-            .map_err(BadConnectionString)?;
+        let split = tls::split(&url);
+        let mut config = Config::from_str(&split.rest).map_err(BadConnectionString::Parse)?;
+        apply_libpq_env(&mut config, |name| std::env::var(name).ok())
+            .map_err(BadConnectionString::Parse)?;
         apply_libpq_defaults(&mut config);
+        let mode_text = split
+            .sslmode
+            .or_else(|| std::env::var("PGSSLMODE").ok())
+            .unwrap_or_else(|| "prefer".to_string());
+        let ssl_mode = SslMode::parse(&mode_text).ok_or(TlsError::SslMode(mode_text))?;
+        let root_cert = split
+            .sslrootcert
+            .or_else(|| std::env::var("PGSSLROOTCERT").ok())
+            .map(std::path::PathBuf::from);
+        let tls = tls::connector(ssl_mode, root_cert.as_deref())?;
+        config.ssl_mode(ssl_mode.negotiation());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(database.connect_timeout);
         }
@@ -89,6 +110,8 @@ impl ConnectSettings {
         let connect_timeout = *config.get_connect_timeout().expect("set above");
         let mut settings = ConnectSettings {
             config,
+            tls,
+            ssl_mode,
             pool_size: database.pool_size,
             connect_timeout,
             query_deadline: query_deadline(database.statement_timeout),
@@ -100,6 +123,16 @@ impl ConnectSettings {
     /// The resolved libpq settings (the password is redacted by its `Debug`).
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The TLS connector for these settings.
+    pub fn tls(&self) -> MakeRustlsConnect {
+        self.tls.clone()
+    }
+
+    /// The libpq `sslmode` in force.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.ssl_mode
     }
 
     /// Deadlines for the daemon's sessions, passed as startup options so that they hold
@@ -128,7 +161,7 @@ impl ConnectSettings {
     ///
     /// [`DbError::Unavailable`] when the server cannot be reached in time.
     pub async fn connect(&self) -> Result<Client, DbError> {
-        let connecting = self.config.connect(NoTls);
+        let connecting = self.config.connect(self.tls.clone());
         let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
@@ -146,7 +179,7 @@ impl ConnectSettings {
     pub fn pool(&self) -> Pool {
         let manager = Manager::from_config(
             self.config.clone(),
-            NoTls,
+            self.tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -177,7 +210,6 @@ fn query_deadline(statement_timeout: Duration) -> Duration {
 /// Fill what the connection string left unset from libpq's environment variables.
 fn apply_libpq_env(
     config: &mut Config,
-    url: &str,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<(), tokio_postgres::Error> {
     // Whatever the string sets wins; the rest goes through the same parser as a string would,
@@ -206,11 +238,6 @@ fn apply_libpq_env(
     if config.get_dbname().is_none() {
         if let Some(dbname) = env("PGDATABASE") {
             extra.push(("dbname", dbname));
-        }
-    }
-    if !url.contains("sslmode") {
-        if let Some(mode) = env("PGSSLMODE") {
-            extra.push(("sslmode", mode));
         }
     }
     if config.get_connect_timeout().is_none() {
@@ -248,9 +275,6 @@ fn apply_libpq_env(
     }
     if let Some(dbname) = from_env.get_dbname() {
         config.dbname(dbname);
-    }
-    if extra.iter().any(|(key, _)| *key == "sslmode") {
-        config.ssl_mode(from_env.get_ssl_mode());
     }
     if let Some(timeout) = from_env.get_connect_timeout() {
         config.connect_timeout(*timeout);
@@ -295,7 +319,7 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
         };
-        apply_libpq_env(&mut config, url, lookup).unwrap();
+        apply_libpq_env(&mut config, lookup).unwrap();
         config
     }
 
@@ -309,7 +333,6 @@ mod tests {
                 ("PGUSER", "nobody"),
                 ("PGDATABASE", "jobs"),
                 ("PGPASSWORD", "it's secret"),
-                ("PGSSLMODE", "require"),
             ],
         );
         assert_eq!(config.get_hosts(), &[Host::Tcp("db.example".into())]);
@@ -317,10 +340,6 @@ mod tests {
         assert_eq!(config.get_user(), Some("app"));
         assert_eq!(config.get_dbname(), Some("jobs"));
         assert_eq!(config.get_password(), Some(&b"it's secret"[..]));
-        assert_eq!(
-            config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Require
-        );
     }
 
     #[test]
@@ -331,12 +350,31 @@ mod tests {
     }
 
     #[test]
-    fn string_sslmode_wins_over_the_environment() {
-        let config = with_env("host=h sslmode=disable", &[("PGSSLMODE", "require")]);
+    fn verify_full_in_the_string_requires_tls() {
+        let database = DatabaseConfig {
+            url: Some("host=localhost user=u dbname=d sslmode=verify-full".into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::ZERO,
+        };
+        let settings = ConnectSettings::new(&database, "x").unwrap();
+        assert_eq!(settings.ssl_mode(), SslMode::VerifyFull);
         assert_eq!(
-            config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Disable
+            settings.config().get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
         );
+    }
+
+    #[test]
+    fn an_unknown_sslmode_is_an_error() {
+        let database = DatabaseConfig {
+            url: Some("host=localhost sslmode=sometimes".into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::ZERO,
+        };
+        let err = ConnectSettings::new(&database, "x").unwrap_err();
+        assert!(err.to_string().contains("sometimes"), "{err}");
     }
 
     #[test]

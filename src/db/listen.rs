@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::{ConnectSettings, DbError};
@@ -70,7 +70,7 @@ async fn listen_once(
     events: &impl ListenEvents,
     backoff: &mut Backoff,
 ) -> Result<(), DbError> {
-    let connecting = settings.config().connect(NoTls);
+    let connecting = settings.config().connect(settings.tls());
     let timeout = settings
         .config()
         .get_connect_timeout()

@@ -10,6 +10,7 @@ pub mod connect;
 pub mod listen;
 pub mod migrate;
 pub mod pool;
+pub mod tls;
 
 pub use connect::ConnectSettings;
 pub use pool::{Outage, Pool, Session};

@@ -18,3 +18,4 @@ mod migrate;
 mod roles;
 mod shutdown;
 mod systemd;
+mod tls;

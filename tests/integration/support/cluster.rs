@@ -20,6 +20,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Cluster {
     pub dir: PathBuf,
     pub port: u16,
+    settings: Vec<(String, String)>,
     bindir: PathBuf,
     user: Option<(u32, u32)>,
     child: Mutex<Option<Child>>,
@@ -41,6 +42,12 @@ impl Cluster {
 
     /// A cluster of its own, for a test that stops or restarts the server.
     pub fn start() -> Cluster {
+        Cluster::start_with(&[], &[])
+    }
+
+    /// A cluster of its own with extra server settings, and files written into its data
+    /// directory first (owned by the server's user, mode 0600): e.g. a certificate and key.
+    pub fn start_with(settings: &[(&str, &str)], files: &[(&str, &str)]) -> Cluster {
         let bindir = find_bindir().unwrap_or_else(|| panic!("{}", how_to_get_one()));
         let user = server_user();
         let dir = std::env::temp_dir().join(format!(
@@ -78,7 +85,20 @@ impl Cluster {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        for (name, contents) in files {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.join("data").join(name);
+            std::fs::write(&path, contents).expect("write a cluster file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if let Some((uid, gid)) = user {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            }
+        }
         let cluster = Cluster {
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             port: free_port(),
             dir,
             bindir,
@@ -116,6 +136,11 @@ impl Cluster {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off"])
             .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|(k, v)| ["-c".to_string(), format!("{k}={v}")]),
+            )
             .stdout(Stdio::null())
             .stderr(log);
         if let Some((uid, gid)) = self.user {
