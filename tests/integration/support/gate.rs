@@ -20,6 +20,7 @@ pub struct GatedAnalyzer {
     /// Fail every call with this message (after passing the gate), with partial counts.
     fails_with: Option<String>,
     calls: Mutex<HashMap<String, usize>>,
+    returns: Mutex<HashMap<String, usize>>,
     entered: watch::Sender<usize>,
     returned: watch::Sender<usize>,
     /// Calls that saw their cancellation token fire while held.
@@ -34,6 +35,7 @@ impl GatedAnalyzer {
             honors_cancel,
             fails_with,
             calls: Mutex::new(HashMap::new()),
+            returns: Mutex::new(HashMap::new()),
             entered: watch::channel(0).0,
             returned: watch::channel(0).0,
             cancel_seen: watch::channel(0).0,
@@ -69,6 +71,16 @@ impl GatedAnalyzer {
     /// How many calls there were for `payload`.
     pub fn calls_for(&self, payload: &str) -> usize {
         self.calls
+            .lock()
+            .unwrap()
+            .get(payload)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many calls for `payload` have returned.
+    pub fn returns_for(&self, payload: &str) -> usize {
+        self.returns
             .lock()
             .unwrap()
             .get(payload)
@@ -177,6 +189,12 @@ impl Analyzer for GatedAnalyzer {
         } else {
             Ok(pgtaskd::analyzer::analyze(text))
         };
+        *self
+            .returns
+            .lock()
+            .unwrap()
+            .entry(text.to_string())
+            .or_default() += 1;
         self.returned.send_modify(|c| *c += 1);
         result
     }
