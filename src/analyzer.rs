@@ -69,6 +69,13 @@ pub trait Analyzer: Send + Sync + 'static {
     /// [`AnalyzeError::Canceled`] when `cancel` fired before the end, and
     /// [`AnalyzeError::Failed`] when the analysis itself failed.
     fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError>;
+
+    /// Texts shorter than this many bytes may be analyzed on the async worker thread itself,
+    /// saving the hop to a blocking thread. Only for analyzers that never block: the default,
+    /// zero, always uses a blocking thread.
+    fn inline_below(&self) -> usize {
+        0
+    }
 }
 
 /// The real analyzer of SPEC section 4.
@@ -78,6 +85,11 @@ pub struct TextStats;
 impl Analyzer for TextStats {
     fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError> {
         analyze_cancellable(text, || cancel.is_cancelled())
+    }
+
+    /// A 64 KiB text takes tens of microseconds: short enough for an async thread.
+    fn inline_below(&self) -> usize {
+        64 * 1024
     }
 }
 

@@ -61,6 +61,22 @@ pub enum Command {
     },
     /// Validate the configuration and exit
     CheckConfig,
+    /// Run the text-stats benchmark workload against the configured database
+    Bench {
+        /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it
+        /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart
+        #[arg(long, value_enum)]
+        mode: crate::bench::Mode,
+        /// Tasks in the run (latency mode always runs 210)
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+        tasks: u32,
+        /// The daemon's worker.concurrency
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+        concurrency: u32,
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A positive duration such as "250ms" or "10s".

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::analyzer::TextStats;
-use crate::batch;
 use crate::cli::{Cli, Command, EnqueueArgs};
 use crate::config::Config;
 use crate::daemon::{self, DaemonError, RunOptions};
@@ -17,6 +16,7 @@ use crate::db::migrate::{self, SchemaError};
 use crate::db::{ConnectSettings, DbError};
 use crate::queue::{self, CancelOutcome, Task, TaskStatus};
 use crate::shutdown::Shutdown;
+use crate::{batch, bench};
 
 pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
@@ -179,6 +179,37 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                     "{failures} of {} files could not be analyzed",
                     files.len()
                 )));
+            }
+        }
+        Command::Bench {
+            mode,
+            tasks,
+            concurrency,
+            json,
+        } => {
+            let tasks = if mode == bench::Mode::Latency {
+                bench::LATENCY_MODE_TASKS
+            } else {
+                tasks
+            };
+            let options = bench::BenchOptions {
+                mode,
+                tasks,
+                concurrency: concurrency as usize,
+            };
+            let report = bench::run(&config, options)
+                .await
+                .map_err(|err| match err {
+                    bench::BenchError::Db(err) => CommandError::from(err),
+                    bench::BenchError::Schema(err) => CommandError::from(err),
+                    other => CommandError::Runtime(other.into()),
+                })?;
+            if json {
+                let text = serde_json::to_string(&report)
+                    .map_err(|err| CommandError::Runtime(err.into()))?;
+                println!("{text}");
+            } else {
+                println!("{report}");
             }
         }
         Command::CheckConfig => {

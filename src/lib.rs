@@ -12,6 +12,7 @@
 //! | [`config`] | the TOML configuration, validated, with its defaults |
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
+//! | [`completer`] | committing finished claims in batches |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
 //! | [`worker`] | wake -> permit -> claim -> analyze -> finish, and the two-phase stop |
@@ -23,13 +24,16 @@
 //! | [`metrics`] | Prometheus metrics |
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | [`backoff`] | capped, jittered retry delays |
+//! | [`bench`] | `pgtaskd bench`: the text-stats workload and its figures |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
 
 pub mod analyzer;
 pub mod backoff;
 pub mod batch;
+pub mod bench;
 pub mod cli;
 pub mod commands;
+pub mod completer;
 pub mod config;
 pub mod daemon;
 pub mod db;

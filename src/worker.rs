@@ -10,6 +10,9 @@
 //! a blocking thread and is always awaited to its return before the claim is finished,
 //! released or dropped: "asked to stop" is never taken for "stopped".
 //!
+//! Finished claims are committed in batches by the [`crate::completer`]; a claim's permit
+//! returns once its outcome is queued, so that claiming never waits for a commit.
+//!
 //! Finishing a claim survives database faults (invariant 4): when the connection fails after
 //! the finish was sent, the result stays in memory, the row is re-read on a fresh connection
 //! (with capped, jittered backoff while the database is down), and then accepted (terminal),
@@ -29,11 +32,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::analyzer::{AnalyzeError, Analyzer};
 use crate::backoff::{jitter, Backoff};
+use crate::completer::Completer;
 use crate::config::WorkerConfig;
 use crate::db::{DbError, Pool, Session};
 use crate::metrics::Metrics;
 use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
 
+/// Outcomes that may wait for a batch commit, per unit of `worker.concurrency`.
+const COMPLETION_QUEUE_PER_WORKER: usize = 4;
 /// The most tasks one claim statement takes.
 const MAX_CLAIM_BATCH: usize = 100;
 /// Retry delays while a finish cannot reach the database.
@@ -48,6 +54,7 @@ pub struct Worker {
 
 struct Inner {
     pool: Pool,
+    completer: Completer,
     metrics: Arc<Metrics>,
     /// How many scans for work the producer loop has completed.
     scans: watch::Sender<u64>,
@@ -89,6 +96,11 @@ impl Worker {
     ) -> Worker {
         Worker {
             inner: Arc::new(Inner {
+                completer: Completer::start(
+                    pool.clone(),
+                    instance.clone(),
+                    COMPLETION_QUEUE_PER_WORKER * config.concurrency,
+                ),
                 metrics,
                 scans: watch::channel(0).0,
                 permits: Arc::new(Semaphore::new(config.concurrency)),
@@ -268,10 +280,14 @@ impl Worker {
             ..
         } = task;
         tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
-        let analyzer = Arc::clone(&self.inner.analyzer);
-        let token = cancel.clone();
-        let analyzed =
-            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token)).await;
+        let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
+            // Short work for an analyzer that never blocks: no hop to a blocking thread.
+            Ok(self.inner.analyzer.analyze(&payload, &cancel))
+        } else {
+            let analyzer = Arc::clone(&self.inner.analyzer);
+            let token = cancel.clone();
+            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token)).await
+        };
         let action = match analyzed {
             Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
             Ok(Err(AnalyzeError::Failed { message, .. })) => {
@@ -283,14 +299,45 @@ impl Worker {
             Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
             Err(join) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {join}"))),
         };
-        // The analyzer has returned: from here on, nothing else may stop this claim.
-        let result = self.commit(id, attempt, &action).await;
+        // The analyzer has returned: from here on, nothing else may stop this claim. Its
+        // permit goes back as soon as the outcome is queued for a batch, so that the next
+        // claims need not wait for this commit.
+        let result = match &action {
+            Action::Finish(outcome) => {
+                let finish = queue::Finish {
+                    id,
+                    attempt,
+                    outcome: outcome.clone(),
+                };
+                let answer = self.inner.completer.submit(finish).await;
+                drop(permit);
+                match answer.await {
+                    Ok(Ok(result)) => result,
+                    Ok(Err(failed)) => {
+                        tracing::warn!(
+                            id,
+                            attempt,
+                            outcome_unknown = failed.outcome_unknown,
+                            error = failed.message,
+                            "batched finish failed; settling the task alone"
+                        );
+                        self.commit(id, attempt, &action, failed.outcome_unknown)
+                            .await
+                    }
+                    Err(_) => self.commit(id, attempt, &action, true).await,
+                }
+            }
+            Action::Release => {
+                let result = self.commit(id, attempt, &action, false).await;
+                drop(permit);
+                result
+            }
+        };
         self.inner
             .running
             .lock()
             .expect("running-task registry poisoned")
             .remove(&id);
-        drop(permit);
         let duration = started.elapsed();
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
@@ -331,9 +378,9 @@ impl Worker {
         id: i64,
         attempt: i32,
         action: &Action,
+        mut outcome_unknown: bool,
     ) -> Result<TaskStatus, FinishError> {
         let mut backoff = Backoff::new(COMMIT_RETRY_BASE, COMMIT_RETRY_CAP);
-        let mut outcome_unknown = false;
         loop {
             let result = match self.inner.pool.get().await {
                 Err(err) => Err(FinishError::Db(err)),

@@ -5,7 +5,8 @@
 //! from the libpq environment variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
 //! `PGDATABASE`, `PGCONNECT_TIMEOUT`; `PGSSLMODE` and `PGSSLROOTCERT` in [`super::tls`]) and then libpq's defaults (the Unix socket
 //! in `/var/run/postgresql` or `/tmp` when one is there, else `localhost`; port 5432; the
-//! operating-system user; a database named like the user).
+//! operating-system user, from the password database as libpq does; a database named like
+//! the user).
 //!
 //! Every session gets `application_name = pgtaskd/<instance id>`, TCP keepalives and a
 //! user timeout, so that a dead peer is noticed in seconds. Daemon sessions also get
@@ -294,11 +295,34 @@ fn apply_libpq_defaults(config: &mut Config) {
         };
     }
     if config.get_user().is_none() {
-        let user = ["USER", "LOGNAME"]
-            .into_iter()
-            .find_map(|name| std::env::var(name).ok())
+        let user = os_user()
+            .or_else(|| std::env::var("USER").ok())
             .unwrap_or_else(|| "postgres".to_string());
         config.user(&user);
+    }
+}
+
+/// The name of the effective operating-system user, as libpq takes it.
+fn os_user() -> Option<String> {
+    // SAFETY: getpwuid_r writes into the buffers given; the name is copied out before they go.
+    unsafe {
+        let mut entry: libc::passwd = std::mem::zeroed();
+        let mut buffer = vec![0 as libc::c_char; 4096];
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            libc::geteuid(),
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() || entry.pw_name.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(entry.pw_name)
+            .to_str()
+            .ok()
+            .map(str::to_string)
     }
 }
 

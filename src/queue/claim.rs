@@ -2,7 +2,9 @@
 //!
 //! The rows are picked in a materialized CTE with `FOR UPDATE SKIP LOCKED`, so that concurrent
 //! claimers step around each other instead of queueing, and the outer `UPDATE` re-checks
-//! `status = 'QUEUED'`: the database is the arbiter, never an in-process lock. (A plain
+//! `status = 'QUEUED'`: the database is the arbiter, never an in-process lock. Each queue is
+//! read through its own ordered scan of the partial index (a `LATERAL` per queue): a single
+//! `queue = ANY(...)` scan would sort every QUEUED row of the queues on every claim. (A plain
 //! `WHERE id IN (SELECT ... LIMIT n)` may be re-planned and update more rows than the limit.)
 //! The claim increments `attempt`, the claim's fencing token, and sets the lease from the
 //! database clock.
@@ -28,14 +30,20 @@ pub struct Claimed {
 
 const CLAIM: &str = "
 WITH picked AS MATERIALIZED (
-    SELECT id
-      FROM pgtaskd.tasks
-     WHERE status = 'QUEUED'
-       AND queue = ANY($1)
-       AND run_at <= now()
-     ORDER BY priority DESC, id
+    SELECT c.id
+      FROM unnest($1::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+            SELECT id, priority
+              FROM pgtaskd.tasks
+             WHERE status = 'QUEUED'
+               AND queue = q.name
+               AND run_at <= now()
+             ORDER BY priority DESC, id
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+           ) AS c
+     ORDER BY c.priority DESC, c.id
      LIMIT $2
-       FOR UPDATE SKIP LOCKED
 )
 UPDATE pgtaskd.tasks AS t
    SET status = 'RUNNING',

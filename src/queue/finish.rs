@@ -65,21 +65,37 @@ impl From<tokio_postgres::Error> for FinishError {
     }
 }
 
-const FINISH: &str = "
-WITH done AS (
-    UPDATE pgtaskd.tasks
-       SET status = CASE WHEN cancel_requested THEN 'CANCELED' ELSE $4 END,
-           words = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $5 END,
-           bytes = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $6 END,
-           runes = CASE WHEN cancel_requested OR $4 <> 'SUCCEEDED' THEN 0 ELSE $7 END,
-           error = CASE WHEN cancel_requested OR $4 <> 'FAILED' THEN NULL ELSE $8 END,
+const FINISH_MANY: &str = "
+WITH input AS (
+    SELECT *
+      FROM unnest($2::int8[], $3::int4[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::text[])
+           AS f(id, attempt, status, words, bytes, runes, error)
+     ORDER BY id
+), done AS (
+    UPDATE pgtaskd.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'CANCELED' ELSE f.status END,
+           words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.words END,
+           bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.bytes END,
+           runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.runes END,
+           error = CASE WHEN t.cancel_requested OR f.status <> 'FAILED' THEN NULL ELSE f.error END,
            lease_owner = NULL,
            lease_expires_at = NULL,
            finished_at = now()
-     WHERE id = $1 AND status = 'RUNNING' AND attempt = $2 AND lease_owner = $3
-    RETURNING status
+      FROM input AS f
+     WHERE t.id = f.id AND t.status = 'RUNNING' AND t.attempt = f.attempt AND t.lease_owner = $1
+    RETURNING t.id, t.status
 )
-SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1)";
+SELECT f.id, d.status,
+       CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.tasks AS c WHERE c.id = f.id) END
+  FROM input AS f LEFT JOIN done AS d ON d.id = f.id";
+
+/// One claim's outcome, for [`finish_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub id: i64,
+    pub attempt: i32,
+    pub outcome: Outcome,
+}
 
 /// Commit the outcome of claim (`id`, `attempt`) held by `owner`. Returns the status written,
 /// which is CANCELED when a cancel was requested meanwhile.
@@ -95,31 +111,80 @@ pub async fn finish(
     attempt: i32,
     outcome: &Outcome,
 ) -> Result<TaskStatus, FinishError> {
-    let status = outcome.status().as_str();
-    let counts = match outcome {
-        Outcome::Succeeded(counts) => *counts,
-        Outcome::Failed(_) | Outcome::Canceled => Counts::default(),
+    let one = Finish {
+        id,
+        attempt,
+        outcome: outcome.clone(),
     };
-    let error = match outcome {
-        Outcome::Failed(message) => Some(message.as_str()),
-        Outcome::Succeeded(_) | Outcome::Canceled => None,
-    };
-    let row = client
+    finish_many(client, owner, std::slice::from_ref(&one))
+        .await?
+        .pop()
+        .expect("one result per finish")
+}
+
+/// Commit many claims' outcomes in one statement (one transaction). Each row is still
+/// fenced on its own (`status = 'RUNNING'`, its attempt, the owner) and gets its status and
+/// counts atomically; the result for each input, in input order, is what [`finish`] would
+/// have said of it alone.
+///
+/// # Errors
+///
+/// [`FinishError::Db`] when the statement failed: then nothing was written, or (an outage)
+/// the outcome of every row is unknown.
+pub async fn finish_many(
+    client: &Client,
+    owner: &str,
+    finishes: &[Finish],
+) -> Result<Vec<Result<TaskStatus, FinishError>>, FinishError> {
+    let n = finishes.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut statuses = Vec::with_capacity(n);
+    let (mut words, mut bytes, mut runes) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+    for finish in finishes {
+        let counts = match &finish.outcome {
+            Outcome::Succeeded(counts) => *counts,
+            Outcome::Failed(_) | Outcome::Canceled => Counts::default(),
+        };
+        ids.push(finish.id);
+        attempts.push(finish.attempt);
+        statuses.push(finish.outcome.status().as_str());
+        words.push(counts.words);
+        bytes.push(counts.bytes);
+        runes.push(counts.runes);
+        errors.push(match &finish.outcome {
+            Outcome::Failed(message) => Some(message.as_str()),
+            Outcome::Succeeded(_) | Outcome::Canceled => None,
+        });
+    }
+    let rows = client
         .query_typed(
-            FINISH,
+            FINISH_MANY,
             &[
-                (&id, Type::INT8),
-                (&attempt, Type::INT4),
                 (&owner, Type::TEXT),
-                (&status, Type::TEXT),
-                (&counts.words, Type::INT8),
-                (&counts.bytes, Type::INT8),
-                (&counts.runes, Type::INT8),
-                (&error, Type::TEXT),
+                (&ids, Type::INT8_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&statuses, Type::TEXT_ARRAY),
+                (&words, Type::INT8_ARRAY),
+                (&bytes, Type::INT8_ARRAY),
+                (&runes, Type::INT8_ARRAY),
+                (&errors, Type::TEXT_ARRAY),
             ],
         )
         .await?;
-    matched(&row[0])
+    let mut by_id: std::collections::HashMap<i64, Result<TaskStatus, FinishError>> = rows
+        .iter()
+        .map(|row| (row.get::<_, i64>(0), matched(row.get(1), row.get(2))))
+        .collect();
+    Ok(ids
+        .iter()
+        .map(|id| by_id.remove(id).unwrap_or(Err(FinishError::NotFound)))
+        .collect())
 }
 
 const RELEASE: &str = "
@@ -160,13 +225,11 @@ pub async fn release(
             ],
         )
         .await?;
-    matched(&row[0])
+    matched(row[0].get(0), row[0].get(1))
 }
 
-/// Read the `(written, current)` pair that FINISH and RELEASE return.
-fn matched(row: &tokio_postgres::Row) -> Result<TaskStatus, FinishError> {
-    let written: Option<&str> = row.get(0);
-    let current: Option<&str> = row.get(1);
+/// Interpret the `(written, current)` pair that the finish and release statements return.
+fn matched(written: Option<&str>, current: Option<&str>) -> Result<TaskStatus, FinishError> {
     match (written, current) {
         (Some(written), _) => Ok(status_column(written)),
         (None, Some(current)) => Err(FinishError::NotRunning {

@@ -26,7 +26,7 @@ pub mod task;
 pub use cancel::{cancel, CancelOutcome};
 pub use claim::{claim, Claimed};
 pub use enqueue::enqueue;
-pub use finish::{finish, release, reread, ClaimState, FinishError, Outcome};
+pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};

@@ -4,59 +4,73 @@
 
 use std::time::Duration;
 
-use pgtaskd::queue::{self, TaskStatus};
 use tokio_postgres::Client;
 
 use crate::support::proxy::{Fault, Proxy};
 use crate::support::{
-    audit, count, eventually, expected_counts, insert_payloads, server_addr, server_user, Cluster,
-    DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
+    audit, count, eventually, expected_counts, insert_payloads, server_addr, server_user,
+    wait_count, Cluster, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
 
-/// Text found only in the finish statement.
-const FINISH_NEEDLE: &str = "THEN 'CANCELED' ELSE $4 END";
+/// Text found only in the (batched) finish statement.
+const FINISH_NEEDLE: &str = "FROM input AS f LEFT JOIN done";
+
+/// Tasks enqueued together, so that the faulted finish commits a batch of several.
+const BATCH: usize = 40;
 
 async fn unknown_outcome_ends_succeeded_with_one_analyzer_run(fault: Fault) {
     let db = TestDb::new().await;
     let client = db.client().await;
     audit::install(&client).await;
     let proxy = Proxy::start(server_addr(), fault, FINISH_NEEDLE).await;
-    let mut config =
-        db.config("[database]\nstatement_timeout = \"1s\"\n[worker]\npoll_interval = \"500ms\"\n");
+    let mut config = db.config(
+        "[database]\nstatement_timeout = \"1s\"\n[worker]\nconcurrency = 16\npoll_interval = \"500ms\"\n",
+    );
     config.database.url = Some(proxy.conninfo(&server_user(), &db.name));
     let analyzer = GatedAnalyzer::counting();
     let daemon = InProcessDaemon::start(&db, config, analyzer.clone()).await;
 
-    let text = "the commit outcome is unknown";
-    let id: i64 = client
-        .query_one("SELECT pgtaskd.enqueue($1)", &[&text])
-        .await
-        .unwrap()
-        .get(0);
-    let task = eventually(WAIT, "the task to succeed", || {
-        let client = &client;
-        async move {
-            queue::get(client, id)
-                .await
-                .unwrap()
-                .filter(|t| t.status.is_terminal())
-        }
-    })
+    let texts = insert_payloads(&client, BATCH).await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
+        BATCH as i64,
+        "every task to finish",
+    )
     .await;
     daemon.stop().await;
 
     assert!(proxy.triggered(), "{fault:?} happened");
-    assert_eq!(task.status, TaskStatus::Succeeded, "{fault:?}");
-    assert_eq!((task.words, task.bytes, task.runes), expected_counts(text));
-    assert_eq!(
-        task.attempt, 1,
-        "{fault:?}: the claim was kept, not rescued"
-    );
-    assert_eq!(
-        analyzer.calls_for(text),
-        1,
-        "{fault:?}: the analyzer ran once for the claim"
-    );
+    let rows = client
+        .query(
+            "SELECT payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), BATCH);
+    for row in rows {
+        let text: &str = row.get(0);
+        assert_eq!(row.get::<_, &str>(1), "SUCCEEDED", "{fault:?}");
+        let counts = (
+            row.get::<_, i64>(2),
+            row.get::<_, i64>(3),
+            row.get::<_, i64>(4),
+        );
+        assert_eq!(counts, expected_counts(text));
+        assert_eq!(
+            row.get::<_, i32>(5),
+            1,
+            "{fault:?}: the claim was kept, not rescued"
+        );
+    }
+    for text in &texts {
+        assert_eq!(
+            analyzer.calls_for(text),
+            1,
+            "{fault:?}: the analyzer ran once per claim"
+        );
+    }
     assert_eq!(audit::tasks_finished_twice(&client).await, 0);
 }
 
