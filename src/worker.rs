@@ -23,6 +23,7 @@
 //! [`Worker::run_once`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
 
 /// Outcomes that may wait for a batch commit, per unit of `worker.concurrency`.
 const COMPLETION_QUEUE_PER_WORKER: usize = 4;
+/// Claim statements that may be on their way at once.
+const CLAIMS_IN_FLIGHT: usize = 2;
 /// The most tasks one claim statement takes.
 const MAX_CLAIM_BATCH: usize = 100;
 /// Retry delays while a finish cannot reach the database.
@@ -197,15 +200,28 @@ impl Worker {
 
     /// Claim until the queue runs dry or `stop` fires, one batch per free set of permits.
     async fn fill(&self, stop: &CancellationToken) {
+        // Up to CLAIMS_IN_FLIGHT claim statements overlap, so that permits freed while one
+        // claim is on its way are claimed without waiting for it to come back.
+        let in_flight = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT));
+        let drained = Arc::new(AtomicBool::new(false));
         loop {
+            let slot = tokio::select! {
+                _ = stop.cancelled() => break,
+                slot = Arc::clone(&in_flight).acquire_owned() => slot.expect("never closed"),
+            };
+            if drained.load(Ordering::Acquire) {
+                break;
+            }
             // At least one permit before claiming anything.
-            let first = tokio::select! {
-                _ = stop.cancelled() => return,
+            let mut permits = tokio::select! {
+                _ = stop.cancelled() => break,
                 permit = Arc::clone(&self.inner.permits).acquire_owned() => {
                     permit.expect("the worker's semaphore is never closed")
                 }
             };
-            let mut permits = first;
+            if drained.load(Ordering::Acquire) {
+                break;
+            }
             let more = self
                 .inner
                 .permits
@@ -219,18 +235,25 @@ impl Worker {
                 }
             }
             if stop.is_cancelled() {
-                return;
+                break;
             }
-            let wanted = permits.num_permits();
-            match self.claim_and_start(permits).await {
-                Ok(claimed) if claimed == wanted => continue,
-                Ok(_) => return,
-                Err(err) => {
-                    tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
-                    return;
+            let worker = self.clone();
+            let drained = Arc::clone(&drained);
+            tokio::spawn(async move {
+                let wanted = permits.num_permits();
+                match worker.claim_and_start(permits).await {
+                    Ok(claimed) if claimed == wanted => {}
+                    Ok(_) => drained.store(true, Ordering::Release),
+                    Err(err) => {
+                        drained.store(true, Ordering::Release);
+                        tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
+                    }
                 }
-            }
+                drop(slot);
+            });
         }
+        // Return once no claim is on its way: the next scan starts from a settled state.
+        let _ = in_flight.acquire_many(CLAIMS_IN_FLIGHT as u32).await;
     }
 
     async fn claim_and_start(&self, mut permits: OwnedSemaphorePermit) -> Result<usize, DbError> {

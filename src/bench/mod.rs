@@ -333,6 +333,8 @@ impl Daemon {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            // Warnings would interleave with the report: the daemon's log is not shown.
+            .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .map_err(|err| BenchError::Daemon(err.to_string()))?;
