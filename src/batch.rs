@@ -75,8 +75,9 @@ async fn analyze_file(
     let token = deadline.child_token();
     let work = tokio::task::spawn_blocking(move || {
         let bytes = std::fs::read(&path).map_err(FileError::Read)?;
-        let text = String::from_utf8(bytes).map_err(|_| FileError::NotUtf8)?;
-        analyzer.analyze(&text, &token).map_err(|err| match err {
+        // simdutf8 validates several times faster than std on multi-byte text.
+        let text = simdutf8::basic::from_utf8(&bytes).map_err(|_| FileError::NotUtf8)?;
+        analyzer.analyze(text, &token).map_err(|err| match err {
             AnalyzeError::Canceled { .. } => FileError::Canceled,
             AnalyzeError::Failed { message, .. } => FileError::Failed(message),
         })
