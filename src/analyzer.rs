@@ -77,6 +77,23 @@ pub trait Analyzer: Send + Sync + 'static {
     fn inline_below(&self) -> usize {
         0
     }
+
+    /// Analyze a stream (a file). The default reads it whole and calls
+    /// [`Analyzer::analyze`]; the real analyzer scans it a buffer at a time.
+    ///
+    /// # Errors
+    ///
+    /// As [`analyze_stream`].
+    fn analyze_reader(
+        &self,
+        reader: &mut dyn std::io::Read,
+        cancel: &CancellationToken,
+    ) -> Result<Counts, StreamError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(StreamError::Read)?;
+        let text = simdutf8::basic::from_utf8(&bytes).map_err(|_| StreamError::NotUtf8)?;
+        Ok(self.analyze(text, cancel)?)
+    }
 }
 
 /// The real analyzer of SPEC section 4.
@@ -91,6 +108,14 @@ impl Analyzer for TextStats {
     /// A 64 KiB text takes tens of microseconds: short enough for an async thread.
     fn inline_below(&self) -> usize {
         64 * 1024
+    }
+
+    fn analyze_reader(
+        &self,
+        reader: &mut dyn std::io::Read,
+        cancel: &CancellationToken,
+    ) -> Result<Counts, StreamError> {
+        analyze_stream(reader, || cancel.is_cancelled())
     }
 }
 
@@ -126,6 +151,65 @@ pub fn analyze_cancellable(
         start = end;
     }
     Ok(scan.counts(bytes.len()))
+}
+
+/// Why a stream could not be analyzed.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("not valid UTF-8")]
+    NotUtf8,
+    #[error(transparent)]
+    Analyze(#[from] AnalyzeError),
+}
+
+/// How much of a stream is read at a time.
+const STREAM_BUFFER: usize = 1 << 18;
+
+/// Analyze everything `reader` yields, a buffer at a time, without holding it all: each
+/// buffer is validated as UTF-8 and scanned up to its last complete character; the rest
+/// starts the next buffer.
+///
+/// # Errors
+///
+/// A read error, bytes that are not UTF-8, or [`AnalyzeError::Canceled`] when `canceled`
+/// returned true before the end.
+pub fn analyze_stream(
+    reader: &mut dyn std::io::Read,
+    canceled: impl Fn() -> bool,
+) -> Result<Counts, StreamError> {
+    let mut buffer = vec![0u8; STREAM_BUFFER];
+    let mut kept = 0; // bytes of an incomplete character carried to the front
+    let mut total = 0usize;
+    let mut scan = Scan::default();
+    loop {
+        if canceled() {
+            return Err(AnalyzeError::Canceled {
+                partial: scan.counts(total),
+            }
+            .into());
+        }
+        let read = match reader.read(&mut buffer[kept..]) {
+            Ok(read) => read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(StreamError::Read(err)),
+        };
+        let filled = kept + read;
+        let valid = match simdutf8::compat::from_utf8(&buffer[..filled]) {
+            Ok(text) => text.len(),
+            // An incomplete character at the end is completed by the next read.
+            Err(err) if err.error_len().is_none() && read > 0 => err.valid_up_to(),
+            Err(_) => return Err(StreamError::NotUtf8),
+        };
+        scan.run(&buffer[..valid], 0, valid);
+        total += valid;
+        if read == 0 {
+            return Ok(scan.counts(total));
+        }
+        buffer.copy_within(valid..filled, 0);
+        kept = filled - valid;
+    }
 }
 
 /// The state carried from one byte, block and chunk to the next.
@@ -454,6 +538,38 @@ mod tests {
                 assert_eq!(analyze(tail), want, "round {round}, skip {skip}: {tail:?}");
                 assert_eq!(stepwise(tail), want, "round {round}, skip {skip}");
             }
+        }
+    }
+
+    /// A reader that hands out a few bytes at a time, so characters straddle its reads.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.1.min(buf.len()).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_stream_read_in_pieces_counts_as_the_whole_text() {
+        let text = "日本語 café\u{3000}x\u{00A0}😀 ".repeat(500);
+        for piece in [1, 2, 3, 5, 7, 16, 4096] {
+            let got = analyze_stream(&mut Trickle(text.as_bytes(), piece), || false).unwrap();
+            assert_eq!(got, analyze(&text), "pieces of {piece}");
+        }
+        let larger = "ab\u{2028}ü ".repeat(STREAM_BUFFER / 3);
+        let got = analyze_stream(&mut larger.as_bytes(), || false).unwrap();
+        assert_eq!(got, analyze(&larger));
+    }
+
+    #[test]
+    fn a_stream_that_is_not_utf8_is_refused() {
+        for bytes in [&b"ok \xff no"[..], b"cut \xe6\x97"] {
+            let err = analyze_stream(&mut &bytes[..], || false).unwrap_err();
+            assert!(matches!(err, StreamError::NotUtf8), "{bytes:?}: {err}");
         }
     }
 

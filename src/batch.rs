@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::analyzer::{AnalyzeError, Analyzer, Counts};
+use crate::analyzer::{AnalyzeError, Analyzer, Counts, StreamError};
 
 /// Why one file has no result.
 #[derive(Debug, thiserror::Error)]
@@ -74,13 +74,17 @@ async fn analyze_file(
     }
     let token = deadline.child_token();
     let work = tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::read(&path).map_err(FileError::Read)?;
-        // simdutf8 validates several times faster than std on multi-byte text.
-        let text = simdutf8::basic::from_utf8(&bytes).map_err(|_| FileError::NotUtf8)?;
-        analyzer.analyze(text, &token).map_err(|err| match err {
-            AnalyzeError::Canceled { .. } => FileError::Canceled,
-            AnalyzeError::Failed { message, .. } => FileError::Failed(message),
-        })
+        let mut file = std::fs::File::open(&path).map_err(FileError::Read)?;
+        analyzer
+            .analyze_reader(&mut file, &token)
+            .map_err(|err| match err {
+                StreamError::Read(err) => FileError::Read(err),
+                StreamError::NotUtf8 => FileError::NotUtf8,
+                StreamError::Analyze(AnalyzeError::Canceled { .. }) => FileError::Canceled,
+                StreamError::Analyze(AnalyzeError::Failed { message, .. }) => {
+                    FileError::Failed(message)
+                }
+            })
     });
     // The blocking work is awaited to its end, deadline or not.
     match work.await {
