@@ -23,28 +23,42 @@ fn default_queue() -> String {
     crate::config::DEFAULT_QUEUE.to_string()
 }
 
+/// A database failure: 503 when the database could not serve the request (an outage, a
+/// timeout, an overload), 500 for any other error (a bug: inputs are validated first).
 fn unavailable(err: &DbError) -> Response {
-    tracing::warn!(error = %crate::db::describe(err), "HTTP request could not reach the database");
-    error(StatusCode::SERVICE_UNAVAILABLE, "database unavailable")
+    let class = err.code().map(|code| &code.code()[..2]);
+    if err.is_unavailable() || matches!(class, Some("40" | "53" | "57" | "58")) {
+        tracing::warn!(error = %crate::db::describe(err), "HTTP request could not be served by the database");
+        error(StatusCode::SERVICE_UNAVAILABLE, "database unavailable")
+    } else {
+        tracing::error!(error = %crate::db::describe(err), "HTTP request failed in the database");
+        error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+    }
 }
 
 fn bad_id() -> Response {
     error(StatusCode::BAD_REQUEST, "the task id must be an integer")
 }
 
-/// `POST /tasks`: a text body, or JSON `{"payload": "...", "queue": "..."}`. 202 means
+/// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue": "..."}`. 202 means
 /// accepted (committed to the table), not done.
 pub(super) async fn submit(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let is_json = headers
+    let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    let submission = if is_json {
-        match serde_json::from_slice::<Submission>(&body) {
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    let submission = match content_type.as_deref() {
+        Some("application/json") => match serde_json::from_slice::<Submission>(&body) {
             Ok(submission) => submission,
             Err(err) => {
                 return error(
@@ -52,23 +66,29 @@ pub(super) async fn submit(
                     &format!("invalid JSON body: {err}"),
                 )
             }
-        }
-    } else {
-        match String::from_utf8(body.to_vec()) {
+        },
+        Some("text/plain") => match String::from_utf8(body.to_vec()) {
             Ok(payload) => Submission {
                 payload,
                 queue: default_queue(),
             },
             Err(_) => return error(StatusCode::BAD_REQUEST, "the body is not UTF-8 text"),
+        },
+        _ => {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the text as text/plain, or JSON {\"payload\": ...} as application/json",
+            )
         }
     };
     if submission.queue.trim().is_empty() {
         return error(StatusCode::BAD_REQUEST, "the queue name is empty");
     }
-    if submission.payload.contains('\0') {
+    // PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database.
+    if submission.payload.contains('\0') || submission.queue.contains('\0') {
         return error(
             StatusCode::BAD_REQUEST,
-            "the payload contains a NUL character",
+            "the payload or the queue contains a NUL character",
         );
     }
     let session = match state.pool.get().await {

@@ -69,12 +69,15 @@ impl Api {
         body: &str,
         json: bool,
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let mut request = self
+        let content_type = if json {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        };
+        let request = self
             .request(reqwest::Method::POST, path)
+            .header("content-type", content_type)
             .body(body.to_string());
-        if json {
-            request = request.header("content-type", "application/json");
-        }
         let (status, headers, body) = self.send(request).await;
         (
             status,
@@ -176,6 +179,13 @@ async fn bad_requests_get_400_404_and_413_with_a_json_error() {
         StatusCode::ACCEPTED,
         "a body of exactly max_body is accepted"
     );
+    let (status, _, error) = api.post("/tasks", "nul \u{0} inside", false).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    let untyped = api
+        .request(reqwest::Method::POST, "/tasks")
+        .body("no content type");
+    let (status, _, _) = api.send(untyped).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     daemon.stop().await;
 }
 
