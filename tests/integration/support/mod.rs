@@ -156,8 +156,12 @@ pub struct TestDb {
 impl TestDb {
     /// A fresh, migrated database.
     pub async fn new() -> TestDb {
-        let db = TestDb::empty().await;
-        let mut client = db.client().await;
+        TestDb::empty().await.migrated().await
+    }
+
+    /// This database with the pgtaskd schema applied.
+    async fn migrated(self) -> TestDb {
+        let mut client = self.client().await;
         within(
             WAIT,
             "migrations",
@@ -165,7 +169,7 @@ impl TestDb {
         )
         .await
         .expect("migrations apply to a fresh database");
-        db
+        self
     }
 
     /// A fresh database without the pgtaskd schema.
@@ -180,16 +184,10 @@ impl TestDb {
 
     /// A fresh, migrated database on a cluster of the test's own.
     pub async fn on(cluster: &Cluster) -> TestDb {
-        let db = TestDb::create_on(cluster.config("postgres"), "").await;
-        let mut client = db.client().await;
-        within(
-            WAIT,
-            "migrations",
-            pgtaskd::db::migrate::migrate(&mut client),
-        )
-        .await
-        .expect("migrations apply to a fresh database");
-        db
+        TestDb::create_on(cluster.config("postgres"), "")
+            .await
+            .migrated()
+            .await
     }
 
     async fn create_on(admin_config: tokio_postgres::Config, options: &str) -> TestDb {
