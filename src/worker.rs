@@ -7,8 +7,9 @@
 //! Each running task has a cancellation token, a child of the worker's abort token. A user's
 //! cancel (the listener's `pgtaskd_cancel` notification, or the heartbeat's read of
 //! `cancel_requested`) fires it; so does the abort phase of a shutdown. The analyzer runs on
-//! a blocking thread and is always awaited to its return before the claim is finished,
-//! released or dropped: "asked to stop" is never taken for "stopped".
+//! a blocking thread (or inline, for short texts and an analyzer that never blocks) and is
+//! always awaited to its return before the claim is finished, released or dropped: "asked
+//! to stop" is never taken for "stopped".
 //!
 //! Finished claims are committed in batches by the [`crate::completer`]; a claim's permit
 //! returns once its outcome is queued, so that claiming never waits for a commit.

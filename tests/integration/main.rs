@@ -19,3 +19,4 @@ mod roles;
 mod shutdown;
 mod systemd;
 mod tls;
+mod worker;
