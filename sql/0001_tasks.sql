@@ -66,6 +66,51 @@ CREATE TRIGGER tasks_notify
     AFTER INSERT ON pgtaskd.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.notify_tasks();
 
+-- Claim: QUEUED -> RUNNING for up to max_tasks tasks of the given queues whose run_at has
+-- come, highest priority first, then oldest; one winner per task (SKIP LOCKED, re-checked by
+-- the outer UPDATE). Each queue is read through its own ordered scan of tasks_claim_idx.
+-- The function's planner settings keep that plan whatever the statistics say: a queue table
+-- swings from empty to full faster than ANALYZE follows, and statistics taken while it was
+-- empty would otherwise make every claim of the next burst read and sort all its QUEUED rows.
+CREATE FUNCTION pgtaskd.claim(queues text[], max_tasks bigint, owner text, lease_ms float8)
+RETURNS TABLE (task_id bigint, task_attempt int, task_payload text, waited_s float8)
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_bitmapscan = off
+-- The disabled plans' cost penalty would otherwise trigger JIT compilation on every call.
+SET jit = off
+AS $$
+    WITH picked AS MATERIALIZED (
+        SELECT c.id
+          FROM unnest(claim.queues) AS q(name)
+         CROSS JOIN LATERAL (
+                SELECT k.id, k.priority
+                  FROM pgtaskd.tasks AS k
+                 WHERE k.status = 'QUEUED'
+                   AND k.queue = q.name
+                   AND k.run_at <= now()
+                 ORDER BY k.priority DESC, k.id
+                 LIMIT claim.max_tasks
+                   FOR UPDATE SKIP LOCKED
+               ) AS c
+         ORDER BY c.priority DESC, c.id
+         LIMIT claim.max_tasks
+    )
+    UPDATE pgtaskd.tasks AS t
+       SET status = 'RUNNING',
+           attempt = t.attempt + 1,
+           lease_owner = claim.owner,
+           lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
+           started_at = now()
+     WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
+       -- The re-check, written so that it cannot steer the row lookup to a partial index
+       -- (stale statistics make those look tiny): the rows are found by primary key.
+       AND coalesce(t.status, '') = 'QUEUED'
+    RETURNING t.id, t.attempt, t.payload,
+              extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8
+$$;
+
 -- Enqueue as a function: the same as an INSERT, returning the new id.
 CREATE FUNCTION pgtaskd.enqueue(
     payload      text,

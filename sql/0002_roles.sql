@@ -15,6 +15,7 @@ ALTER FUNCTION pgtaskd.request_cancel(bigint)
 REVOKE ALL ON FUNCTION pgtaskd.request_cancel(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.cancel(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.claim(text[], bigint, text, float8) FROM PUBLIC;
 
 CREATE FUNCTION pgtaskd.grant_producer(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -38,6 +39,8 @@ BEGIN
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.claim(text[], bigint, text, float8) TO %I',
+                   role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
 END

@@ -28,34 +28,10 @@ pub struct Claimed {
     pub waited: f64,
 }
 
-const CLAIM: &str = "
-WITH picked AS MATERIALIZED (
-    SELECT c.id
-      FROM unnest($1::text[]) AS q(name)
-     CROSS JOIN LATERAL (
-            SELECT id, priority
-              FROM pgtaskd.tasks
-             WHERE status = 'QUEUED'
-               AND queue = q.name
-               AND run_at <= now()
-             ORDER BY priority DESC, id
-             LIMIT $2
-               FOR UPDATE SKIP LOCKED
-           ) AS c
-     ORDER BY c.priority DESC, c.id
-     LIMIT $2
-)
-UPDATE pgtaskd.tasks AS t
-   SET status = 'RUNNING',
-       attempt = t.attempt + 1,
-       lease_owner = $3,
-       lease_expires_at = now() + $4 * interval '1 millisecond',
-       started_at = now()
-  FROM picked
- WHERE t.id = picked.id
-   AND t.status = 'QUEUED'
-RETURNING t.id, t.attempt, t.payload,
-          extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8";
+/// The statement lives in `pgtaskd.claim` (sql/0001_tasks.sql), whose planner settings keep
+/// the ordered index plan however stale the table's statistics are.
+const CLAIM: &str =
+    "SELECT task_id, task_attempt, task_payload, waited_s FROM pgtaskd.claim($1, $2, $3, $4)";
 
 /// Claim up to `limit` QUEUED tasks of `queues` whose `run_at` has come, for instance
 /// `owner`, with a lease of `lease`. Highest priority first, then oldest. An empty result

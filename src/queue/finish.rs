@@ -82,7 +82,10 @@ WITH input AS (
            lease_expires_at = NULL,
            finished_at = now()
       FROM input AS f
-     WHERE t.id = f.id AND t.status = 'RUNNING' AND t.attempt = f.attempt AND t.lease_owner = $1
+     WHERE t.id = ANY ($2) AND t.id = f.id
+       -- Found by primary key: the status test is written so that it cannot steer the
+       -- lookup to the partial index of RUNNING rows when statistics are stale.
+       AND coalesce(t.status, '') = 'RUNNING' AND t.attempt = f.attempt AND t.lease_owner = $1
     RETURNING t.id, t.status
 )
 SELECT f.id, d.status,
