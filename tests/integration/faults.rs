@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 
 use crate::support::proxy::{Fault, Proxy};
 use crate::support::{
-    audit, count, eventually, expected_counts, insert_payloads, server_addr, server_user,
+    assert_all_succeeded, audit, count, eventually, insert_payloads, server_addr, server_user,
     wait_count, Cluster, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
 
@@ -41,29 +41,11 @@ async fn unknown_outcome_ends_succeeded_with_one_analyzer_run(fault: Fault) {
     daemon.stop().await;
 
     assert!(proxy.triggered(), "{fault:?} happened");
-    let rows = client
-        .query(
-            "SELECT payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(rows.len(), BATCH);
-    for row in rows {
-        let text: &str = row.get(0);
-        assert_eq!(row.get::<_, &str>(1), "SUCCEEDED", "{fault:?}");
-        let counts = (
-            row.get::<_, i64>(2),
-            row.get::<_, i64>(3),
-            row.get::<_, i64>(4),
-        );
-        assert_eq!(counts, expected_counts(text));
-        assert_eq!(
-            row.get::<_, i32>(5),
-            1,
-            "{fault:?}: the claim was kept, not rescued"
-        );
-    }
+    assert_eq!(
+        assert_all_succeeded(&client, Some(1)).await,
+        BATCH,
+        "{fault:?}"
+    );
     for text in &texts {
         assert_eq!(
             analyzer.calls_for(text),
@@ -159,25 +141,7 @@ async fn assert_backlog_done(client: &Client, n: i64) {
             .then_some(())
     })
     .await;
-    let rows = client
-        .query(
-            "SELECT payload, words, bytes, runes FROM pgtaskd.tasks",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(rows.len() as i64, n);
-    for row in rows {
-        let text: &str = row.get(0);
-        assert_eq!(
-            (
-                row.get::<_, i64>(1),
-                row.get::<_, i64>(2),
-                row.get::<_, i64>(3)
-            ),
-            expected_counts(text)
-        );
-    }
+    assert_eq!(assert_all_succeeded(client, None).await as i64, n);
     assert_eq!(audit::tasks_finished_twice(client).await, 0);
     assert_eq!(audit::transitions_out_of_terminal(client).await, 0);
     let idle_in_transaction = count(

@@ -6,36 +6,13 @@ use std::time::Duration;
 
 use pgtaskd::queue::{self, TaskStatus};
 use tokio::sync::Barrier;
-use tokio_postgres::Client;
 
 use crate::support::{
-    audit, count, eventually, expected_counts, insert_payloads, wait_count, DaemonProcess, TestDb,
-    WAIT,
+    assert_all_succeeded, audit, count, eventually, insert_payloads, wait_count, DaemonProcess,
+    TestDb, WAIT,
 };
 
 const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
-
-/// Every row SUCCEEDED with the right counts and the given attempt.
-async fn assert_all_succeeded(client: &Client, attempt: i32) {
-    let rows = client
-        .query(
-            "SELECT payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
-            &[],
-        )
-        .await
-        .unwrap();
-    for row in rows {
-        let text: &str = row.get(0);
-        assert_eq!(row.get::<_, &str>(1), "SUCCEEDED");
-        let got = (
-            row.get::<_, i64>(2),
-            row.get::<_, i64>(3),
-            row.get::<_, i64>(4),
-        );
-        assert_eq!(got, expected_counts(text));
-        assert_eq!(row.get::<_, i32>(5), attempt);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expires() {
@@ -65,7 +42,7 @@ async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expire
         "the rescue",
     )
     .await;
-    assert_all_succeeded(&client, 2).await;
+    assert_all_succeeded(&client, Some(2)).await;
     assert!(
         second.log_text().contains("task rescued"),
         "{}",
@@ -110,7 +87,7 @@ async fn a_frozen_daemon_that_wakes_after_a_takeover_has_its_finish_refused() {
         .wait_for_log("claim lost before the finish; result dropped")
         .await;
 
-    assert_all_succeeded(&client, 2).await;
+    assert_all_succeeded(&client, Some(2)).await;
     assert_eq!(
         audit::tasks_finished_twice(&client).await,
         0,
@@ -141,7 +118,7 @@ async fn three_daemons_share_ten_thousand_tasks_each_finished_exactly_once() {
         "10,000 tasks",
     )
     .await;
-    assert_all_succeeded(&client, 1).await;
+    assert_all_succeeded(&client, Some(1)).await;
     assert_eq!(audit::tasks_finished_twice(&client).await, 0);
     let shares = client
         .query(

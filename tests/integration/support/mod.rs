@@ -313,6 +313,33 @@ pub async fn wait_status(
     .await
 }
 
+/// Assert that every row of the table is SUCCEEDED with the counts of its payload, and, when
+/// given, with this attempt. Returns how many rows there are.
+pub async fn assert_all_succeeded(client: &Client, attempt: Option<i32>) -> usize {
+    let rows = client
+        .query(
+            "SELECT id, payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in &rows {
+        let id: i64 = row.get(0);
+        let text: &str = row.get(1);
+        assert_eq!(row.get::<_, &str>(2), "SUCCEEDED", "task {id}");
+        let counts = (
+            row.get::<_, i64>(3),
+            row.get::<_, i64>(4),
+            row.get::<_, i64>(5),
+        );
+        assert_eq!(counts, expected_counts(text), "task {id}");
+        if let Some(attempt) = attempt {
+            assert_eq!(row.get::<_, i32>(6), attempt, "task {id}");
+        }
+    }
+    rows.len()
+}
+
 /// The three counts of a text, by the obvious definition (`split_whitespace` is Unicode
 /// White_Space, as Go's `strings.Fields`): the oracle the daemon's results are checked against.
 pub fn expected_counts(text: &str) -> (i64, i64, i64) {
