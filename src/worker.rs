@@ -188,14 +188,10 @@ impl Worker {
     ///
     /// Database failures; nothing was claimed.
     pub async fn run_once(&self) -> Result<usize, DbError> {
-        let free = self.inner.permits.available_permits().min(MAX_CLAIM_BATCH);
-        if free == 0 {
+        let Ok(mut permits) = Arc::clone(&self.inner.permits).try_acquire_owned() else {
             return Ok(0);
-        }
-        let permits = Arc::clone(&self.inner.permits)
-            .acquire_many_owned(free as u32)
-            .await
-            .expect("the worker's semaphore is never closed");
+        };
+        self.top_up(&mut permits);
         self.claim_and_start(permits).await
     }
 
@@ -223,18 +219,7 @@ impl Worker {
             if drained.load(Ordering::Acquire) {
                 break;
             }
-            let more = self
-                .inner
-                .permits
-                .available_permits()
-                .min(MAX_CLAIM_BATCH - 1);
-            if more > 0 {
-                if let Ok(extra) =
-                    Arc::clone(&self.inner.permits).try_acquire_many_owned(more as u32)
-                {
-                    permits.merge(extra);
-                }
-            }
+            self.top_up(&mut permits);
             if stop.is_cancelled() {
                 break;
             }
@@ -255,6 +240,20 @@ impl Worker {
         }
         // Return once no claim is on its way: the next scan starts from a settled state.
         let _ = in_flight.acquire_many(CLAIMS_IN_FLIGHT as u32).await;
+    }
+
+    /// Add every free permit to `permits`, up to one claim's batch, without waiting.
+    fn top_up(&self, permits: &mut OwnedSemaphorePermit) {
+        let more = self
+            .inner
+            .permits
+            .available_permits()
+            .min(MAX_CLAIM_BATCH.saturating_sub(permits.num_permits()));
+        if more > 0 {
+            if let Ok(extra) = Arc::clone(&self.inner.permits).try_acquire_many_owned(more as u32) {
+                permits.merge(extra);
+            }
+        }
     }
 
     async fn claim_and_start(&self, mut permits: OwnedSemaphorePermit) -> Result<usize, DbError> {
@@ -305,12 +304,23 @@ impl Worker {
         } = task;
         tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
         let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
-            // Short work for an analyzer that never blocks: no hop to a blocking thread.
-            Ok(self.inner.analyzer.analyze(&payload, &cancel))
+            // Short work for an analyzer that never blocks: no hop to a blocking thread. A
+            // panic is caught here as the blocking thread would catch it, so that the claim
+            // is finished (FAILED) rather than left running.
+            let analyzer = &self.inner.analyzer;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                analyzer.analyze(&payload, &cancel)
+            }))
+            .map_err(|panic| panic_message(panic.as_ref()))
         } else {
             let analyzer = Arc::clone(&self.inner.analyzer);
             let token = cancel.clone();
-            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token)).await
+            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token))
+                .await
+                .map_err(|join| match join.try_into_panic() {
+                    Ok(panic) => panic_message(panic.as_ref()),
+                    Err(join) => join.to_string(),
+                })
         };
         let action = match analyzed {
             Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
@@ -321,7 +331,7 @@ impl Worker {
                 Action::Release
             }
             Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
-            Err(join) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {join}"))),
+            Err(panic) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {panic}"))),
         };
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
@@ -613,4 +623,13 @@ impl Worker {
         tracker.wait().await;
         self.inner.heartbeat_stop.cancel();
     }
+}
+
+/// The message of a panic payload, as far as it is text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }

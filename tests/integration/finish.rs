@@ -273,3 +273,49 @@ async fn release_puts_the_claim_back_to_queued_without_counting_an_attempt() {
         "{again:?}"
     );
 }
+
+/// An analyzer that panics, on the async thread (`inline`) or on a blocking one.
+struct Panicking {
+    inline: bool,
+}
+
+impl pgtaskd::analyzer::Analyzer for Panicking {
+    fn analyze(
+        &self,
+        _text: &str,
+        _cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<Counts, pgtaskd::analyzer::AnalyzeError> {
+        panic!("the analyzer fell over")
+    }
+
+    fn inline_below(&self) -> usize {
+        if self.inline {
+            usize::MAX
+        } else {
+            0
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_analyzer_that_panics_leaves_the_task_failed_inline_or_on_a_blocking_thread() {
+    for inline in [true, false] {
+        let db = TestDb::new().await;
+        let client = db.client().await;
+        let daemon = InProcessDaemon::start(
+            &db,
+            db.config(""),
+            std::sync::Arc::new(Panicking { inline }),
+        )
+        .await;
+        let id = crate::support::enqueue(&client, "boom").await;
+        let task = crate::support::wait_status(&client, id, TaskStatus::Failed).await;
+        daemon.stop().await;
+        assert_eq!(
+            task.error.as_deref(),
+            Some("analyzer panicked: the analyzer fell over"),
+            "inline: {inline}"
+        );
+        assert_eq!((task.words, task.bytes, task.runes), (0, 0, 0));
+    }
+}
