@@ -122,7 +122,7 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     };
     let result = measure(&client, config, &queue, options).await;
     delete_rows(&client, &queue).await?;
-    let (mut report, found, succeeded) = result?;
+    let (report, found, succeeded) = result?;
     if found != expected || succeeded != i64::from(options.tasks) {
         return Err(BenchError::Totals {
             found,
@@ -131,7 +131,6 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
             tasks: options.tasks,
         });
     }
-    report.check_totals = found;
     Ok(report)
 }
 
@@ -196,16 +195,15 @@ async fn measure(
         .await?;
     let found = (row.get(0), row.get(1), row.get(2));
     let succeeded: i64 = row.get(3);
-    let done = n;
     let report = Report {
         mode: options.mode,
         tasks: options.tasks,
         concurrency: options.concurrency,
         seconds,
-        tasks_per_s: done as f64 / seconds,
+        tasks_per_s: n as f64 / seconds,
         latency_ms: latency,
         daemon_cpu_s: cpu,
-        daemon_cpu_s_per_1000_tasks: cpu / done as f64 * 1000.0,
+        daemon_cpu_s_per_1000_tasks: cpu / n as f64 * 1000.0,
         daemon_peak_rss_mib: rss,
         daemon_idle_cpu_s_per_s: idle_cpu,
         check_totals: found,
