@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_roles",
         sql: include_str!("../../sql/0002_roles.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_plans",
+        sql: include_str!("../../sql/0003_plans.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

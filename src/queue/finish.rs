@@ -65,32 +65,9 @@ impl From<tokio_postgres::Error> for FinishError {
     }
 }
 
-const FINISH_MANY: &str = "
-WITH input AS (
-    SELECT *
-      FROM unnest($2::int8[], $3::int4[], $4::text[], $5::int8[], $6::int8[], $7::int8[], $8::text[])
-           AS f(id, attempt, status, words, bytes, runes, error)
-     ORDER BY id
-), done AS (
-    UPDATE pgtaskd.tasks AS t
-       SET status = CASE WHEN t.cancel_requested THEN 'CANCELED' ELSE f.status END,
-           words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.words END,
-           bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.bytes END,
-           runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.runes END,
-           error = CASE WHEN t.cancel_requested OR f.status <> 'FAILED' THEN NULL ELSE f.error END,
-           lease_owner = NULL,
-           lease_expires_at = NULL,
-           finished_at = now()
-      FROM input AS f
-     WHERE t.id = ANY ($2) AND t.id = f.id
-       -- Found by primary key: the status test is written so that it cannot steer the
-       -- lookup to the partial index of RUNNING rows when statistics are stale.
-       AND coalesce(t.status, '') = 'RUNNING' AND t.attempt = f.attempt AND t.lease_owner = $1
-    RETURNING t.id, t.status
-)
-SELECT f.id, d.status,
-       CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.tasks AS c WHERE c.id = f.id) END
-  FROM input AS f LEFT JOIN done AS d ON d.id = f.id";
+/// The statement lives in `pgtaskd.finish` (sql/0003_plans.sql), planned once per session.
+const FINISH_MANY: &str =
+    "SELECT task_id, written, current FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// One claim's outcome, for [`finish_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use crate::support::{
 };
 
 /// Text found only in the (batched) finish statement.
-const FINISH_NEEDLE: &str = "FROM input AS f LEFT JOIN done";
+const FINISH_NEEDLE: &str = "FROM pgtaskd.finish(";
 
 /// Tasks enqueued together, so that the faulted finish commits a batch of several.
 const BATCH: usize = 40;

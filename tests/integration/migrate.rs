@@ -11,6 +11,7 @@ async fn migrate_twice_is_a_no_op() {
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("applied migration 1"));
     assert!(stdout.contains("applied migration 2"));
+    assert!(stdout.contains("applied migration 3"));
     let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("schema is up to date"), "{stdout}");
@@ -19,7 +20,7 @@ async fn migrate_twice_is_a_no_op() {
         .query_one("SELECT count(*) FROM pgtaskd.schema_migrations", &[])
         .await
         .unwrap();
-    assert_eq!(row.get::<_, i64>(0), 2);
+    assert_eq!(row.get::<_, i64>(0), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
