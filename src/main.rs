@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(&config);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
