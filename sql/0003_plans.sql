@@ -37,19 +37,24 @@ BEGIN
                ) AS c
          ORDER BY c.priority DESC, c.id
          LIMIT claim.max_tasks
+    ), claimed AS (
+        UPDATE pgtaskd.tasks AS t
+           SET status = 'RUNNING',
+               attempt = t.attempt + 1,
+               lease_owner = claim.owner,
+               lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
+               started_at = now()
+         WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
+           -- The re-check, written so that it cannot steer the row lookup to a partial
+           -- index (stale statistics make those look tiny): the rows are found by primary key.
+           AND coalesce(t.status, '') = 'QUEUED'
+        RETURNING t.id, t.attempt, t.payload, t.priority,
+                  extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8 AS waited
     )
-    UPDATE pgtaskd.tasks AS t
-       SET status = 'RUNNING',
-           attempt = t.attempt + 1,
-           lease_owner = claim.owner,
-           lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
-           started_at = now()
-     WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
-       -- The re-check, written so that it cannot steer the row lookup to a partial index
-       -- (stale statistics make those look tiny): the rows are found by primary key.
-       AND coalesce(t.status, '') = 'QUEUED'
-    RETURNING t.id, t.attempt, t.payload,
-              extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8;
+    -- In claim order, which is the order the daemon starts them in.
+    SELECT claimed.id, claimed.attempt, claimed.payload, claimed.waited
+      FROM claimed
+     ORDER BY claimed.priority DESC, claimed.id;
 END
 $$;
 

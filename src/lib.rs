@@ -15,7 +15,8 @@
 //! | [`completer`] | committing finished claims in batches |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
-//! | [`worker`] | wake -> permit -> claim -> analyze -> finish, and the two-phase stop |
+//! | [`intake`] | how many tasks to claim next: the free workers, and more for fast tasks |
+//! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
@@ -39,6 +40,7 @@ pub mod daemon;
 pub mod db;
 pub mod health;
 pub mod http;
+pub mod intake;
 pub mod metrics;
 pub mod queue;
 pub mod rescuer;

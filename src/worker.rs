@@ -1,8 +1,12 @@
-//! The worker: wake (notify | poll) -> permit -> claim -> analyze -> finish.
+//! The worker: wake (notify | poll) -> intake room -> claim -> permit -> analyze -> finish.
 //!
-//! One producer loop per daemon claims work; each claimed task runs on a task of its own that
-//! holds one of `worker.concurrency` permits, taken *before* the claim, so that nothing is
-//! claimed that no worker can start. Claims are batched to the number of free permits.
+//! One producer loop per daemon claims work, in batches sized to the room its
+//! [`crate::intake`] has: the free workers, plus as many tasks as the workers get through
+//! while a claim is on its way (none for slow tasks, up to [`crate::intake::MAX_AHEAD`] for
+//! texts analyzed in microseconds). Each claimed task runs on a task of its own that takes one
+//! of `worker.concurrency` permits before its analyzer starts. A task claimed ahead that is
+//! canceled, or whose worker starts shutting down, before it got a permit is never analyzed:
+//! it is committed CANCELED, or released to QUEUED without costing an attempt.
 //!
 //! Each running task has a cancellation token, a child of the worker's abort token. A user's
 //! cancel (the listener's `pgtaskd_cancel` notification, or the heartbeat's read of
@@ -28,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -37,6 +41,7 @@ use crate::backoff::{jitter, Backoff};
 use crate::completer::Completer;
 use crate::config::WorkerConfig;
 use crate::db::{DbError, Pool, Session};
+use crate::intake::{Intake, MAX_AHEAD};
 use crate::metrics::Metrics;
 use crate::queue::{self, Claimed, FinishError, Outcome, TaskStatus};
 
@@ -65,10 +70,15 @@ struct Inner {
     analyzer: Arc<dyn Analyzer>,
     instance: String,
     config: WorkerConfig,
+    /// Claimed tasks not yet through the analyzer, against the claim-ahead target.
+    intake: Intake,
+    /// `worker.concurrency` permits: one per analyzer running.
     permits: Arc<Semaphore>,
     wake: Notify,
     running: Mutex<HashMap<i64, Running>>,
     tracker: TaskTracker,
+    /// The first phase of a shutdown: tasks still waiting for a permit give their claim back.
+    draining: CancellationToken,
     /// Fires the tokens of every running task: the second phase of a shutdown.
     abort: CancellationToken,
     /// Ends the heartbeat, once the last task ended.
@@ -103,8 +113,9 @@ impl Worker {
                 completer: Completer::start(
                     pool.clone(),
                     instance.clone(),
-                    COMPLETION_QUEUE_PER_WORKER * config.concurrency,
+                    COMPLETION_QUEUE_PER_WORKER * config.concurrency + MAX_AHEAD,
                 ),
+                intake: Intake::new(config.concurrency),
                 metrics,
                 scans: watch::channel(0).0,
                 permits: Arc::new(Semaphore::new(config.concurrency)),
@@ -115,6 +126,7 @@ impl Worker {
                 wake: Notify::new(),
                 running: Mutex::new(HashMap::new()),
                 tracker: TaskTracker::new(),
+                draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 heartbeat_stop: CancellationToken::new(),
             }),
@@ -182,53 +194,60 @@ impl Worker {
     }
 
     /// Claim one batch, as many tasks as there are free permits (at most one claim
-    /// statement), and start them. Returns how many were claimed.
+    /// statement), and start them. Returns how many were claimed. Never waits for room.
     ///
     /// # Errors
     ///
     /// Database failures; nothing was claimed.
     pub async fn run_once(&self) -> Result<usize, DbError> {
-        let Ok(mut permits) = Arc::clone(&self.inner.permits).try_acquire_owned() else {
+        let free = self.inner.permits.available_permits().min(MAX_CLAIM_BATCH);
+        let wanted = self.inner.intake.reserve(free);
+        if wanted == 0 {
             return Ok(0);
-        };
-        self.top_up(&mut permits);
-        self.claim_and_start(permits).await
+        }
+        self.claim_and_start(wanted).await
     }
 
-    /// Claim until the queue runs dry or `stop` fires, one batch per free set of permits.
+    /// Claim until the queue runs dry or `stop` fires, one batch whenever the intake has room.
     async fn fill(&self, stop: &CancellationToken) {
-        // Up to CLAIMS_IN_FLIGHT claim statements overlap, so that permits freed while one
-        // claim is on its way are claimed without waiting for it to come back.
-        let in_flight = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT));
+        // One claim at a time until one comes back full; then up to CLAIMS_IN_FLIGHT claim
+        // statements overlap, so that room freed while one claim is on its way is claimed
+        // without waiting for it to come back. A wake-up for a single task costs one claim.
+        let in_flight = Arc::new(Semaphore::new(1));
+        let widened = Arc::new(AtomicBool::new(false));
         let drained = Arc::new(AtomicBool::new(false));
-        loop {
+        let mut claims = tokio::task::JoinSet::new();
+        'claims: loop {
+            // Forget the claims that came back (a busy scan can go on for hours).
+            while claims.try_join_next().is_some() {}
             let slot = tokio::select! {
                 _ = stop.cancelled() => break,
                 slot = Arc::clone(&in_flight).acquire_owned() => slot.expect("never closed"),
             };
-            if drained.load(Ordering::Acquire) {
-                break;
-            }
-            // At least one permit before claiming anything.
-            let mut permits = tokio::select! {
-                _ = stop.cancelled() => break,
-                permit = Arc::clone(&self.inner.permits).acquire_owned() => {
-                    permit.expect("the worker's semaphore is never closed")
+            let wanted = loop {
+                if drained.load(Ordering::Acquire) || stop.is_cancelled() {
+                    break 'claims;
+                }
+                let wanted = self.inner.intake.reserve(MAX_CLAIM_BATCH);
+                if wanted > 0 {
+                    break wanted;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => break 'claims,
+                    _ = self.inner.intake.freed() => {}
                 }
             };
-            if drained.load(Ordering::Acquire) {
-                break;
-            }
-            self.top_up(&mut permits);
-            if stop.is_cancelled() {
-                break;
-            }
             let worker = self.clone();
             let drained = Arc::clone(&drained);
-            tokio::spawn(async move {
-                let wanted = permits.num_permits();
-                match worker.claim_and_start(permits).await {
-                    Ok(claimed) if claimed == wanted => {}
+            let widened = Arc::clone(&widened);
+            let in_flight = Arc::clone(&in_flight);
+            claims.spawn(async move {
+                match worker.claim_and_start(wanted).await {
+                    Ok(claimed) if claimed == wanted => {
+                        if !widened.swap(true, Ordering::AcqRel) {
+                            in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
+                        }
+                    }
                     Ok(_) => drained.store(true, Ordering::Release),
                     Err(err) => {
                         drained.store(true, Ordering::Release);
@@ -239,39 +258,38 @@ impl Worker {
             });
         }
         // Return once no claim is on its way: the next scan starts from a settled state.
-        let _ = in_flight.acquire_many(CLAIMS_IN_FLIGHT as u32).await;
+        while claims.join_next().await.is_some() {}
     }
 
-    /// Add every free permit to `permits`, up to one claim's batch, without waiting.
-    fn top_up(&self, permits: &mut OwnedSemaphorePermit) {
-        let more = self
-            .inner
-            .permits
-            .available_permits()
-            .min(MAX_CLAIM_BATCH.saturating_sub(permits.num_permits()));
-        if more > 0 {
-            if let Ok(extra) = Arc::clone(&self.inner.permits).try_acquire_many_owned(more as u32) {
-                permits.merge(extra);
-            }
-        }
-    }
-
-    async fn claim_and_start(&self, mut permits: OwnedSemaphorePermit) -> Result<usize, DbError> {
+    /// Claim up to `wanted` tasks, whose room in the intake is reserved, and start them.
+    async fn claim_and_start(&self, wanted: usize) -> Result<usize, DbError> {
         let inner = &self.inner;
-        let client = inner.pool.get().await?;
-        let tasks = client
-            .bounded(queue::claim(
-                &client,
-                &inner.instance,
-                &inner.config.queues,
-                permits.num_permits(),
-                inner.config.lease,
-            ))
-            .await?;
-        drop(client);
+        let tasks = async {
+            let client = inner.pool.get().await?;
+            let sent = Instant::now();
+            let tasks = client
+                .bounded(queue::claim(
+                    &client,
+                    &inner.instance,
+                    &inner.config.queues,
+                    wanted,
+                    inner.config.lease,
+                ))
+                .await?;
+            inner.intake.claim_took(sent.elapsed());
+            Ok::<_, DbError>(tasks)
+        }
+        .await;
+        let tasks = match tasks {
+            Ok(tasks) => tasks,
+            Err(err) => {
+                inner.intake.done(wanted);
+                return Err(err);
+            }
+        };
         let claimed = tasks.len();
+        inner.intake.done(wanted - claimed);
         for task in tasks {
-            let permit = permits.split(1).expect("one permit per claimed task");
             let cancel = inner.abort.child_token();
             inner
                 .running
@@ -286,15 +304,13 @@ impl Worker {
                 );
             tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
             inner.metrics.claimed(task.waited);
-            inner
-                .tracker
-                .spawn(self.clone().execute(task, cancel, permit));
+            inner.tracker.spawn(self.clone().execute(task, cancel));
         }
         Ok(claimed)
     }
 
-    /// Analyze one claimed task and commit what came of it.
-    async fn execute(self, task: Claimed, cancel: CancellationToken, permit: OwnedSemaphorePermit) {
+    /// Wait for a permit, analyze one claimed task and commit what came of it.
+    async fn execute(self, task: Claimed, cancel: CancellationToken) {
         let started = Instant::now();
         let Claimed {
             id,
@@ -302,37 +318,30 @@ impl Worker {
             payload,
             ..
         } = task;
-        tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
-        let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
-            // Short work for an analyzer that never blocks: no hop to a blocking thread. A
-            // panic is caught here as the blocking thread would catch it, so that the claim
-            // is finished (FAILED) rather than left running.
-            let analyzer = &self.inner.analyzer;
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                analyzer.analyze(&payload, &cancel)
-            }))
-            .map_err(|panic| panic_message(panic.as_ref()))
-        } else {
-            let analyzer = Arc::clone(&self.inner.analyzer);
-            let token = cancel.clone();
-            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token))
-                .await
-                .map_err(|join| match join.try_into_panic() {
-                    Ok(panic) => panic_message(panic.as_ref()),
-                    Err(join) => join.to_string(),
-                })
-        };
-        let action = match analyzed {
-            Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
-            Ok(Err(AnalyzeError::Failed { message, .. })) => {
-                Action::Finish(Outcome::Failed(message))
+        let inner = &self.inner;
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            _ = inner.draining.cancelled() => None,
+            permit = Arc::clone(&inner.permits).acquire_owned() => {
+                Some(permit.expect("the worker's semaphore is never closed"))
             }
-            Ok(Err(AnalyzeError::Canceled { .. })) if self.inner.abort.is_cancelled() => {
+        };
+        let Some(permit) = permit else {
+            // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
+            inner.intake.done(1);
+            let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
+                Action::Finish(Outcome::Canceled)
+            } else {
                 Action::Release
-            }
-            Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
-            Err(panic) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {panic}"))),
+            };
+            let result = self.commit(id, attempt, &action, false).await;
+            self.settle(id, attempt, started, &action, result);
+            return;
         };
+        let analysis = inner.intake.analysis();
+        let action = self.analyze(id, attempt, payload, &cancel).await;
+        inner.intake.done(1);
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
         // claims need not wait for this commit.
@@ -343,8 +352,9 @@ impl Worker {
                     attempt,
                     outcome: outcome.clone(),
                 };
-                let answer = self.inner.completer.submit(finish).await;
+                let answer = inner.completer.submit(finish).await;
                 drop(permit);
+                drop(analysis);
                 match answer.await {
                     Ok(Ok(result)) => result,
                     Ok(Err(failed)) => {
@@ -367,6 +377,59 @@ impl Worker {
                 result
             }
         };
+        self.settle(id, attempt, started, &action, result);
+    }
+
+    /// Run the analyzer on `payload`, and say what to do with the claim.
+    async fn analyze(
+        &self,
+        id: i64,
+        attempt: i32,
+        payload: String,
+        cancel: &CancellationToken,
+    ) -> Action {
+        tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
+        let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
+            // Short work for an analyzer that never blocks: no hop to a blocking thread. A
+            // panic is caught here as the blocking thread would catch it, so that the claim
+            // is finished (FAILED) rather than left running.
+            let analyzer = &self.inner.analyzer;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                analyzer.analyze(&payload, cancel)
+            }))
+            .map_err(|panic| panic_message(panic.as_ref()))
+        } else {
+            let analyzer = Arc::clone(&self.inner.analyzer);
+            let token = cancel.clone();
+            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token))
+                .await
+                .map_err(|join| match join.try_into_panic() {
+                    Ok(panic) => panic_message(panic.as_ref()),
+                    Err(join) => join.to_string(),
+                })
+        };
+        match analyzed {
+            Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
+            Ok(Err(AnalyzeError::Failed { message, .. })) => {
+                Action::Finish(Outcome::Failed(message))
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) if self.inner.abort.is_cancelled() => {
+                Action::Release
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
+            Err(panic) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {panic}"))),
+        }
+    }
+
+    /// The claim is settled: forget it, count it and log it.
+    fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        started: Instant,
+        action: &Action,
+        result: Result<TaskStatus, FinishError>,
+    ) {
         self.inner
             .running
             .lock()
@@ -376,7 +439,7 @@ impl Worker {
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
         }
-        match (result, &action) {
+        match (result, action) {
             (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
                 if status == TaskStatus::Succeeded =>
             {
@@ -599,6 +662,7 @@ impl Worker {
     pub async fn shutdown(&self, grace: Duration, hurry: CancellationToken) {
         let tracker = &self.inner.tracker;
         tracker.close();
+        self.inner.draining.cancel();
         let running = self.running();
         if running > 0 {
             tracing::info!(

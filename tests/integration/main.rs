@@ -13,6 +13,7 @@ mod end_to_end;
 mod faults;
 mod finish;
 mod http;
+mod intake;
 mod leases;
 mod migrate;
 mod roles;

@@ -19,6 +19,8 @@ pub struct GatedAnalyzer {
     honors_cancel: bool,
     /// Fail every call with this message (after passing the gate), with partial counts.
     fails_with: Option<String>,
+    /// Hold only the texts that contain this marker; the others pass at once.
+    holds_only: Option<String>,
     calls: Mutex<HashMap<String, usize>>,
     returns: Mutex<HashMap<String, usize>>,
     entered: watch::Sender<usize>,
@@ -34,6 +36,7 @@ impl GatedAnalyzer {
             opened: Condvar::new(),
             honors_cancel,
             fails_with,
+            holds_only: None,
             calls: Mutex::new(HashMap::new()),
             returns: Mutex::new(HashMap::new()),
             entered: watch::channel(0).0,
@@ -57,6 +60,14 @@ impl GatedAnalyzer {
         GatedAnalyzer::build(false, false, None)
     }
 
+    /// Held until [`GatedAnalyzer::open`] for texts that contain `marker` (giving up early
+    /// when canceled); every other text passes at once.
+    pub fn holding_only(marker: &str) -> Arc<Self> {
+        let mut analyzer = GatedAnalyzer::build(false, true, None);
+        Arc::get_mut(&mut analyzer).expect("just built").holds_only = Some(marker.to_string());
+        analyzer
+    }
+
     /// Every call fails with `message`, carrying the counts it had reached.
     pub fn failing(message: &str) -> Arc<Self> {
         GatedAnalyzer::build(true, true, Some(message.to_string()))
@@ -66,6 +77,12 @@ impl GatedAnalyzer {
     pub fn open(&self) {
         *self.open.lock().unwrap() = true;
         self.opened.notify_all();
+    }
+
+    /// A guard that opens the gate when dropped, so that a failing test does not leave
+    /// analyzers held (and its runtime waiting for them) forever.
+    pub fn open_on_drop(self: &Arc<Self>) -> OpenOnDrop {
+        OpenOnDrop(Arc::clone(self))
     }
 
     /// How many calls there were for `payload`.
@@ -166,6 +183,15 @@ impl GatedAnalyzer {
     }
 }
 
+/// Opens its analyzer's gate when dropped.
+pub struct OpenOnDrop(Arc<GatedAnalyzer>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
 impl Analyzer for GatedAnalyzer {
     fn analyze(&self, text: &str, cancel: &CancellationToken) -> Result<Counts, AnalyzeError> {
         *self
@@ -175,7 +201,11 @@ impl Analyzer for GatedAnalyzer {
             .entry(text.to_string())
             .or_default() += 1;
         self.entered.send_modify(|c| *c += 1);
-        let result = if !self.pass_gate(cancel) {
+        let held = match &self.holds_only {
+            Some(marker) => text.contains(marker.as_str()),
+            None => true,
+        };
+        let result = if held && !self.pass_gate(cancel) {
             Err(AnalyzeError::Canceled {
                 partial: Counts::default(),
             })
