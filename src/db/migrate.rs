@@ -73,6 +73,16 @@ impl From<tokio_postgres::Error> for SchemaError {
 /// [`SchemaError::Encoding`] and [`SchemaError::Ahead`] refuse the database; database
 /// failures roll everything back.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, SchemaError> {
+    migrate_to(client, LATEST_VERSION).await
+}
+
+/// Apply the pending migrations up to version `target`, as an older pgtaskd would have: what
+/// upgrade tests start from.
+///
+/// # Errors
+///
+/// As [`migrate`].
+pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, SchemaError> {
     check_encoding(client).await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
@@ -98,7 +108,10 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, SchemaError> {
         return Err(SchemaError::Ahead { found });
     }
     let mut applied = Vec::new();
-    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
+    for migration in MIGRATIONS
+        .iter()
+        .filter(|m| m.version > found && m.version <= target)
+    {
         tx.batch_execute(migration.sql).await?;
         tx.execute(
             "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES ($1, $2)",

@@ -127,3 +127,61 @@ async fn the_daemon_runs_under_its_role_without_ddl_rights() {
         daemon.log_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_upgrade() {
+    let cluster = Cluster::start();
+    let db = TestDb::empty_on(&cluster).await;
+    let mut owner = db.client().await;
+    // Schema 2, as an earlier pgtaskd left it, with a daemon role granted then.
+    pgtaskd::db::migrate::migrate_to(&mut owner, 2)
+        .await
+        .unwrap();
+    owner
+        .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
+        .await
+        .unwrap();
+    assert_eq!(
+        pgtaskd::db::migrate::migrate(&mut owner).await.unwrap(),
+        vec![3]
+    );
+    let finish =
+        "pgtaskd.finish(text, bigint[], int[], text[], bigint[], bigint[], bigint[], text[])";
+    let may: bool = owner
+        .query_one(
+            &format!("SELECT has_function_privilege('worker', '{finish}', 'EXECUTE')"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        may,
+        "the upgrade grants the new finish to the daemon's role"
+    );
+    let nobody: bool = owner
+        .query_one(
+            &format!("SELECT has_function_privilege('public', '{finish}', 'EXECUTE')"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!nobody, "and to nobody else");
+
+    let (_, url) = role_client(&db, "worker").await;
+    owner
+        .batch_execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('after the upgrade')")
+        .await
+        .unwrap();
+    let mut daemon = DaemonProcess::start_url(&url, "", &[]);
+    wait_count(
+        &owner,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        1,
+        "the task to finish under the daemon's role",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}

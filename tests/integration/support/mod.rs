@@ -182,6 +182,11 @@ impl TestDb {
         TestDb::create_on(server().admin_config(), options).await
     }
 
+    /// A fresh database without the pgtaskd schema, on a cluster of the test's own.
+    pub async fn empty_on(cluster: &Cluster) -> TestDb {
+        TestDb::create_on(cluster.config("postgres"), "").await
+    }
+
     /// A fresh, migrated database on a cluster of the test's own.
     pub async fn on(cluster: &Cluster) -> TestDb {
         TestDb::create_on(cluster.config("postgres"), "")
