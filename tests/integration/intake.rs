@@ -16,6 +16,8 @@ use crate::support::{
 
 /// Texts with this marker are held at the analyzer's gate; every other text passes at once.
 const HOLD: &str = "[hold]";
+/// Fast tasks the daemon runs first.
+const FAST: usize = 20;
 /// Held tasks enqueued in one statement once the daemon has seen fast tasks.
 const HELD: usize = 7;
 
@@ -36,6 +38,17 @@ struct ClaimedAhead {
 async fn claimed_ahead() -> ClaimedAhead {
     let db = TestDb::new().await;
     let client = db.client().await;
+    // Every UPDATE statement takes 50 ms more, so that a claim's round trip dwarfs the time a
+    // task takes however loaded the machine is: the daemon claims ahead on any machine.
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.slow_update() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
+             CREATE TRIGGER slow_update BEFORE UPDATE ON pgtaskd.tasks
+                 FOR EACH STATEMENT EXECUTE FUNCTION public.slow_update();",
+        )
+        .await
+        .unwrap();
     let analyzer = GatedAnalyzer::holding_only(HOLD);
     let open = analyzer.open_on_drop();
     let daemon = InProcessDaemon::start(
@@ -45,11 +58,11 @@ async fn claimed_ahead() -> ClaimedAhead {
     )
     .await;
     // Fast tasks first: the daemon learns that a task takes far less than a claim's round trip.
-    insert_payloads(&client, 50).await;
+    insert_payloads(&client, FAST).await;
     wait_count(
         &client,
         "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
-        50,
+        FAST as i64,
         "the fast tasks to finish",
     )
     .await;
@@ -65,7 +78,7 @@ async fn claimed_ahead() -> ClaimedAhead {
         .iter()
         .map(|row| row.get(0))
         .collect();
-    analyzer.entered(51).await;
+    analyzer.entered(FAST + 1).await;
     eventually(WAIT, "tasks to be claimed ahead of the held one", || {
         let client = &client;
         async move {
@@ -91,7 +104,7 @@ async fn claimed_ahead() -> ClaimedAhead {
     }
     assert_eq!(running.len(), 1, "one analyzer at a time");
     assert!(ahead.len() >= 2, "{} tasks claimed ahead", ahead.len());
-    assert_eq!(analyzer.calls(), 51);
+    assert_eq!(analyzer.calls(), FAST + 1);
     ClaimedAhead {
         db,
         client,
