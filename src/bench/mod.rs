@@ -4,11 +4,17 @@
 //!
 //! Each run uses a queue of its own (`bench-<pid>`), removes its rows before and after, and
 //! refuses to report a run whose table totals differ from the workload's check totals.
+//!
+//! Latency mode runs the daemon with its worker's debug events as JSON on a pipe: the time
+//! of each task's "analyzer run" event, taken by the daemon just before the analyzer starts,
+//! ends that task's latency.
 
 pub mod workload;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -94,6 +100,8 @@ pub enum BenchError {
     },
     #[error("the run did not finish within {0:?}")]
     TooLong(Duration),
+    #[error("the daemon logged no analyzer start for task {0}")]
+    NoStart(i64),
 }
 
 impl From<tokio_postgres::Error> for BenchError {
@@ -156,12 +164,12 @@ async fn measure(
         Mode::Drain => {
             insert(client, queue, &texts).await?;
             let started = chrono::Utc::now();
-            let daemon = Daemon::start(config, queue, options.concurrency)?;
+            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             wait_done(client, queue, n).await?;
             (daemon, started)
         }
         Mode::Stream => {
-            let daemon = Daemon::start(config, queue, options.concurrency)?;
+            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             daemon.wait_listening(client).await?;
             idle_cpu = Some(daemon.idle_cpu().await);
             let started = chrono::Utc::now();
@@ -173,11 +181,11 @@ async fn measure(
             (daemon, started)
         }
         Mode::Latency => {
-            let daemon = Daemon::start(config, queue, options.concurrency)?;
+            let daemon = Daemon::start(config, queue, options.concurrency, true)?;
             daemon.wait_listening(client).await?;
             idle_cpu = Some(daemon.idle_cpu().await);
             let started = chrono::Utc::now();
-            latency = Some(latencies(client, queue, &texts).await?);
+            latency = Some(latencies(client, queue, &texts, &daemon).await?);
             wait_done(client, queue, n).await?;
             (daemon, started)
         }
@@ -271,8 +279,13 @@ async fn seconds_since(
 }
 
 /// Latency mode: warm-up, then one task at a time, 20 ms apart; the latency of a task is
-/// from just before its INSERT to its claim (`started_at`), which starts the analyzer.
-async fn latencies(client: &Client, queue: &str, texts: &[String]) -> Result<Latency, BenchError> {
+/// from just before its INSERT to the daemon's "analyzer run" event for it.
+async fn latencies(
+    client: &Client,
+    queue: &str,
+    texts: &[String],
+    daemon: &Daemon,
+) -> Result<Latency, BenchError> {
     let insert = client
         .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2) RETURNING id")
         .await?;
@@ -289,10 +302,7 @@ async fn latencies(client: &Client, queue: &str, texts: &[String]) -> Result<Lat
     wait_done(client, queue, count).await?;
     let mut millis = Vec::with_capacity(sent.len());
     for (id, before) in sent {
-        let started: chrono::DateTime<chrono::Utc> = client
-            .query_one("SELECT started_at FROM pgtaskd.tasks WHERE id = $1", &[&id])
-            .await?
-            .get(0);
+        let started = daemon.analyzer_start(id).await?;
         millis.push((started - before).num_microseconds().unwrap_or(0) as f64 / 1000.0);
     }
     millis.sort_by(f64::total_cmp);
@@ -310,16 +320,43 @@ async fn latencies(client: &Client, queue: &str, texts: &[String]) -> Result<Lat
 struct Daemon {
     child: tokio::process::Child,
     _config: TempConfig,
+    /// When the analyzer started, by task id, as the daemon logged it (latency mode).
+    starts: Arc<Mutex<HashMap<i64, chrono::DateTime<chrono::Utc>>>>,
+}
+
+/// The daemon's "analyzer run" event, as its JSON log line carries it.
+#[derive(serde::Deserialize)]
+struct LogLine {
+    timestamp: chrono::DateTime<chrono::Utc>,
+    fields: LogFields,
+}
+
+#[derive(serde::Deserialize)]
+struct LogFields {
+    message: String,
+    id: Option<i64>,
 }
 
 impl Daemon {
-    fn start(config: &Config, queue: &str, concurrency: usize) -> Result<Daemon, BenchError> {
+    /// Start the daemon; with `trace_starts`, read the analyzer start of every task from its
+    /// log.
+    fn start(
+        config: &Config,
+        queue: &str,
+        concurrency: usize,
+        trace_starts: bool,
+    ) -> Result<Daemon, BenchError> {
         let mut toml = String::new();
         if let Some(url) = &config.database.url {
             toml.push_str(&format!("[database]\nurl = {}\n", toml_string(url)));
         }
+        let log = if trace_starts {
+            "level = \"warn,pgtaskd::worker=debug\"\nformat = \"json\""
+        } else {
+            "level = \"warn\""
+        };
         toml.push_str(&format!(
-            "[worker]\nconcurrency = {concurrency}\nqueues = [{}]\n[log]\nlevel = \"warn\"\n",
+            "[worker]\nconcurrency = {concurrency}\nqueues = [{}]\n[log]\n{log}\n",
             toml_string(queue)
         ));
         let file = TempConfig::write(&toml).map_err(|err| BenchError::Daemon(err.to_string()))?;
@@ -332,14 +369,51 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // Warnings would interleave with the report: the daemon's log is not shown.
-            .stderr(Stdio::null())
+            .stderr(if trace_starts {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .kill_on_drop(true)
             .spawn()
             .map_err(|err| BenchError::Daemon(err.to_string()))?;
-        Ok(Daemon {
+        let mut daemon = Daemon {
             child,
             _config: file,
-        })
+            starts: Arc::default(),
+        };
+        if let Some(stderr) = daemon.child.stderr.take() {
+            let starts = Arc::clone(&daemon.starts);
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(LogLine { timestamp, fields }) = serde_json::from_str(&line) {
+                        if let (Some(id), "analyzer run") = (fields.id, fields.message.as_str()) {
+                            starts
+                                .lock()
+                                .expect("start times poisoned")
+                                .insert(id, timestamp);
+                        }
+                    }
+                }
+            });
+        }
+        Ok(daemon)
+    }
+
+    /// When the analyzer started on task `id`, once the daemon's log line arrived.
+    async fn analyzer_start(&self, id: i64) -> Result<chrono::DateTime<chrono::Utc>, BenchError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(at) = self.starts.lock().expect("start times poisoned").get(&id) {
+                return Ok(*at);
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::NoStart(id));
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     fn pid(&self) -> u32 {

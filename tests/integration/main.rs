@@ -5,6 +5,7 @@
 mod support;
 
 mod analyze;
+mod bench;
 mod cancel;
 mod chaos;
 mod claim;

@@ -1,0 +1,76 @@
+//! `pgtaskd bench` as a user runs it: the workload against a real database, with the daemon
+//! as a process of its own; the JSON report's figures, the check totals, and the rows
+//! removed afterwards.
+
+use pgtaskd::bench::workload;
+
+use crate::support::daemon::pgtaskd;
+use crate::support::{count, TestDb};
+
+async fn bench(db: &TestDb, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench", "--json"];
+    all.extend_from_slice(args);
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &all).await;
+    assert!(status.success(), "pgtaskd {all:?}: {stdout}{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|err| panic!("{err}: {stdout}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_reports_its_figures_and_the_workloads_totals_and_leaves_no_rows() {
+    let db = TestDb::new().await;
+    let report = bench(
+        &db,
+        &["--mode", "drain", "--tasks", "500", "--concurrency", "4"],
+    )
+    .await;
+    assert_eq!(report["mode"], "drain");
+    assert_eq!(report["tasks"], 500);
+    assert_eq!(report["concurrency"], 4);
+    let (words, bytes, runes) = workload::check_totals(500);
+    assert_eq!(
+        report["check_totals"],
+        serde_json::json!([words, bytes, runes]),
+        "the table's totals are the workload's"
+    );
+    assert!(report["seconds"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        report["daemon_peak_rss_mib"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(report["daemon_cpu_s"].as_f64().is_some(), "{report}");
+    assert!(report["latency_ms"].is_null(), "{report}");
+    let client = db.client().await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_mode_times_each_task_until_the_daemon_starts_its_analyzer() {
+    let db = TestDb::new().await;
+    let report = bench(&db, &["--mode", "latency"]).await;
+    assert_eq!(report["mode"], "latency");
+    assert_eq!(report["tasks"], 210);
+    let latency = &report["latency_ms"];
+    let at = |q: &str| {
+        latency[q]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{q}: {report}"))
+    };
+    assert!(at("p50") > 0.0, "{report}");
+    assert!(
+        at("p50") <= at("p90") && at("p90") <= at("p99") && at("p99") <= at("max"),
+        "{report}"
+    );
+    assert!(
+        report["daemon_idle_cpu_s_per_s"].as_f64().is_some(),
+        "{report}"
+    );
+    let client = db.client().await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+}
