@@ -78,8 +78,7 @@ impl Drop for Analysis<'_> {
     fn drop(&mut self) {
         let mut state = self.intake.lock();
         if let Some(since) = state.analyzing.remove(&self.ticket) {
-            let took = since.elapsed().as_secs_f64();
-            state.per_task = Some(average(state.per_task, took));
+            fold(&mut state.per_task, since.elapsed().as_secs_f64());
         }
     }
 }
@@ -127,8 +126,7 @@ impl Intake {
 
     /// A claim statement took `took`.
     pub fn claim_took(&self, took: Duration) {
-        let mut state = self.lock();
-        state.round_trip = Some(average(state.round_trip, took.as_secs_f64()));
+        fold(&mut self.lock().round_trip, took.as_secs_f64());
     }
 
     /// A worker starts on one task: the time until the returned guard is dropped is that
@@ -146,8 +144,7 @@ impl Intake {
 
     #[cfg(test)]
     fn task_took(&self, took: Duration) {
-        let mut state = self.lock();
-        state.per_task = Some(average(state.per_task, took.as_secs_f64()));
+        fold(&mut self.lock().per_task, took.as_secs_f64());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -169,11 +166,12 @@ fn ahead(concurrency: usize, per_task: Option<f64>, round_trip: Option<f64>) -> 
     }
 }
 
-fn average(previous: Option<f64>, sample: f64) -> f64 {
-    match previous {
+/// Fold `sample` into the moving `average` (the first sample starts it).
+fn fold(average: &mut Option<f64>, sample: f64) {
+    *average = Some(match *average {
         Some(previous) => previous + SMOOTHING * (sample - previous),
         None => sample,
-    }
+    });
 }
 
 #[cfg(test)]

@@ -185,8 +185,8 @@ async fn measure(
             daemon.wait_listening(client).await?;
             idle_cpu = Some(daemon.idle_cpu().await);
             let started = chrono::Utc::now();
+            // Returns once every task is done.
             latency = Some(latencies(client, queue, &texts, &daemon).await?);
-            wait_done(client, queue, n).await?;
             (daemon, started)
         }
     };
