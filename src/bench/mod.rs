@@ -7,7 +7,10 @@
 //!
 //! Latency mode runs the daemon with its worker's debug events as JSON on a pipe: the time
 //! of each task's "analyzer run" event, taken by the daemon just before the analyzer starts,
-//! ends that task's latency.
+//! ends that task's latency. Before the daemon starts, the same inserts are timed to a
+//! `LISTEN` session of the bench's own: the notify floor, the part of the latency that the
+//! INSERT's commit and the notification's delivery take, which no daemon woken by `NOTIFY`
+//! goes under.
 
 pub mod workload;
 
@@ -33,6 +36,8 @@ const LATENCY_TASKS: usize = 200;
 /// Latency mode runs exactly its warm-up and measured tasks.
 pub const LATENCY_MODE_TASKS: u32 = (WARM_UP + LATENCY_TASKS) as u32;
 const LATENCY_GAP: Duration = Duration::from_millis(20);
+/// Latency mode: the longest the floor measurement waits for one notification.
+const NOTIFY_WAIT: Duration = Duration::from_secs(5);
 /// Stream mode: statements, each of `tasks / STREAM_STATEMENTS` rows.
 const STREAM_STATEMENTS: usize = 200;
 /// How long the idle daemon's CPU use is sampled.
@@ -73,6 +78,11 @@ pub struct Report {
     pub tasks_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<Latency>,
+    /// Latency mode: from just before an INSERT until a bare `LISTEN` session of the bench
+    /// receives its notification, with no daemon running: the part of the latency that no
+    /// daemon woken by `NOTIFY` can go under on this machine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notify_floor_ms: Option<Latency>,
     pub daemon_cpu_s: f64,
     pub daemon_cpu_s_per_1000_tasks: f64,
     pub daemon_peak_rss_mib: f64,
@@ -100,6 +110,8 @@ pub enum BenchError {
     },
     #[error("the run did not finish within {0:?}")]
     TooLong(Duration),
+    #[error("the bench's own LISTEN session received no notification within {NOTIFY_WAIT:?} of an insert")]
+    NoNotification,
     #[error("the daemon logged no analyzer start for task {0}")]
     NoStart(i64),
 }
@@ -128,7 +140,7 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     } else {
         workload::check_totals(options.tasks)
     };
-    let result = measure(&client, config, &queue, options).await;
+    let result = measure(&settings, &client, config, &queue, options).await;
     delete_rows(&client, &queue).await?;
     let (report, found, succeeded) = result?;
     if found != expected || succeeded != i64::from(options.tasks) {
@@ -151,6 +163,7 @@ async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
 
 /// Run one mode; returns the report, the table's totals and the SUCCEEDED count.
 async fn measure(
+    settings: &ConnectSettings,
     client: &Client,
     config: &Config,
     queue: &str,
@@ -159,6 +172,7 @@ async fn measure(
     let n = options.tasks as usize;
     let texts: Vec<String> = (0..options.tasks).map(workload::gen_text).collect();
     let mut latency = None;
+    let mut floor = None;
     let mut idle_cpu = None;
     let (daemon, started) = match options.mode {
         Mode::Drain => {
@@ -181,6 +195,7 @@ async fn measure(
             (daemon, started)
         }
         Mode::Latency => {
+            floor = Some(notify_floor(settings, client, queue, &texts).await?);
             let daemon = Daemon::start(config, queue, options.concurrency, true)?;
             daemon.wait_listening(client).await?;
             idle_cpu = Some(daemon.idle_cpu().await);
@@ -210,6 +225,7 @@ async fn measure(
         seconds,
         tasks_per_s: n as f64 / seconds,
         latency_ms: latency,
+        notify_floor_ms: floor,
         daemon_cpu_s: cpu,
         daemon_cpu_s_per_1000_tasks: cpu / n as f64 * 1000.0,
         daemon_peak_rss_mib: rss,
@@ -305,15 +321,76 @@ async fn latencies(
         let started = daemon.analyzer_start(id).await?;
         millis.push((started - before).num_microseconds().unwrap_or(0) as f64 / 1000.0);
     }
-    millis.sort_by(f64::total_cmp);
-    let at =
-        |q: f64| millis[((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len()) - 1];
-    Ok(Latency {
-        p50: at(0.50),
-        p90: at(0.90),
-        p99: at(0.99),
-        max: *millis.last().unwrap_or(&0.0),
-    })
+    Ok(Latency::of(millis))
+}
+
+impl Latency {
+    fn of(mut millis: Vec<f64>) -> Latency {
+        millis.sort_by(f64::total_cmp);
+        let at =
+            |q: f64| millis[((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len()) - 1];
+        Latency {
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: *millis.last().unwrap_or(&0.0),
+        }
+    }
+}
+
+/// The floor under the latency: the same inserts, one at a time and as far apart, with no
+/// daemon running and a `LISTEN` session of the bench's own timing each notification's
+/// arrival. Its rows go to a queue of their own, removed afterwards.
+async fn notify_floor(
+    settings: &ConnectSettings,
+    client: &Client,
+    queue: &str,
+    texts: &[String],
+) -> Result<Latency, BenchError> {
+    let (listener, mut connection) = settings
+        .config()
+        .connect(settings.tls())
+        .await
+        .map_err(DbError::from)?;
+    let (tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+            if matches!(message, tokio_postgres::AsyncMessage::Notification(_))
+                && tx.send(Instant::now()).is_err()
+            {
+                break;
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {}", crate::db::listen::TASKS_CHANNEL))
+        .await?;
+    let queue = format!("{queue}-floor");
+    let insert = client
+        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
+        .await?;
+    let timed = async {
+        let mut millis = Vec::with_capacity(LATENCY_TASKS);
+        for (i, text) in texts.iter().enumerate() {
+            let before = Instant::now();
+            client.execute(&insert, &[&queue, text]).await?;
+            let arrived = tokio::time::timeout(NOTIFY_WAIT, arrivals.recv())
+                .await
+                .ok()
+                .flatten()
+                .ok_or(BenchError::NoNotification)?;
+            if i >= WARM_UP {
+                millis.push((arrived - before).as_micros() as f64 / 1000.0);
+            }
+            tokio::time::sleep(LATENCY_GAP).await;
+        }
+        Ok::<_, BenchError>(millis)
+    }
+    .await;
+    driver.abort();
+    delete_rows(client, &queue).await?;
+    Ok(Latency::of(timed?))
 }
 
 /// The daemon under test: `pgtaskd run` as a child process.
@@ -528,6 +605,13 @@ impl std::fmt::Display for Report {
             writeln!(
                 f,
                 "  latency ms           p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                l.p50, l.p90, l.p99, l.max
+            )?;
+        }
+        if let Some(l) = &self.notify_floor_ms {
+            writeln!(
+                f,
+                "  notify floor ms      p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  (INSERT to a bare LISTEN session, no daemon)",
                 l.p50, l.p90, l.p99, l.max
             )?;
         }
