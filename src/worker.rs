@@ -22,7 +22,9 @@
 //! the finish was sent, the result stays in memory, the row is re-read on a fresh connection
 //! (with capped, jittered backoff while the database is down), and then accepted (terminal),
 //! finished again (still RUNNING under this claim) or dropped (claim lost). The analyzer
-//! never runs twice for one claim.
+//! never runs twice for one claim. A claim whose answer was lost is cleaned up by the next
+//! scan: the rows RUNNING under this instance that no task of the registry holds are given
+//! back, as a shutdown gives back its claims.
 //!
 //! Callers: [`crate::daemon`] runs [`Worker::run`] and [`Worker::shutdown`]; tests also call
 //! [`Worker::run_once`].
@@ -83,6 +85,9 @@ struct Inner {
     abort: CancellationToken,
     /// Ends the heartbeat, once the last task ended.
     heartbeat_stop: CancellationToken,
+    /// A claim failed with the database unreachable: it may have committed with its answer
+    /// lost. The next scan gives back what it took.
+    claim_unanswered: AtomicBool,
 }
 
 /// A task this worker runs, as the cancel paths find it.
@@ -129,6 +134,7 @@ impl Worker {
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 heartbeat_stop: CancellationToken::new(),
+                claim_unanswered: AtomicBool::new(false),
             }),
         }
     }
@@ -210,6 +216,14 @@ impl Worker {
 
     /// Claim until the queue runs dry or `stop` fires, one batch whenever the intake has room.
     async fn fill(&self, stop: &CancellationToken) {
+        // No claim is on its way here: every claim that answered is in the registry.
+        if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
+            if let Err(err) = self.release_unanswered().await {
+                self.inner.claim_unanswered.store(true, Ordering::Release);
+                tracing::warn!(error = %crate::db::describe(&err), "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
+                return;
+            }
+        }
         // One claim at a time until one comes back full; then up to CLAIMS_IN_FLIGHT claim
         // statements overlap, so that room freed while one claim is on its way is claimed
         // without waiting for it to come back. A wake-up for a single task costs one claim.
@@ -251,6 +265,9 @@ impl Worker {
                     Ok(_) => drained.store(true, Ordering::Release),
                     Err(err) => {
                         drained.store(true, Ordering::Release);
+                        if err.is_unavailable() {
+                            worker.inner.claim_unanswered.store(true, Ordering::Release);
+                        }
                         tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
                     }
                 }
@@ -259,6 +276,41 @@ impl Worker {
         }
         // Return once no claim is on its way: the next scan starts from a settled state.
         while claims.join_next().await.is_some() {}
+    }
+
+    /// A claim failed after it may have committed: its tasks are RUNNING under this instance
+    /// but in no registry, and would wait for their lease to expire. Give each back, fenced on
+    /// its attempt, as a shutdown does (QUEUED, the attempt not counted; CANCELED if a cancel
+    /// was requested). Their analyzers never ran. Called only while no claim is on its way.
+    async fn release_unanswered(&self) -> Result<(), DbError> {
+        let inner = &self.inner;
+        let client = inner.pool.get().await?;
+        let held = client
+            .bounded(queue::held_by(&client, &inner.instance))
+            .await?;
+        let unanswered: Vec<(i64, i32)> = {
+            let running = inner
+                .running
+                .lock()
+                .expect("running-task registry poisoned");
+            held.into_iter()
+                .filter(|(id, _)| !running.contains_key(id))
+                .collect()
+        };
+        for (id, attempt) in unanswered {
+            match client
+                .bounded(queue::release(&client, &inner.instance, id, attempt))
+                .await
+            {
+                Ok(status) => {
+                    tracing::warn!(id, attempt, %status, "task of a claim whose answer was lost given back");
+                }
+                Err(FinishError::Db(err)) => return Err(err),
+                // Changed meanwhile (canceled, deleted): nothing of ours to give back.
+                Err(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// Claim up to `wanted` tasks, whose room in the intake is reserved, and start them.

@@ -39,7 +39,9 @@ const CLAIM: &str =
 ///
 /// # Errors
 ///
-/// Database failures; a failed claim changed nothing.
+/// Database failures. A server error changed nothing; when the connection failed
+/// ([`DbError::Unavailable`]), the claim may have committed without its answer arriving, and
+/// [`held_by`] finds its tasks.
 pub async fn claim(
     client: &Client,
     owner: &str,
@@ -70,4 +72,20 @@ pub async fn claim(
         })
         .collect();
     Ok(claimed)
+}
+
+/// The claims the table holds for instance `owner`: `(id, attempt)` of its RUNNING rows,
+/// read through the partial index of RUNNING rows.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn held_by(client: &Client, owner: &str) -> Result<Vec<(i64, i32)>, DbError> {
+    let rows = client
+        .query_typed(
+            "SELECT id, attempt FROM pgtaskd.tasks WHERE status = 'RUNNING' AND lease_owner = $1",
+            &[(&owner, Type::TEXT)],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }

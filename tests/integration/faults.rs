@@ -71,6 +71,46 @@ async fn a_finish_on_a_half_open_connection_hits_the_deadline_and_is_resolved() 
     unknown_outcome_ends_succeeded_with_one_analyzer_run(Fault::HalfOpen).await;
 }
 
+/// Text found only in the claim statement.
+const CLAIM_NEEDLE: &str = "FROM pgtaskd.claim(";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_committed_but_unanswered_gives_its_tasks_back_without_waiting_for_the_lease() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    let texts = insert_payloads(&client, BATCH).await;
+    let proxy = Proxy::start(server_addr(), Fault::DropAfterReply, CLAIM_NEEDLE).await;
+    // A lease far longer than the test: the rescuer cannot be what brings the tasks back.
+    let mut config = db.config(
+        "[database]\nstatement_timeout = \"1s\"\n[worker]\nconcurrency = 16\npoll_interval = \"200ms\"\nlease = \"10m\"\n",
+    );
+    config.database.url = Some(proxy.conninfo(&server_user(), &db.name));
+    let analyzer = GatedAnalyzer::counting();
+    let daemon = InProcessDaemon::start(&db, config, analyzer.clone()).await;
+
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        BATCH as i64,
+        "every task to succeed, those of the unanswered claim included",
+    )
+    .await;
+    daemon.stop().await;
+
+    assert!(proxy.triggered(), "the first claim's answer was swallowed");
+    // Given back without counting an attempt, claimed again, analyzed once.
+    assert_eq!(assert_all_succeeded(&client, Some(1)).await, BATCH);
+    for text in &texts {
+        assert_eq!(
+            analyzer.calls_for(text),
+            1,
+            "the analyzer ran once per task"
+        );
+    }
+    assert_eq!(audit::tasks_finished_twice(&client).await, 0);
+}
+
 async fn listener_pid(client: &Client) -> Option<i32> {
     client
         .query_opt(
