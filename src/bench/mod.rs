@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio_postgres::Client;
+use tokio_postgres::{AsyncMessage, Client};
 
 use crate::config::Config;
-use crate::db::{migrate, ConnectSettings, DbError};
+use crate::db::{listen, migrate, ConnectSettings, DbError};
 
 /// How often the producer looks at the table while it waits.
 const POLL: Duration = Duration::from_millis(20);
@@ -347,24 +347,15 @@ async fn notify_floor(
     queue: &str,
     texts: &[String],
 ) -> Result<Latency, BenchError> {
-    let (listener, mut connection) = settings
+    let (listener, connection) = settings
         .config()
         .connect(settings.tls())
         .await
         .map_err(DbError::from)?;
-    let (tx, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
-            if matches!(message, tokio_postgres::AsyncMessage::Notification(_))
-                && tx.send(Instant::now()).is_err()
-            {
-                break;
-            }
-        }
-    });
+    // Through the same forwarding as the daemon's listener.
+    let (mut messages, _pump) = listen::forward_messages(connection);
     listener
-        .batch_execute(&format!("LISTEN {}", crate::db::listen::TASKS_CHANNEL))
+        .batch_execute(&format!("LISTEN {}", listen::TASKS_CHANNEL))
         .await?;
     let queue = format!("{queue}-floor");
     let insert = client
@@ -375,7 +366,16 @@ async fn notify_floor(
         for (i, text) in texts.iter().enumerate() {
             let before = Instant::now();
             client.execute(&insert, &[&queue, text]).await?;
-            let arrived = tokio::time::timeout(NOTIFY_WAIT, arrivals.recv())
+            let notified = async {
+                loop {
+                    match messages.recv().await {
+                        Some(AsyncMessage::Notification(_)) => return Some(Instant::now()),
+                        Some(_) => {}
+                        None => return None,
+                    }
+                }
+            };
+            let arrived = tokio::time::timeout(NOTIFY_WAIT, notified)
                 .await
                 .ok()
                 .flatten()
@@ -388,7 +388,6 @@ async fn notify_floor(
         Ok::<_, BenchError>(millis)
     }
     .await;
-    driver.abort();
     delete_rows(client, &queue).await?;
     Ok(Latency::of(timed?))
 }

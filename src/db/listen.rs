@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
@@ -76,30 +77,12 @@ async fn listen_once(
         .get_connect_timeout()
         .copied()
         .unwrap_or(LIVENESS_TIMEOUT);
-    let (client, mut connection) = tokio::time::timeout(timeout, connecting)
+    let (client, connection) = tokio::time::timeout(timeout, connecting)
         .await
         .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
         .map_err(|err| DbError::Unavailable(Box::new(err)))?;
 
-    // Notifications come only from a connection that we poll ourselves.
-    let (tx, mut messages) = mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
-            match message {
-                Ok(message) => {
-                    if tx.send(message).is_err() {
-                        break;
-                    }
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "listener connection failed");
-                    break;
-                }
-            }
-        }
-    });
-    let _abort_driver = AbortOnDrop(driver);
+    let (mut messages, _pump) = forward_messages(connection);
 
     client
         .batch_execute(&format!("LISTEN {TASKS_CHANNEL}; LISTEN {CANCEL_CHANNEL};"))
@@ -139,7 +122,38 @@ async fn listen_once(
     }
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// The messages (notifications, notices) of `connection`, forwarded by a task of its own:
+/// they come only from a connection that is polled for them. The channel closes when the
+/// connection fails or closes; dropping the returned guard stops the task.
+pub fn forward_messages<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+) -> (mpsc::UnboundedReceiver<AsyncMessage>, AbortOnDrop)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, messages) = mpsc::unbounded_channel();
+    let pump = tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = stream.next().await {
+            match message {
+                Ok(message) => {
+                    if tx.send(message).is_err() {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "listening connection failed");
+                    break;
+                }
+            }
+        }
+    });
+    (messages, AbortOnDrop(pump))
+}
+
+/// Aborts its task when dropped.
+pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -28,7 +28,7 @@ pub struct Claimed {
     pub waited: f64,
 }
 
-/// The statement lives in `pgtaskd.claim` (sql/0001_tasks.sql), whose planner settings keep
+/// The statement lives in `pgtaskd.claim` (sql/0003_plans.sql), whose planner settings keep
 /// the ordered index plan however stale the table's statistics are.
 const CLAIM: &str =
     "SELECT task_id, task_attempt, task_payload, waited_s FROM pgtaskd.claim($1, $2, $3, $4)";
