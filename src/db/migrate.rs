@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_plans",
         sql: include_str!("../../sql/0003_plans.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_hardening",
+        sql: include_str!("../../sql/0004_hardening.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
 
@@ -72,6 +72,148 @@ pub async fn claim(
         })
         .collect();
     Ok(claimed)
+}
+
+/// Payloads at least this long stay in the buffer the database's answer arrived in, rather
+/// than being copied out: the daemon holds one copy of a large text, not two.
+const KEEP_IN_ROW_FROM: usize = 64 * 1024;
+
+/// The text of a claimed task, held once.
+pub struct Payload(Text);
+
+enum Text {
+    Owned(String),
+    /// A large payload, read in place from the row it arrived in (column 2).
+    InRow(Row),
+}
+
+impl Payload {
+    /// The text to analyze.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Text::Owned(text) => text,
+            Text::InRow(row) => row.get(2),
+        }
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Payload {
+        Payload(Text::Owned(text))
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.as_str().len())
+    }
+}
+
+/// A task claimed within a byte budget, as [`claim_within`] returned it.
+#[derive(Debug)]
+pub struct ClaimedTask {
+    pub id: i64,
+    /// The claim's fencing token: every later change of this claim names it.
+    pub attempt: i32,
+    /// The payload's length in bytes.
+    pub bytes: u64,
+    /// The text; `None` when it is longer than the claim's `max_payload` and was left in the
+    /// database.
+    pub payload: Option<Payload>,
+    /// Seconds from the task becoming due to the claim, by the database clock.
+    pub waited: f64,
+}
+
+/// How much one claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimLimits {
+    /// The most tasks.
+    pub tasks: usize,
+    /// The most payload bytes, all tasks together (payloads left in the database weigh
+    /// nothing).
+    pub bytes: u64,
+    /// Take the first task whatever its size, so that a payload larger than any budget runs.
+    pub take_one: bool,
+    /// Payloads longer than this are claimed without their text.
+    pub max_payload: Option<u64>,
+}
+
+/// What one claim took.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    /// In the order they should start.
+    pub tasks: Vec<ClaimedTask>,
+    /// Payload bytes the batch holds.
+    pub bytes: u64,
+    /// The size of the first due task that the byte budget left out, if any: claim again once
+    /// that much is free.
+    pub left_out: Option<u64>,
+}
+
+const CLAIM_WITHIN: &str = "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s \
+     FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7)";
+
+/// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
+/// `run_at` has come, highest priority first, then oldest, within `limits`: once the next
+/// task's payload would take the batch past `limits.bytes`, no more are taken (the first one
+/// aside, with `limits.take_one`). An empty batch means nothing could be claimed, not an error.
+///
+/// # Errors
+///
+/// As [`claim`].
+pub async fn claim_within(
+    client: &Client,
+    owner: &str,
+    queues: &[String],
+    limits: ClaimLimits,
+    lease: Duration,
+) -> Result<ClaimBatch, DbError> {
+    let max_tasks = i64::try_from(limits.tasks).unwrap_or(i64::MAX);
+    let max_bytes = i64::try_from(limits.bytes).unwrap_or(i64::MAX);
+    let max_payload = limits
+        .max_payload
+        .map(|most| i64::try_from(most).unwrap_or(i64::MAX));
+    let lease_ms = lease.as_millis() as f64;
+    let rows = client
+        .query_typed(
+            CLAIM_WITHIN,
+            &[
+                (&queues, Type::TEXT_ARRAY),
+                (&max_tasks, Type::INT8),
+                (&owner, Type::TEXT),
+                (&lease_ms, Type::FLOAT8),
+                (&max_bytes, Type::INT8),
+                (&limits.take_one, Type::BOOL),
+                (&max_payload, Type::INT8),
+            ],
+        )
+        .await?;
+    let mut batch = ClaimBatch::default();
+    for row in rows {
+        let size = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+        let Some(id) = row.get::<_, Option<i64>>(0) else {
+            batch.left_out = Some(size);
+            continue;
+        };
+        let attempt = row.get(1);
+        let waited = row.get(4);
+        let payload = match row.get::<_, Option<&str>>(2) {
+            None => None,
+            Some(text) if text.len() < KEEP_IN_ROW_FROM => Some(Payload::from(text.to_owned())),
+            Some(_) => Some(Payload(Text::InRow(row))),
+        };
+        if payload.is_some() {
+            batch.bytes += size;
+        }
+        batch.tasks.push(ClaimedTask {
+            id,
+            attempt,
+            bytes: size,
+            payload,
+            waited,
+        });
+    }
+    Ok(batch)
 }
 
 /// The claims the table holds for instance `owner`: `(id, attempt)` of its RUNNING rows,

@@ -24,7 +24,9 @@ pub mod rescue;
 pub mod task;
 
 pub use cancel::{cancel, CancelOutcome};
-pub use claim::{claim, held_by, Claimed};
+pub use claim::{
+    claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, ClaimedTask, Payload,
+};
 pub use enqueue::enqueue;
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
