@@ -27,6 +27,9 @@ pub const DEFAULT_CONCURRENCY: usize = 8;
 pub const DEFAULT_QUEUE: &str = "default";
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Payload bytes one daemon holds at most (claimed and not yet analyzed, or being analyzed),
+/// a single larger payload aside.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 pub const DEFAULT_HTTP_MAX_BODY: usize = 1 << 20;
 pub const DEFAULT_LOG_LEVEL: &str = "info";
@@ -63,6 +66,11 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// How long a claim lives without a heartbeat.
     pub lease: Duration,
+    /// The payload bytes this daemon holds at most; a claim stops adding tasks at this
+    /// budget, but always takes one task when the daemon holds none.
+    pub max_inflight_bytes: u64,
+    /// Payloads longer than this end FAILED without being loaded; `None`: no limit.
+    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -249,6 +257,10 @@ struct RawWorker {
     poll_interval: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "duration")]
     lease: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "size")]
+    max_inflight_bytes: Option<Spanned<u64>>,
+    #[serde(default, deserialize_with = "size")]
+    max_payload_bytes: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -295,6 +307,40 @@ where
                 text.get_ref()
             ))
         })
+}
+
+/// Deserialize a size: a number of bytes, or a string such as `"256MiB"` or `"1GB"`.
+fn size<'de, D>(deserializer: D) -> Result<Option<Spanned<u64>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    let value = Spanned::<Size>::deserialize(deserializer)?;
+    let span = value.span();
+    let bytes = match value.into_inner() {
+        Size::Bytes(bytes) => bytes,
+        Size::Text(text) => text
+            .parse::<bytesize::ByteSize>()
+            .map(|size| size.as_u64())
+            .map_err(|err| {
+                serde::de::Error::custom(format!(
+                    "invalid size {text:?}: {err} (write e.g. \"256MiB\", \"1GB\", or a number of bytes)"
+                ))
+            })?,
+    };
+    Ok(Some(Spanned::new(span, bytes)))
+}
+
+fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
+    match *value.get_ref() {
+        0 => Err((value.span(), format!("{key} must be at least 1 byte"))),
+        n => Ok(n),
+    }
 }
 
 fn positive(key: &str, value: &Spanned<usize>) -> Result<usize, Invalid> {
@@ -356,6 +402,14 @@ impl RawConfig {
             lease: match &self.worker.lease {
                 Some(v) => nonzero("worker.lease", v)?,
                 None => DEFAULT_LEASE,
+            },
+            max_inflight_bytes: match &self.worker.max_inflight_bytes {
+                Some(v) => positive_size("worker.max_inflight_bytes", v)?,
+                None => DEFAULT_MAX_INFLIGHT_BYTES,
+            },
+            max_payload_bytes: match &self.worker.max_payload_bytes {
+                Some(v) => Some(positive_size("worker.max_payload_bytes", v)?),
+                None => None,
             },
         };
         let retention = RetentionConfig {
@@ -423,6 +477,8 @@ mod tests {
         assert_eq!(config.worker.queues, vec!["default".to_string()]);
         assert_eq!(config.worker.poll_interval, DEFAULT_POLL_INTERVAL);
         assert_eq!(config.worker.lease, DEFAULT_LEASE);
+        assert_eq!(config.worker.max_inflight_bytes, 256 * 1024 * 1024);
+        assert_eq!(config.worker.max_payload_bytes, None);
         assert_eq!(config.shutdown.grace, DEFAULT_SHUTDOWN_GRACE);
         assert_eq!(config.retention.finished_after, None);
         assert_eq!(config.http.listen, None);
@@ -443,6 +499,8 @@ mod tests {
             queues = ["default", "mail"]
             poll_interval = "250ms"
             lease = "1m"
+            max_inflight_bytes = "64MiB"
+            max_payload_bytes = 1000000
             [shutdown]
             grace = "5s"
             [retention]
@@ -464,6 +522,8 @@ mod tests {
         assert_eq!(config.worker.queues, vec!["default", "mail"]);
         assert_eq!(config.worker.poll_interval, Duration::from_millis(250));
         assert_eq!(config.worker.lease, Duration::from_secs(60));
+        assert_eq!(config.worker.max_inflight_bytes, 64 << 20);
+        assert_eq!(config.worker.max_payload_bytes, Some(1_000_000));
         assert_eq!(config.shutdown.grace, Duration::from_secs(5));
         assert_eq!(
             config.retention.finished_after,
@@ -514,6 +574,16 @@ mod tests {
                 "worker.poll_interval",
             ),
             ("[database]\npool_size = -1\n", 2, "pool_size"),
+            (
+                "[worker]\nmax_inflight_bytes = \"lots\"\n",
+                2,
+                "invalid size",
+            ),
+            (
+                "[worker]\n\nmax_payload_bytes = 0\n",
+                3,
+                "worker.max_payload_bytes",
+            ),
             ("[log]\nformat = \"xml\"\n", 2, "xml"),
             ("[log]\nlevel = \"[[[\"\n", 2, "log.level"),
             ("[http]\nlisten = \"nowhere\"\n", 2, "address"),
@@ -526,6 +596,22 @@ mod tests {
                 message.to_lowercase().contains(needle),
                 "{text:?}: {message:?} lacks {needle:?}"
             );
+        }
+    }
+
+    #[test]
+    fn sizes_take_iec_and_si_units() {
+        for (text, bytes) in [
+            ("\"256MiB\"", 256 << 20),
+            ("\"1 GiB\"", 1 << 30),
+            ("\"1GB\"", 1_000_000_000),
+            ("\"512KiB\"", 512 << 10),
+            ("4096", 4096),
+        ] {
+            let config =
+                Config::from_toml(&format!("[worker]\nmax_inflight_bytes = {text}\n"), "t")
+                    .unwrap();
+            assert_eq!(config.worker.max_inflight_bytes, bytes, "{text}");
         }
     }
 
