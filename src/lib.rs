@@ -12,11 +12,10 @@
 //! | [`config`] | the TOML configuration, validated, with its defaults |
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
-//! | [`completer`] | committing finished claims in batches |
+//! | [`completer`] | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
-//! | [`intake`] | how many tasks to claim next: the free workers, and more for fast tasks |
-//! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop |
+//! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
@@ -40,7 +39,6 @@ pub mod daemon;
 pub mod db;
 pub mod health;
 pub mod http;
-pub mod intake;
 pub mod metrics;
 pub mod queue;
 pub mod rescuer;

@@ -1,7 +1,7 @@
-//! Claiming ahead (`src/intake.rs`): once tasks have proved fast, a claim takes more tasks than
-//! there are free workers. Those wait in the daemon, RUNNING under its lease, for a permit; at
-//! most `worker.concurrency` analyzers run at once, and a task claimed ahead that is canceled,
-//! or whose daemon shuts down, before it got a worker is never analyzed.
+//! Claiming ahead (`src/worker/intake.rs`): once tasks have proved fast, a claim takes more
+//! tasks than there are free workers. Those wait in the daemon, RUNNING under its lease, for a
+//! permit; at most `worker.concurrency` analyzers run at once, and a task claimed ahead that is
+//! canceled, or whose daemon shuts down, before it got a worker is never analyzed.
 
 use std::sync::Arc;
 

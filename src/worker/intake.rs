@@ -18,6 +18,9 @@
 //! target then grows up to `MAX_AHEAD`, and the tasks claimed ahead wait in the daemon, for
 //! about one claim's round trip, RUNNING under a lease that the heartbeat keeps. At most
 //! `concurrency` of them are analyzed at once.
+//!
+//! Callers: the worker's claim path reserves room and measures claims; each claimed task
+//! measures its analysis and gives its room back.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

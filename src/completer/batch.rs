@@ -1,0 +1,110 @@
+//! The batching task: commits queued finishes many at a time, one statement and one
+//! transaction for many tasks, while each row is still fenced and gets its status and counts
+//! atomically (`queue::finish_many`).
+//!
+//! Batches form by themselves: while one batch is being committed, the next accumulates in
+//! the channel, so an idle daemon commits at once and a busy one commits many rows per round
+//! trip. When a batch's statement fails, every claim in it learns why, and whether the
+//! outcome is unknown (an outage: re-read, invariant 4) or known to be nothing (the server
+//! refused: write again); [`super::Pending::answer`] then settles each claim alone.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::db::Pool;
+use crate::queue::{self, Finish, FinishError, TaskStatus};
+
+/// The most rows one finish statement commits.
+const MAX_BATCH: usize = 512;
+
+/// What a queued finish learns from its batch.
+pub(super) type Answer = Result<Result<TaskStatus, FinishError>, BatchFailed>;
+
+/// The batch did not answer for the claim; it must be settled alone.
+#[derive(Debug, Clone)]
+pub(super) enum BatchFailed {
+    /// The batch's statement failed, for every claim in it.
+    Statement(Arc<FinishError>),
+    /// The batching task has stopped: the finish was never sent.
+    Stopped,
+}
+
+impl BatchFailed {
+    /// Whether the statement may have committed: the connection failed after it may have
+    /// been sent.
+    pub(super) fn outcome_unknown(&self) -> bool {
+        match self {
+            BatchFailed::Statement(err) => {
+                matches!(&**err, FinishError::Db(db) if db.is_unavailable())
+            }
+            BatchFailed::Stopped => false,
+        }
+    }
+}
+
+impl fmt::Display for BatchFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BatchFailed::Statement(err) => f.write_str(&describe(err)),
+            BatchFailed::Stopped => f.write_str("the completer has stopped"),
+        }
+    }
+}
+
+/// A queued finish and where its answer goes.
+pub(super) struct Completion {
+    pub(super) finish: Finish,
+    pub(super) reply: oneshot::Sender<Answer>,
+}
+
+/// Commit batches until the last sender is dropped.
+pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Completion>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(completion) => batch.push(completion),
+                Err(_) => break,
+            }
+        }
+        let finishes: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
+        let result = match pool.get().await {
+            Ok(session) => {
+                session
+                    .bounded(queue::finish_many(&session, &owner, &finishes))
+                    .await
+            }
+            Err(err) => Err(FinishError::Db(err)),
+        };
+        match result {
+            Ok(answers) => {
+                for (completion, answer) in batch.drain(..).zip(answers) {
+                    let _ = completion.reply.send(Ok(answer));
+                }
+            }
+            Err(err) => {
+                let failed = BatchFailed::Statement(Arc::new(err));
+                tracing::warn!(
+                    tasks = batch.len(),
+                    outcome_unknown = failed.outcome_unknown(),
+                    error = failed.to_string(),
+                    "finish batch failed"
+                );
+                for completion in batch.drain(..) {
+                    let _ = completion.reply.send(Err(failed.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The error of a failed batch as logged: with the server's fields for a database error.
+fn describe(err: &FinishError) -> String {
+    match err {
+        FinishError::Db(db) => crate::db::describe(db),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,158 @@
+//! The completer: every write to a claim after its analyzer returned.
+//!
+//! The rule: **re-read, never re-run.** Once the analyzer has returned, its result stays in
+//! memory until the database has answered for it. When a write's outcome is unknown (the
+//! connection failed after the statement may have been sent), the row is re-read on a fresh
+//! session and the result is accepted, written again, or dropped; the analyzer never runs
+//! twice for one claim (invariant 4).
+//!
+//! The worker hands over an [`Action`] for a [`Claim`] and gets back one final answer, a
+//! `Result<TaskStatus, FinishError>`:
+//!
+//! - [`Completer::finish`] queues an outcome for the next batch (`batch.rs`): one statement and
+//!   one transaction for many tasks, each row still fenced and written atomically. It returns
+//!   as soon as the outcome is queued; the [`Pending`] it gives resolves to the answer. When
+//!   the batch's statement fails, the claim is settled alone.
+//! - [`Completer::write`] settles one claim alone, now: a release (a shutdown gives the claim
+//!   back), or a finish that never ran its analyzer.
+//!
+//! Settling one claim alone retries until the database answers, with capped, jittered
+//! backoff while it is down; after an outcome that is unknown it re-reads before writing
+//! again (`resolve.rs` holds that path and the pure decision it rests on).
+//!
+//! Callers: [`crate::worker`] starts one completer and hands it every settled claim.
+
+mod batch;
+mod resolve;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::db::Pool;
+use crate::metrics::Metrics;
+use crate::queue::{FinishError, Outcome, TaskStatus};
+
+use batch::{BatchFailed, Completion};
+
+/// What to write to a claim once its analyzer returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Commit the terminal status and the results.
+    Finish(Outcome),
+    /// Give the claim back (a shutdown stopped the analyzer, or it never started).
+    Release,
+}
+
+/// One claim: the task and the attempt that this instance holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub id: i64,
+    pub attempt: i32,
+}
+
+/// The handle workers hand their settled claims to. The batching task ends when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub struct Completer {
+    tx: mpsc::Sender<Completion>,
+    shared: Arc<Shared>,
+}
+
+/// What settling one claim alone needs.
+struct Shared {
+    pool: Pool,
+    /// The instance id, written as `lease_owner`: every write is fenced on it.
+    owner: String,
+    metrics: Arc<Metrics>,
+}
+
+impl Completer {
+    /// Start the batching task for instance `owner`, with room for `capacity` outcomes
+    /// waiting to be committed.
+    pub fn start(pool: Pool, owner: String, capacity: usize, metrics: Arc<Metrics>) -> Completer {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        tokio::spawn(batch::run(pool.clone(), owner.clone(), rx));
+        Completer {
+            tx,
+            shared: Arc::new(Shared {
+                pool,
+                owner,
+                metrics,
+            }),
+        }
+    }
+
+    /// Queue `outcome` of `claim` for the next batch, waiting for room in the queue. Returns
+    /// once it is queued; the [`Pending`] resolves to the final answer.
+    pub async fn finish(&self, claim: Claim, outcome: Outcome) -> Pending {
+        let (reply, answer) = oneshot::channel();
+        let action = Action::Finish(outcome.clone());
+        let finish = crate::queue::Finish {
+            id: claim.id,
+            attempt: claim.attempt,
+            outcome,
+        };
+        let answer = match self.tx.send(Completion { finish, reply }).await {
+            Ok(()) => Ok(answer),
+            Err(_) => Err(BatchFailed::Stopped),
+        };
+        Pending {
+            shared: Arc::clone(&self.shared),
+            claim,
+            action,
+            answer,
+        }
+    }
+
+    /// Apply `action` to `claim` alone, retrying until the database answers.
+    ///
+    /// # Errors
+    ///
+    /// [`FinishError::NotRunning`] when the claim was lost, [`FinishError::NotFound`] when the
+    /// task was deleted: the result is dropped. Database failures are retried, never returned.
+    pub async fn write(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
+        resolve::settle(&self.shared, claim, action, false).await
+    }
+}
+
+/// A finish queued for a batch; [`Pending::answer`] waits for its final answer.
+#[must_use = "the claim is settled only once its answer is awaited"]
+pub struct Pending {
+    shared: Arc<Shared>,
+    claim: Claim,
+    action: Action,
+    answer: Result<oneshot::Receiver<batch::Answer>, BatchFailed>,
+}
+
+impl Pending {
+    /// The final answer for the claim: the batch's, or, when the batch failed, that of
+    /// settling the claim alone.
+    ///
+    /// # Errors
+    ///
+    /// As [`Completer::write`].
+    pub async fn answer(self) -> Result<TaskStatus, FinishError> {
+        let Claim { id, attempt } = self.claim;
+        let failed = match self.answer {
+            Ok(receiver) => match receiver.await {
+                Ok(Ok(result)) => return result,
+                Ok(Err(failed)) => failed,
+                // The batching task dropped the finish unanswered: it may have been sent.
+                Err(_) => {
+                    return resolve::settle(&self.shared, self.claim, &self.action, true).await
+                }
+            },
+            Err(failed) => failed,
+        };
+        let outcome_unknown = failed.outcome_unknown();
+        tracing::warn!(
+            id,
+            attempt,
+            outcome_unknown,
+            error = failed.to_string(),
+            "batched finish failed; settling the task alone"
+        );
+        resolve::settle(&self.shared, self.claim, &self.action, outcome_unknown).await
+    }
+}

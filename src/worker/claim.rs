@@ -1,0 +1,154 @@
+//! Claiming: the fill loop that claims batches while the intake has room, starting each
+//! claimed task, and giving back the tasks of a claim whose answer was lost.
+//!
+//! Called by [`Worker::run`] (one fill per scan) and [`Worker::run_once`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use crate::db::DbError;
+use crate::queue::{self, FinishError};
+
+/// Claim statements that may be on their way at once.
+const CLAIMS_IN_FLIGHT: usize = 2;
+/// The most tasks one claim statement takes.
+pub(super) const MAX_CLAIM_BATCH: usize = 100;
+
+impl Worker {
+    /// Claim until the queue runs dry or `stop` fires, one batch whenever the intake has room.
+    pub(super) async fn fill(&self, stop: &CancellationToken) {
+        // No claim is on its way here: every claim that answered is in the registry.
+        if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
+            if let Err(err) = self.release_unanswered().await {
+                self.inner.claim_unanswered.store(true, Ordering::Release);
+                tracing::warn!(error = %crate::db::describe(&err), "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
+                return;
+            }
+        }
+        // One claim at a time until one comes back full; then up to CLAIMS_IN_FLIGHT claim
+        // statements overlap, so that room freed while one claim is on its way is claimed
+        // without waiting for it to come back. A wake-up for a single task costs one claim.
+        let in_flight = Arc::new(Semaphore::new(1));
+        let widened = Arc::new(AtomicBool::new(false));
+        let drained = Arc::new(AtomicBool::new(false));
+        let mut claims = tokio::task::JoinSet::new();
+        'claims: loop {
+            // Forget the claims that came back (a busy scan can go on for hours).
+            while claims.try_join_next().is_some() {}
+            let slot = tokio::select! {
+                _ = stop.cancelled() => break,
+                slot = Arc::clone(&in_flight).acquire_owned() => slot.expect("never closed"),
+            };
+            let wanted = loop {
+                if drained.load(Ordering::Acquire) || stop.is_cancelled() {
+                    break 'claims;
+                }
+                let wanted = self.inner.intake.reserve(MAX_CLAIM_BATCH);
+                if wanted > 0 {
+                    break wanted;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => break 'claims,
+                    _ = self.inner.intake.freed() => {}
+                }
+            };
+            let worker = self.clone();
+            let drained = Arc::clone(&drained);
+            let widened = Arc::clone(&widened);
+            let in_flight = Arc::clone(&in_flight);
+            claims.spawn(async move {
+                match worker.claim_and_start(wanted).await {
+                    Ok(claimed) if claimed == wanted => {
+                        if !widened.swap(true, Ordering::AcqRel) {
+                            in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
+                        }
+                    }
+                    Ok(_) => drained.store(true, Ordering::Release),
+                    Err(err) => {
+                        drained.store(true, Ordering::Release);
+                        if err.is_unavailable() {
+                            worker.inner.claim_unanswered.store(true, Ordering::Release);
+                        }
+                        tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
+                    }
+                }
+                drop(slot);
+            });
+        }
+        // Return once no claim is on its way: the next scan starts from a settled state.
+        while claims.join_next().await.is_some() {}
+    }
+
+    /// A claim failed after it may have committed: its tasks are RUNNING under this instance
+    /// but in no registry, and would wait for their lease to expire. Give each back, fenced on
+    /// its attempt, as a shutdown does (QUEUED, the attempt not counted; CANCELED if a cancel
+    /// was requested). Their analyzers never ran. Called only while no claim is on its way.
+    async fn release_unanswered(&self) -> Result<(), DbError> {
+        let inner = &self.inner;
+        let client = inner.pool.get().await?;
+        let held = client
+            .bounded(queue::held_by(&client, &inner.instance))
+            .await?;
+        let unanswered: Vec<(i64, i32)> = held
+            .into_iter()
+            .filter(|(id, _)| !inner.running.contains(*id))
+            .collect();
+        for (id, attempt) in unanswered {
+            match client
+                .bounded(queue::release(&client, &inner.instance, id, attempt))
+                .await
+            {
+                Ok(status) => {
+                    tracing::warn!(id, attempt, %status, "task of a claim whose answer was lost given back");
+                }
+                Err(FinishError::Db(err)) => return Err(err),
+                // Changed meanwhile (canceled, deleted): nothing of ours to give back.
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim up to `wanted` tasks, whose room in the intake is reserved, and start them.
+    pub(super) async fn claim_and_start(&self, wanted: usize) -> Result<usize, DbError> {
+        let inner = &self.inner;
+        let tasks = async {
+            let client = inner.pool.get().await?;
+            let sent = Instant::now();
+            let tasks = client
+                .bounded(queue::claim(
+                    &client,
+                    &inner.instance,
+                    &inner.config.queues,
+                    wanted,
+                    inner.config.lease,
+                ))
+                .await?;
+            inner.intake.claim_took(sent.elapsed());
+            Ok::<_, DbError>(tasks)
+        }
+        .await;
+        let tasks = match tasks {
+            Ok(tasks) => tasks,
+            Err(err) => {
+                inner.intake.done(wanted);
+                return Err(err);
+            }
+        };
+        let claimed = tasks.len();
+        inner.intake.done(wanted - claimed);
+        for task in tasks {
+            let cancel = inner.abort.child_token();
+            inner.running.insert(task.id, task.attempt, cancel.clone());
+            tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
+            inner.metrics.claimed(task.waited);
+            inner.tracker.spawn(self.clone().execute(task, cancel));
+        }
+        Ok(claimed)
+    }
+}

@@ -1,0 +1,178 @@
+//! Running one claim: wait for a permit, run the analyzer (inline or on a blocking thread,
+//! catching a panic either way), and hand what came of it to the completer.
+//!
+//! The analyzer is always awaited to its return before the claim is finished, released or
+//! dropped. Spawned by the claim path ([`Worker::claim_and_start`]), one task per claim.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use crate::analyzer::AnalyzeError;
+use crate::completer::{Action, Claim};
+use crate::queue::{Claimed, FinishError, Outcome, TaskStatus};
+
+impl Worker {
+    /// Wait for a permit, analyze one claimed task and commit what came of it.
+    pub(super) async fn execute(self, task: Claimed, cancel: CancellationToken) {
+        let started = Instant::now();
+        let Claimed {
+            id,
+            attempt,
+            payload,
+            ..
+        } = task;
+        let claim = Claim { id, attempt };
+        let inner = &self.inner;
+        let permit = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            _ = inner.draining.cancelled() => None,
+            permit = Arc::clone(&inner.permits).acquire_owned() => {
+                Some(permit.expect("the worker's semaphore is never closed"))
+            }
+        };
+        let Some(permit) = permit else {
+            // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
+            inner.intake.done(1);
+            let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
+                Action::Finish(Outcome::Canceled)
+            } else {
+                Action::Release
+            };
+            let result = inner.completer.write(claim, &action).await;
+            self.settle(id, attempt, started, &action, result);
+            return;
+        };
+        let analysis = inner.intake.analysis();
+        let action = self.analyze(id, attempt, payload, &cancel).await;
+        inner.intake.done(1);
+        // The analyzer has returned: from here on, nothing else may stop this claim. Its
+        // permit goes back as soon as the outcome is queued for a batch, so that the next
+        // claims need not wait for this commit.
+        let result = match &action {
+            Action::Finish(outcome) => {
+                let pending = inner.completer.finish(claim, outcome.clone()).await;
+                drop(permit);
+                drop(analysis);
+                pending.answer().await
+            }
+            Action::Release => {
+                let result = inner.completer.write(claim, &action).await;
+                drop(permit);
+                result
+            }
+        };
+        self.settle(id, attempt, started, &action, result);
+    }
+
+    /// Run the analyzer on `payload`, and say what to do with the claim.
+    async fn analyze(
+        &self,
+        id: i64,
+        attempt: i32,
+        payload: String,
+        cancel: &CancellationToken,
+    ) -> Action {
+        tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
+        let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
+            // Short work for an analyzer that never blocks: no hop to a blocking thread. A
+            // panic is caught here as the blocking thread would catch it, so that the claim
+            // is finished (FAILED) rather than left running.
+            let analyzer = &self.inner.analyzer;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                analyzer.analyze(&payload, cancel)
+            }))
+            .map_err(|panic| panic_message(panic.as_ref()))
+        } else {
+            let analyzer = Arc::clone(&self.inner.analyzer);
+            let token = cancel.clone();
+            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token))
+                .await
+                .map_err(|join| match join.try_into_panic() {
+                    Ok(panic) => panic_message(panic.as_ref()),
+                    Err(join) => join.to_string(),
+                })
+        };
+        match analyzed {
+            Ok(Ok(counts)) => Action::Finish(Outcome::Succeeded(counts)),
+            Ok(Err(AnalyzeError::Failed { message, .. })) => {
+                Action::Finish(Outcome::Failed(message))
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) if self.inner.abort.is_cancelled() => {
+                Action::Release
+            }
+            Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
+            Err(panic) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {panic}"))),
+        }
+    }
+
+    /// The claim is settled: forget it, count it and log it.
+    fn settle(
+        &self,
+        id: i64,
+        attempt: i32,
+        started: Instant,
+        action: &Action,
+        result: Result<TaskStatus, FinishError>,
+    ) {
+        self.inner.running.remove(id);
+        let duration = started.elapsed();
+        if let Ok(status) = &result {
+            self.inner.metrics.finished(*status, duration.as_secs_f64());
+        }
+        match (result, action) {
+            (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
+                if status == TaskStatus::Succeeded =>
+            {
+                tracing::info!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, ?duration, "task finished");
+            }
+            (Ok(status), Action::Finish(Outcome::Failed(error)))
+                if status == TaskStatus::Failed =>
+            {
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, error = error.as_str(), "task finished");
+            }
+            (Ok(status), Action::Release) if status == TaskStatus::Queued => {
+                tracing::info!(id, attempt, %status, ?duration, "task released for another daemon");
+            }
+            (Ok(status), _) => {
+                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, "task finished");
+            }
+            (Err(FinishError::NotRunning { status }), _) => {
+                tracing::warn!(id, attempt, %status, "claim lost before the finish; result dropped");
+            }
+            (Err(FinishError::NotFound), _) => {
+                tracing::warn!(id, attempt, "task deleted while it ran; result dropped");
+            }
+            (Err(FinishError::Db(err)), _) => {
+                tracing::error!(id, attempt, error = %crate::db::describe(&err), "finish failed; the lease will expire");
+            }
+        }
+    }
+}
+
+/// The message of a panic payload, as far as it is text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_message_is_read_from_str_and_string_payloads() {
+        let from_str = std::panic::catch_unwind(|| panic!("static text")).unwrap_err();
+        assert_eq!(panic_message(from_str.as_ref()), "static text");
+        let from_string = std::panic::catch_unwind(|| panic!("formatted {}", 42)).unwrap_err();
+        assert_eq!(panic_message(from_string.as_ref()), "formatted 42");
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        assert_eq!(panic_message(other.as_ref()), "a panic without a message");
+    }
+}

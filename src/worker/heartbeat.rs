@@ -1,0 +1,127 @@
+//! The lease heartbeat: every third of a lease, extend the leases of the tasks this worker
+//! runs, and stop the analyzers of tasks whose cancellation was requested (a lost
+//! notification) or whose claim was lost.
+//!
+//! Spawned by [`Worker::run`]; ends when [`Worker::shutdown`] saw the last task end.
+
+use super::Worker;
+use crate::backoff::jitter;
+use crate::queue::{self, Extended};
+
+impl Worker {
+    /// Extend the leases of running tasks every third of a lease, and stop the analyzers of
+    /// tasks whose cancellation was requested (a lost notification) or whose claim was lost.
+    pub(super) async fn heartbeat(self) {
+        let period = self.inner.config.lease / 3;
+        loop {
+            tokio::select! {
+                _ = self.inner.heartbeat_stop.cancelled() => return,
+                _ = tokio::time::sleep(jitter(period)) => {}
+            }
+            let claims = self.inner.running.snapshot();
+            if claims.is_empty() {
+                continue;
+            }
+            let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
+            let extended = match self.inner.pool.get().await {
+                Ok(client) => {
+                    client
+                        .bounded(queue::heartbeat(
+                            &client,
+                            &self.inner.instance,
+                            &ids,
+                            self.inner.config.lease,
+                        ))
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            let extended = match extended {
+                Ok(extended) => extended,
+                Err(err) => {
+                    tracing::warn!(error = %crate::db::describe(&err), "lease heartbeat failed");
+                    continue;
+                }
+            };
+            for &(id, attempt) in &claims {
+                let Some(task) = self.inner.running.get(id) else {
+                    continue;
+                };
+                match verdict(&extended, id, task.cancel.is_cancelled()) {
+                    Verdict::Keep => {}
+                    Verdict::CancelRequested => {
+                        tracing::info!(
+                            id,
+                            attempt,
+                            "cancel requested (seen by the heartbeat); stopping the analyzer"
+                        );
+                        task.cancel.cancel();
+                    }
+                    Verdict::LeaseLost => {
+                        tracing::warn!(
+                            id,
+                            attempt,
+                            "lease lost; stopping the analyzer, its result will be dropped"
+                        );
+                        task.cancel.cancel();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a heartbeat's answer means for one running task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Its lease was extended; nothing else to do.
+    Keep,
+    /// Its cancellation was requested and its analyzer not yet told: stop it.
+    CancelRequested,
+    /// Its lease was not extended, the claim is no longer this instance's: stop the analyzer.
+    LeaseLost,
+}
+
+/// The verdict for task `id`, given the leases the heartbeat `extended` and whether the
+/// task's analyzer was already told to stop.
+fn verdict(extended: &[Extended], id: i64, already_cancelled: bool) -> Verdict {
+    match extended.iter().find(|e| e.id == id) {
+        Some(e) if e.cancel_requested && !already_cancelled => Verdict::CancelRequested,
+        Some(_) => Verdict::Keep,
+        None => Verdict::LeaseLost,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extended(id: i64, cancel_requested: bool) -> Extended {
+        Extended {
+            id,
+            cancel_requested,
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_answer_keeps_cancels_or_drops_each_task() {
+        let answer = [extended(1, false), extended(2, true)];
+        let cases = [
+            // (task, already told to stop, verdict)
+            (1, false, Verdict::Keep),
+            (1, true, Verdict::Keep),
+            (2, false, Verdict::CancelRequested),
+            (2, true, Verdict::Keep),
+            (3, false, Verdict::LeaseLost),
+            // A lost lease stops the analyzer again: cancelling twice is harmless.
+            (3, true, Verdict::LeaseLost),
+        ];
+        for (id, already_cancelled, expected) in cases {
+            assert_eq!(
+                verdict(&answer, id, already_cancelled),
+                expected,
+                "task {id}, already cancelled: {already_cancelled}"
+            );
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The running-task registry: the claims this worker holds, from their claim until they are
+//! settled, each with the cancellation token that stops its analyzer.
+//!
+//! The cancel paths find a task's token here (a user's cancel, the heartbeat's read of
+//! `cancel_requested` or of a lost lease); the heartbeat extends the leases of a snapshot; the
+//! clean-up of an unanswered claim gives back the rows this instance holds that are not here.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+
+/// A task this worker runs, as the cancel paths find it.
+#[derive(Debug, Clone)]
+pub(super) struct Running {
+    pub(super) attempt: i32,
+    /// Stops the analyzer; a child of the worker's abort token.
+    pub(super) cancel: CancellationToken,
+}
+
+/// The claims this worker holds, by task id.
+#[derive(Debug, Default)]
+pub(super) struct Registry {
+    tasks: Mutex<HashMap<i64, Running>>,
+}
+
+impl Registry {
+    /// Task `id` was claimed at `attempt`; `cancel` stops its analyzer.
+    pub(super) fn insert(&self, id: i64, attempt: i32, cancel: CancellationToken) {
+        self.lock().insert(id, Running { attempt, cancel });
+    }
+
+    /// Task `id` is settled.
+    pub(super) fn remove(&self, id: i64) {
+        self.lock().remove(&id);
+    }
+
+    /// Task `id`'s attempt and cancellation token, if this worker runs it.
+    pub(super) fn get(&self, id: i64) -> Option<Running> {
+        self.lock().get(&id).cloned()
+    }
+
+    /// Whether this worker runs task `id`.
+    pub(super) fn contains(&self, id: i64) -> bool {
+        self.lock().contains_key(&id)
+    }
+
+    /// How many tasks this worker runs.
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Every claim held now, as `(id, attempt)`.
+    pub(super) fn snapshot(&self) -> Vec<(i64, i32)> {
+        self.lock()
+            .iter()
+            .map(|(id, task)| (*id, task.attempt))
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i64, Running>> {
+        self.tasks.lock().expect("running-task registry poisoned")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_is_found_until_it_is_removed() {
+        let registry = Registry::default();
+        let token = CancellationToken::new();
+        registry.insert(7, 2, token.clone());
+        assert!(registry.contains(7));
+        assert_eq!(registry.len(), 1);
+        let running = registry.get(7).expect("registered");
+        assert_eq!(running.attempt, 2);
+        running.cancel.cancel();
+        assert!(token.is_cancelled(), "the token found is the task's own");
+
+        registry.remove(7);
+        assert!(!registry.contains(7));
+        assert!(registry.get(7).is_none());
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn removing_an_unknown_task_changes_nothing() {
+        let registry = Registry::default();
+        registry.insert(1, 1, CancellationToken::new());
+        registry.remove(2);
+        assert_eq!(registry.snapshot(), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn a_snapshot_lists_every_claim_with_its_attempt() {
+        let registry = Registry::default();
+        registry.insert(1, 1, CancellationToken::new());
+        registry.insert(2, 5, CancellationToken::new());
+        registry.insert(3, 2, CancellationToken::new());
+        let mut snapshot = registry.snapshot();
+        snapshot.sort();
+        assert_eq!(snapshot, vec![(1, 1), (2, 5), (3, 2)]);
+    }
+
+    #[test]
+    fn a_new_claim_on_the_same_task_replaces_the_old_one() {
+        let registry = Registry::default();
+        registry.insert(1, 1, CancellationToken::new());
+        registry.insert(1, 2, CancellationToken::new());
+        assert_eq!(registry.snapshot(), vec![(1, 2)]);
+    }
+}
