@@ -16,64 +16,6 @@ use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
 
-/// A task this instance now runs, as the claim returned it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claimed {
-    pub id: i64,
-    /// The claim's fencing token: every later change of this claim names it.
-    pub attempt: i32,
-    pub payload: String,
-    /// Seconds from the task becoming due (`created_at`, or a later `run_at`) to the claim,
-    /// by the database clock.
-    pub waited: f64,
-}
-
-/// The statement lives in `pgtaskd.claim` (sql/0003_plans.sql), whose planner settings keep
-/// the ordered index plan however stale the table's statistics are.
-const CLAIM: &str =
-    "SELECT task_id, task_attempt, task_payload, waited_s FROM pgtaskd.claim($1, $2, $3, $4)";
-
-/// Claim up to `limit` QUEUED tasks of `queues` whose `run_at` has come, for instance
-/// `owner`, with a lease of `lease`. Highest priority first, then oldest. An empty result
-/// means nothing could be claimed ("not claimed"), not an error.
-///
-/// # Errors
-///
-/// Database failures. A server error changed nothing; when the connection failed
-/// ([`DbError::Unavailable`]), the claim may have committed without its answer arriving, and
-/// [`held_by`] finds its tasks.
-pub async fn claim(
-    client: &Client,
-    owner: &str,
-    queues: &[String],
-    limit: usize,
-    lease: Duration,
-) -> Result<Vec<Claimed>, DbError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let lease_ms = lease.as_millis() as f64;
-    let rows = client
-        .query_typed(
-            CLAIM,
-            &[
-                (&queues, Type::TEXT_ARRAY),
-                (&limit, Type::INT8),
-                (&owner, Type::TEXT),
-                (&lease_ms, Type::FLOAT8),
-            ],
-        )
-        .await?;
-    let claimed = rows
-        .iter()
-        .map(|row| Claimed {
-            id: row.get(0),
-            attempt: row.get(1),
-            payload: row.get(2),
-            waited: row.get(3),
-        })
-        .collect();
-    Ok(claimed)
-}
-
 /// Payloads at least this long stay in the buffer the database's answer arrived in, rather
 /// than being copied out: the daemon holds one copy of a large text, not two.
 const KEEP_IN_ROW_FROM: usize = 64 * 1024;
@@ -109,9 +51,9 @@ impl std::fmt::Debug for Payload {
     }
 }
 
-/// A task claimed within a byte budget, as [`claim_within`] returned it.
+/// A task this instance now runs, as the claim returned it.
 #[derive(Debug)]
-pub struct ClaimedTask {
+pub struct Claimed {
     pub id: i64,
     /// The claim's fencing token: every later change of this claim names it.
     pub attempt: i32,
@@ -142,7 +84,7 @@ pub struct ClaimLimits {
 #[derive(Debug, Default)]
 pub struct ClaimBatch {
     /// In the order they should start.
-    pub tasks: Vec<ClaimedTask>,
+    pub tasks: Vec<Claimed>,
     /// Payload bytes the batch holds.
     pub bytes: u64,
     /// The size of the first due task that the byte budget left out, if any: claim again once
@@ -150,6 +92,8 @@ pub struct ClaimBatch {
     pub left_out: Option<u64>,
 }
 
+/// The statement lives in `pgtaskd.claim` (sql/0004_hardening.sql), whose planner settings
+/// keep the ordered index plan however stale the table's statistics are.
 const CLAIM_WITHIN: &str = "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7)";
 
@@ -160,7 +104,9 @@ const CLAIM_WITHIN: &str = "SELECT task_id, task_attempt, task_payload, task_byt
 ///
 /// # Errors
 ///
-/// As [`claim`].
+/// Database failures. A server error changed nothing; when the connection failed
+/// ([`DbError::Unavailable`]), the claim may have committed without its answer arriving, and
+/// [`held_by`] finds its tasks.
 pub async fn claim_within(
     client: &Client,
     owner: &str,
@@ -205,7 +151,7 @@ pub async fn claim_within(
         if payload.is_some() {
             batch.bytes += size;
         }
-        batch.tasks.push(ClaimedTask {
+        batch.tasks.push(Claimed {
             id,
             attempt,
             bytes: size,
@@ -214,6 +160,30 @@ pub async fn claim_within(
         });
     }
     Ok(batch)
+}
+
+/// Claim up to `limit` tasks with no byte budget: [`claim_within`] for callers that hold
+/// small texts (tools and tests).
+///
+/// # Errors
+///
+/// As [`claim_within`].
+pub async fn claim(
+    client: &Client,
+    owner: &str,
+    queues: &[String],
+    limit: usize,
+    lease: Duration,
+) -> Result<Vec<Claimed>, DbError> {
+    let limits = ClaimLimits {
+        tasks: limit,
+        bytes: u64::MAX,
+        take_one: true,
+        max_payload: None,
+    };
+    Ok(claim_within(client, owner, queues, limits, lease)
+        .await?
+        .tasks)
 }
 
 /// The claims the table holds for instance `owner`: `(id, attempt)` of its RUNNING rows,

@@ -24,9 +24,7 @@ pub mod rescue;
 pub mod task;
 
 pub use cancel::{cancel, CancelOutcome};
-pub use claim::{
-    claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, ClaimedTask, Payload,
-};
+pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload};
 pub use enqueue::enqueue;
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};

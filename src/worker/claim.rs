@@ -3,21 +3,33 @@
 //!
 //! Called by [`Worker::run`] (one fill per scan) and [`Worker::run_once`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::intake::Room;
 use super::Worker;
 use crate::db::DbError;
-use crate::queue::{self, FinishError};
+use crate::queue::{self, ClaimLimits, FinishError};
 
 /// Claim statements that may be on their way at once.
 const CLAIMS_IN_FLIGHT: usize = 2;
 /// The most tasks one claim statement takes.
 pub(super) const MAX_CLAIM_BATCH: usize = 100;
+
+/// What one claim statement took.
+pub(super) struct ClaimReport {
+    /// Tasks claimed and started.
+    pub claimed: usize,
+    /// The claim took all the tasks it had room for: there may be more.
+    pub full: bool,
+    /// The size of the first due task the byte budget left out: claim again once that much
+    /// is free, rather than at the next poll.
+    pub left_out: Option<u64>,
+}
 
 impl Worker {
     /// Claim until the queue runs dry or `stop` fires, one batch whenever the intake has room.
@@ -36,6 +48,8 @@ impl Worker {
         let in_flight = Arc::new(Semaphore::new(1));
         let widened = Arc::new(AtomicBool::new(false));
         let drained = Arc::new(AtomicBool::new(false));
+        // Bytes the next claim needs free: the first task the budget left out.
+        let needed = Arc::new(AtomicU64::new(0));
         let mut claims = tokio::task::JoinSet::new();
         'claims: loop {
             // Forget the claims that came back (a busy scan can go on for hours).
@@ -44,13 +58,16 @@ impl Worker {
                 _ = stop.cancelled() => break,
                 slot = Arc::clone(&in_flight).acquire_owned() => slot.expect("never closed"),
             };
-            let wanted = loop {
+            let room = loop {
                 if drained.load(Ordering::Acquire) || stop.is_cancelled() {
                     break 'claims;
                 }
-                let wanted = self.inner.intake.reserve(MAX_CLAIM_BATCH);
-                if wanted > 0 {
-                    break wanted;
+                let need = needed.load(Ordering::Acquire);
+                if let Some(room) = self.inner.intake.reserve(MAX_CLAIM_BATCH) {
+                    if room.take_one || room.bytes >= need {
+                        break room;
+                    }
+                    self.inner.intake.unreserve(room);
                 }
                 tokio::select! {
                     _ = stop.cancelled() => break 'claims,
@@ -61,14 +78,19 @@ impl Worker {
             let drained = Arc::clone(&drained);
             let widened = Arc::clone(&widened);
             let in_flight = Arc::clone(&in_flight);
+            let needed = Arc::clone(&needed);
             claims.spawn(async move {
-                match worker.claim_and_start(wanted).await {
-                    Ok(claimed) if claimed == wanted => {
-                        if !widened.swap(true, Ordering::AcqRel) {
-                            in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
+                match worker.claim_and_start(room).await {
+                    Ok(report) => {
+                        needed.store(report.left_out.unwrap_or(0), Ordering::Release);
+                        if report.full {
+                            if !widened.swap(true, Ordering::AcqRel) {
+                                in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
+                            }
+                        } else if report.left_out.is_none() {
+                            drained.store(true, Ordering::Release);
                         }
                     }
-                    Ok(_) => drained.store(true, Ordering::Release),
                     Err(err) => {
                         drained.store(true, Ordering::Release);
                         if err.is_unavailable() {
@@ -114,41 +136,50 @@ impl Worker {
         Ok(())
     }
 
-    /// Claim up to `wanted` tasks, whose room in the intake is reserved, and start them.
-    pub(super) async fn claim_and_start(&self, wanted: usize) -> Result<usize, DbError> {
+    /// Claim what `room`, reserved in the intake, allows, and start the tasks.
+    pub(super) async fn claim_and_start(&self, room: Room) -> Result<ClaimReport, DbError> {
         let inner = &self.inner;
-        let tasks = async {
+        let limits = ClaimLimits {
+            tasks: room.tasks,
+            bytes: room.bytes,
+            take_one: room.take_one,
+            max_payload: inner.config.max_payload_bytes,
+        };
+        let batch = async {
             let client = inner.pool.get().await?;
             let sent = Instant::now();
-            let tasks = client
-                .bounded(queue::claim(
+            let batch = client
+                .bounded(queue::claim_within(
                     &client,
                     &inner.instance,
                     &inner.config.queues,
-                    wanted,
+                    limits,
                     inner.config.lease,
                 ))
                 .await?;
-            inner.intake.claim_took(sent.elapsed());
-            Ok::<_, DbError>(tasks)
+            Ok::<_, DbError>((batch, sent.elapsed()))
         }
         .await;
-        let tasks = match tasks {
-            Ok(tasks) => tasks,
+        let (batch, took) = match batch {
+            Ok(answer) => answer,
             Err(err) => {
-                inner.intake.done(wanted);
+                inner.intake.unreserve(room);
                 return Err(err);
             }
         };
-        let claimed = tasks.len();
-        inner.intake.done(wanted - claimed);
-        for task in tasks {
+        let claimed = batch.tasks.len();
+        inner.intake.claimed(room, claimed, batch.bytes, took);
+        for task in batch.tasks {
             let cancel = inner.abort.child_token();
             inner.running.insert(task.id, task.attempt, cancel.clone());
             tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
             inner.metrics.claimed(task.waited);
             inner.tracker.spawn(self.clone().execute(task, cancel));
         }
-        Ok(claimed)
+        Ok(ClaimReport {
+            claimed,
+            full: claimed == room.tasks,
+            left_out: batch.left_out,
+        })
     }
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::Worker;
 use crate::analyzer::AnalyzeError;
 use crate::completer::{Action, Claim};
-use crate::queue::{Claimed, FinishError, Outcome, TaskStatus};
+use crate::queue::{Claimed, FinishError, Outcome, Payload, TaskStatus};
 
 impl Worker {
     /// Wait for a permit, analyze one claimed task and commit what came of it.
@@ -21,11 +21,23 @@ impl Worker {
         let Claimed {
             id,
             attempt,
+            bytes,
             payload,
             ..
         } = task;
         let claim = Claim { id, attempt };
         let inner = &self.inner;
+        let Some(payload) = payload else {
+            // Over worker.max_payload_bytes: the text was never loaded, and never will be.
+            inner.intake.done(0);
+            let limit = inner.config.max_payload_bytes.unwrap_or_default();
+            let action = Action::Finish(Outcome::Failed(format!(
+                "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not analyzed"
+            )));
+            let result = inner.completer.write(claim, &action).await;
+            self.settle(id, attempt, started, &action, result);
+            return;
+        };
         let permit = tokio::select! {
             biased;
             _ = cancel.cancelled() => None,
@@ -36,7 +48,8 @@ impl Worker {
         };
         let Some(permit) = permit else {
             // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
-            inner.intake.done(1);
+            drop(payload);
+            inner.intake.done(bytes);
             let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
                 Action::Finish(Outcome::Canceled)
             } else {
@@ -47,8 +60,9 @@ impl Worker {
             return;
         };
         let analysis = inner.intake.analysis();
+        // The analyzer takes the payload and lets go of it when it returns.
         let action = self.analyze(id, attempt, payload, &cancel).await;
-        inner.intake.done(1);
+        inner.intake.done(bytes);
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
         // claims need not wait for this commit.
@@ -73,23 +87,24 @@ impl Worker {
         &self,
         id: i64,
         attempt: i32,
-        payload: String,
+        payload: Payload,
         cancel: &CancellationToken,
     ) -> Action {
-        tracing::debug!(id, attempt, bytes = payload.len(), "analyzer run");
-        let analyzed = if payload.len() < self.inner.analyzer.inline_below() {
+        let len = payload.as_str().len();
+        tracing::debug!(id, attempt, bytes = len, "analyzer run");
+        let analyzed = if len < self.inner.analyzer.inline_below() {
             // Short work for an analyzer that never blocks: no hop to a blocking thread. A
             // panic is caught here as the blocking thread would catch it, so that the claim
             // is finished (FAILED) rather than left running.
             let analyzer = &self.inner.analyzer;
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                analyzer.analyze(&payload, cancel)
+                analyzer.analyze(payload.as_str(), cancel)
             }))
             .map_err(|panic| panic_message(panic.as_ref()))
         } else {
             let analyzer = Arc::clone(&self.inner.analyzer);
             let token = cancel.clone();
-            tokio::task::spawn_blocking(move || analyzer.analyze(&payload, &token))
+            tokio::task::spawn_blocking(move || analyzer.analyze(payload.as_str(), &token))
                 .await
                 .map_err(|join| match join.try_into_panic() {
                     Ok(panic) => panic_message(panic.as_ref()),

@@ -19,6 +19,15 @@
 //! about one claim's round trip, RUNNING under a lease that the heartbeat keeps. At most
 //! `concurrency` of them are analyzed at once.
 //!
+//! Payload bytes are bounded too (`worker.max_inflight_bytes`): the intake counts the bytes
+//! of every task it holds, from the claim until the analyzer let go of the text, and a claim
+//! may only take what is left of the budget (at most half of it, so that two claims on their
+//! way together stay within it). When the daemon holds nothing and no claim is on its way, a
+//! claim takes its first task whatever its size: a payload larger than the budget still runs,
+//! alone. So the bytes held stay under the budget plus the largest payload. A claim that
+//! brought more than [`ROUND_TRIP_SAMPLE_MAX_BYTES`] of text is not timed: its round trip is
+//! mostly the transfer, and it would make the intake claim far ahead of its workers.
+//!
 //! Callers: the worker's claim path reserves room and measures claims; each claimed task
 //! measures its analysis and gives its room back.
 
@@ -31,6 +40,14 @@ use tokio::sync::Notify;
 /// The most tasks claimed ahead of the free workers.
 pub const MAX_AHEAD: usize = 200;
 
+/// Claims that brought more payload than this are not timed (their transfer is not the
+/// round trip that claiming ahead makes up for).
+pub const ROUND_TRIP_SAMPLE_MAX_BYTES: u64 = 1 << 20;
+
+/// A claim may use this share of the byte budget, so that the claims on their way together
+/// stay within it.
+const CLAIMS_SHARING_THE_BUDGET: u64 = 2;
+
 /// Weight of a new measurement in the moving averages.
 const SMOOTHING: f64 = 0.2;
 
@@ -38,6 +55,8 @@ const SMOOTHING: f64 = 0.2;
 #[derive(Debug)]
 pub struct Intake {
     concurrency: usize,
+    /// `worker.max_inflight_bytes`.
+    max_bytes: u64,
     state: Mutex<State>,
     freed: Notify,
 }
@@ -46,6 +65,10 @@ pub struct Intake {
 struct State {
     /// Tasks claimed (or being claimed) and not yet through the analyzer.
     outstanding: usize,
+    /// Payload bytes of the tasks claimed and not yet let go of.
+    bytes_held: u64,
+    /// Payload bytes reserved by the claims on their way.
+    bytes_reserved: u64,
     /// Seconds a worker spends on one task; `None` until one was measured.
     per_task: Option<f64>,
     /// Seconds from sending a claim to having its tasks; `None` until one was measured.
@@ -86,10 +109,24 @@ impl Drop for Analysis<'_> {
     }
 }
 
+/// What one claim may take, as [`Intake::reserve`] granted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// The most tasks.
+    pub tasks: usize,
+    /// The most payload bytes.
+    pub bytes: u64,
+    /// Take the first task whatever its size: nothing else is held or on its way.
+    pub take_one: bool,
+}
+
 impl Intake {
-    pub fn new(concurrency: usize) -> Intake {
+    /// The intake of `concurrency` workers holding at most `max_bytes` of payload (a single
+    /// larger payload aside).
+    pub fn new(concurrency: usize, max_bytes: u64) -> Intake {
         Intake {
             concurrency,
+            max_bytes: max_bytes.max(1),
             state: Mutex::new(State::default()),
             freed: Notify::new(),
         }
@@ -100,14 +137,56 @@ impl Intake {
         self.lock().target(self.concurrency)
     }
 
-    /// Reserve room for a claim of at most `most` tasks; returns how many were reserved
-    /// (0 when the intake is full). Each reserved task is given back with [`Intake::done`].
-    pub fn reserve(&self, most: usize) -> usize {
+    /// Reserve room for a claim of at most `most` tasks; `None` when the intake is full, of
+    /// tasks or of bytes. The reservation is settled with [`Intake::claimed`] or
+    /// [`Intake::unreserve`].
+    pub fn reserve(&self, most: usize) -> Option<Room> {
         let mut state = self.lock();
         let target = state.target(self.concurrency);
-        let room = target.saturating_sub(state.outstanding).min(most);
-        state.outstanding += room;
-        room
+        let tasks = target.saturating_sub(state.outstanding).min(most);
+        let take_one = state.bytes_held == 0 && state.bytes_reserved == 0;
+        let bytes = self
+            .max_bytes
+            .saturating_sub(state.bytes_held + state.bytes_reserved)
+            .min((self.max_bytes / CLAIMS_SHARING_THE_BUDGET).max(1));
+        if tasks == 0 || (bytes == 0 && !take_one) {
+            return None;
+        }
+        state.outstanding += tasks;
+        state.bytes_reserved += bytes;
+        Some(Room {
+            tasks,
+            bytes,
+            take_one,
+        })
+    }
+
+    /// A claim for `room` took `tasks` tasks holding `bytes` of payload, in `took`: the room
+    /// it did not use is free again.
+    pub fn claimed(&self, room: Room, tasks: usize, bytes: u64, took: Duration) {
+        {
+            let mut state = self.lock();
+            state.outstanding = state
+                .outstanding
+                .saturating_sub(room.tasks - tasks.min(room.tasks));
+            state.bytes_reserved = state.bytes_reserved.saturating_sub(room.bytes);
+            state.bytes_held += bytes;
+            if bytes <= ROUND_TRIP_SAMPLE_MAX_BYTES {
+                fold(&mut state.round_trip, took.as_secs_f64());
+            }
+        }
+        self.freed.notify_one();
+    }
+
+    /// A claim for `room` took nothing (it failed).
+    pub fn unreserve(&self, room: Room) {
+        self.claimed(room, 0, 0, Duration::ZERO);
+    }
+
+    /// Payload bytes held now, by claimed tasks and claims on their way.
+    pub fn bytes(&self) -> (u64, u64) {
+        let state = self.lock();
+        (state.bytes_held, state.bytes_reserved)
     }
 
     /// Wait until [`Intake::reserve`] may find room again (some was given back).
@@ -115,21 +194,15 @@ impl Intake {
         self.freed.notified().await;
     }
 
-    /// `n` reserved tasks left the intake: not claimed after all, analyzed, or given up.
-    pub fn done(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
+    /// One claimed task left the intake (analyzed, or given up) and let go of its payload
+    /// of `bytes`.
+    pub fn done(&self, bytes: u64) {
         {
             let mut state = self.lock();
-            state.outstanding = state.outstanding.saturating_sub(n);
+            state.outstanding = state.outstanding.saturating_sub(1);
+            state.bytes_held = state.bytes_held.saturating_sub(bytes);
         }
         self.freed.notify_one();
-    }
-
-    /// A claim statement took `took`.
-    pub fn claim_took(&self, took: Duration) {
-        fold(&mut self.lock().round_trip, took.as_secs_f64());
     }
 
     /// A worker starts on one task: the time until the returned guard is dropped is that
@@ -143,6 +216,11 @@ impl Intake {
             intake: self,
             ticket,
         }
+    }
+
+    #[cfg(test)]
+    fn claim_took(&self, took: Duration) {
+        fold(&mut self.lock().round_trip, took.as_secs_f64());
     }
 
     #[cfg(test)]
@@ -181,19 +259,46 @@ fn fold(average: &mut Option<f64>, sample: f64) {
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+
+    /// The tasks a reservation granted, 0 for none.
+    fn tasks(room: Option<Room>) -> usize {
+        room.map_or(0, |room| room.tasks)
+    }
+
+    /// Reserve `most` tasks and settle the reservation as a claim of all of them, with no
+    /// payload bytes.
+    fn claim_all(intake: &Intake, most: usize) -> usize {
+        let Some(room) = intake.reserve(most) else {
+            return 0;
+        };
+        intake.claimed(room, room.tasks, 0, Duration::from_millis(1));
+        room.tasks
+    }
+
     #[test]
     fn claims_only_for_free_workers_until_measured() {
-        let intake = Intake::new(8);
+        let intake = Intake::new(8, MIB);
         assert_eq!(intake.target(), 8);
-        assert_eq!(intake.reserve(100), 8);
-        assert_eq!(intake.reserve(100), 0);
-        intake.done(3);
-        assert_eq!(intake.reserve(100), 3);
+        assert_eq!(tasks(intake.reserve(100)), 8);
+        assert_eq!(tasks(intake.reserve(100)), 0);
+    }
+
+    #[test]
+    fn a_claim_gives_back_the_room_it_did_not_use() {
+        let intake = Intake::new(8, MIB);
+        let room = intake.reserve(100).unwrap();
+        intake.claimed(room, 5, 0, Duration::from_secs(1));
+        assert_eq!(tasks(intake.reserve(100)), 3);
+        for _ in 0..3 {
+            intake.done(0);
+        }
+        assert_eq!(tasks(intake.reserve(100)), 3);
     }
 
     #[test]
     fn slow_tasks_add_nothing_ahead() {
-        let intake = Intake::new(8);
+        let intake = Intake::new(8, MIB);
         intake.claim_took(Duration::from_millis(1));
         intake.task_took(Duration::from_secs(1));
         assert_eq!(intake.target(), 8);
@@ -201,13 +306,13 @@ mod tests {
 
     #[test]
     fn fast_tasks_claim_what_the_workers_get_through_in_a_round_trip() {
-        let intake = Intake::new(4);
+        let intake = Intake::new(4, MIB);
         intake.claim_took(Duration::from_millis(1));
         intake.task_took(Duration::from_micros(100));
         // 4 workers * 1 ms / 0.1 ms = 40 tasks ahead.
         assert_eq!(intake.target(), 4 + 40);
 
-        let intake = Intake::new(4);
+        let intake = Intake::new(4, MIB);
         intake.claim_took(Duration::from_millis(1));
         intake.task_took(Duration::from_nanos(10));
         assert_eq!(intake.target(), 4 + MAX_AHEAD);
@@ -215,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_long_running_analysis_stops_the_claiming_ahead_before_it_ends() {
-        let intake = Intake::new(4);
+        let intake = Intake::new(4, MIB);
         intake.claim_took(Duration::from_millis(1));
         intake.task_took(Duration::from_nanos(10));
         assert_eq!(intake.target(), 4 + MAX_AHEAD);
@@ -229,24 +334,72 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_that_brought_much_text_is_not_timed() {
+        let intake = Intake::new(4, 1 << 40);
+        intake.task_took(Duration::from_micros(100));
+        let room = intake.reserve(4).unwrap();
+        // A second for 200 MiB: the transfer, not the round trip.
+        intake.claimed(room, 1, 200 * MIB, Duration::from_secs(1));
+        assert_eq!(intake.target(), 4);
+        let room = intake.reserve(1).unwrap();
+        intake.claimed(room, 1, 1000, Duration::from_millis(1));
+        assert_eq!(intake.target(), 4 + 40);
+    }
+
+    #[test]
     fn reserve_never_exceeds_the_asked_for_batch() {
-        let intake = Intake::new(8);
-        assert_eq!(intake.reserve(5), 5);
-        assert_eq!(intake.reserve(5), 3);
+        let intake = Intake::new(8, MIB);
+        assert_eq!(tasks(intake.reserve(5)), 5);
+        assert_eq!(tasks(intake.reserve(5)), 3);
+    }
+
+    #[test]
+    fn a_claim_may_use_half_the_byte_budget_and_take_one_only_when_nothing_is_held() {
+        let intake = Intake::new(8, 100 * MIB);
+        let first = intake.reserve(1).unwrap();
+        assert_eq!(first.bytes, 50 * MIB);
+        assert!(first.take_one);
+        // A second claim on its way at once: the other half, and no task of any size.
+        let second = intake.reserve(1).unwrap();
+        assert_eq!(second.bytes, 50 * MIB);
+        assert!(!second.take_one);
+        assert_eq!(intake.reserve(1), None, "the budget is reserved");
+        // The first took one payload of 200 MiB, larger than the whole budget.
+        intake.claimed(first, 1, 200 * MIB, Duration::from_millis(1));
+        intake.unreserve(second);
+        assert_eq!(intake.bytes(), (200 * MIB, 0));
+        assert_eq!(
+            intake.reserve(1),
+            None,
+            "over budget: nothing more is claimed"
+        );
+        intake.done(200 * MIB);
+        assert_eq!(intake.bytes(), (0, 0));
+        assert!(intake.reserve(1).unwrap().take_one);
+    }
+
+    #[test]
+    fn bytes_held_leave_only_the_rest_of_the_budget() {
+        let intake = Intake::new(8, 100 * MIB);
+        let room = intake.reserve(1).unwrap();
+        intake.claimed(room, 1, 80 * MIB, Duration::from_millis(1));
+        let room = intake.reserve(1).unwrap();
+        assert_eq!(room.bytes, 20 * MIB);
+        assert!(!room.take_one);
     }
 
     #[tokio::test]
     async fn done_wakes_a_waiting_claimer() {
-        let intake = std::sync::Arc::new(Intake::new(1));
-        assert_eq!(intake.reserve(1), 1);
+        let intake = std::sync::Arc::new(Intake::new(1, MIB));
+        assert_eq!(claim_all(&intake, 1), 1);
         let waiter = {
             let intake = std::sync::Arc::clone(&intake);
             tokio::spawn(async move {
                 intake.freed().await;
-                intake.reserve(1)
+                tasks(intake.reserve(1))
             })
         };
-        intake.done(1);
+        intake.done(0);
         let reserved = tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
             .expect("woken within 5 s")

@@ -122,7 +122,7 @@ impl Worker {
                     COMPLETION_QUEUE_PER_WORKER * config.concurrency + MAX_AHEAD,
                     Arc::clone(&metrics),
                 ),
-                intake: Intake::new(config.concurrency),
+                intake: Intake::new(config.concurrency, config.max_inflight_bytes),
                 metrics,
                 scans: watch::channel(0).0,
                 permits: Arc::new(Semaphore::new(config.concurrency)),
@@ -200,10 +200,9 @@ impl Worker {
     /// Database failures; nothing was claimed.
     pub async fn run_once(&self) -> Result<usize, DbError> {
         let free = self.inner.permits.available_permits().min(MAX_CLAIM_BATCH);
-        let wanted = self.inner.intake.reserve(free);
-        if wanted == 0 {
+        let Some(room) = self.inner.intake.reserve(free) else {
             return Ok(0);
-        }
-        self.claim_and_start(wanted).await
+        };
+        Ok(self.claim_and_start(room).await?.claimed)
     }
 }

@@ -156,7 +156,7 @@ async fn claims_take_higher_priority_first_then_oldest_and_skip_future_and_other
             .await
             .unwrap();
         match claimed.first() {
-            Some(task) => order.push(task.payload.clone()),
+            Some(task) => order.push(task.payload.as_ref().unwrap().as_str().to_owned()),
             None => break,
         }
     }
@@ -165,7 +165,7 @@ async fn claims_take_higher_priority_first_then_oldest_and_skip_future_and_other
         .await
         .unwrap();
     assert_eq!(other.len(), 1);
-    assert_eq!(other[0].payload, "elsewhere");
+    assert_eq!(other[0].payload.as_ref().unwrap().as_str(), "elsewhere");
 }
 
 #[tokio::test]

@@ -278,9 +278,9 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
         .batch_execute(
             "INSERT INTO pgtaskd.tasks (payload) SELECT 'old ' || i FROM generate_series(1, 2500) i;
              INSERT INTO pgtaskd.tasks (payload) VALUES ('recent'), ('queued'), ('running');
-             UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() - interval '2 days'
+             UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, finished_at = now() - interval '2 days'
               WHERE payload LIKE 'old %';
-             UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() WHERE payload = 'recent';",
+             UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, finished_at = now() WHERE payload = 'recent';",
         )
         .await
         .unwrap();
