@@ -333,3 +333,56 @@ pub fn describe_task(task: &Task) -> String {
     text.push('\n');
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_from_the_error_type() {
+        let outage = || DbError::unavailable("connection refused");
+        let cases: Vec<(CommandError, u8)> = vec![
+            (CommandError::Usage("x".into()), EXIT_USAGE),
+            (CommandError::NotFound(7), EXIT_NOT_FOUND),
+            (
+                CommandError::Terminal {
+                    id: 7,
+                    status: TaskStatus::Succeeded,
+                },
+                EXIT_TERMINAL,
+            ),
+            (outage().into(), EXIT_UNAVAILABLE),
+            (SchemaError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (SchemaError::Missing.into(), EXIT_CONFIG),
+            (DaemonError::from(SchemaError::Missing).into(), EXIT_CONFIG),
+            (
+                DaemonError::from(SchemaError::Db(outage())).into(),
+                EXIT_UNAVAILABLE,
+            ),
+            (BenchError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (
+                BenchError::Schema(SchemaError::Ahead { found: 99 }).into(),
+                EXIT_CONFIG,
+            ),
+            (BenchError::NoNotification.into(), EXIT_RUNTIME),
+            (
+                CommandError::Analyze {
+                    failures: 1,
+                    files: 2,
+                },
+                EXIT_RUNTIME,
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.exit_code(), code, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_schema_error_is_reported_as_a_configuration_error_with_its_reason() {
+        let err = CommandError::from(SchemaError::Missing);
+        assert_eq!(err.to_string(), "configuration error");
+        let reason = std::error::Error::source(&err).expect("the reason is the source");
+        assert!(reason.to_string().contains("pgtaskd migrate"), "{reason}");
+    }
+}
