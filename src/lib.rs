@@ -26,6 +26,7 @@
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | [`backoff`] | capped, jittered retry delays |
 //! | [`bench`] | `pgtaskd bench`: the text-stats workload and its figures |
+//! | [`events`] | the messages of the log events that the bench and the tests read back |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
 
 pub mod analyzer;
@@ -38,6 +39,7 @@ pub mod completer;
 pub mod config;
 pub mod daemon;
 pub mod db;
+pub mod events;
 pub mod health;
 pub mod http;
 pub mod intake;

@@ -400,7 +400,7 @@ struct Daemon {
     starts: Arc<Mutex<HashMap<i64, chrono::DateTime<chrono::Utc>>>>,
 }
 
-/// The daemon's "analyzer run" event, as its JSON log line carries it.
+/// The daemon's [`crate::events::ANALYZER_RUN`] event, as its JSON log line carries it.
 #[derive(serde::Deserialize)]
 struct LogLine {
     timestamp: chrono::DateTime<chrono::Utc>,
@@ -465,7 +465,9 @@ impl Daemon {
                 let mut lines = tokio::io::BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     if let Ok(LogLine { timestamp, fields }) = serde_json::from_str(&line) {
-                        if let (Some(id), "analyzer run") = (fields.id, fields.message.as_str()) {
+                        if let (Some(id), crate::events::ANALYZER_RUN) =
+                            (fields.id, fields.message.as_str())
+                        {
                             starts
                                 .lock()
                                 .expect("start times poisoned")
