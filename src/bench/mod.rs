@@ -52,11 +52,15 @@ const STREAM_STATEMENTS: usize = 200;
 /// How long the idle daemon's CPU use is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+/// How the load reaches the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// A backlog inserted before the daemon starts.
     Drain,
+    /// 200 inserts, each of an equal share of the tasks, while it runs.
     Stream,
+    /// Warm-up tasks, then one at a time, 20 ms apart, each timed to its analyzer's start.
     Latency,
 }
 
