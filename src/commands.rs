@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::analyzer::TextStats;
 use crate::bench::BenchError;
-use crate::cli::{Cli, Command, EnqueueArgs};
+use crate::cli::{BenchMode, Cli, Command, EnqueueArgs};
 use crate::config::Config;
 use crate::daemon::{self, DaemonError, RunOptions};
 use crate::db::migrate::{self, SchemaError};
@@ -222,6 +222,11 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             json,
         } => {
+            let mode = match mode {
+                BenchMode::Drain => bench::Mode::Drain,
+                BenchMode::Stream => bench::Mode::Stream,
+                BenchMode::Latency => bench::Mode::Latency,
+            };
             let tasks = if mode == bench::Mode::Latency {
                 bench::LATENCY_MODE_TASKS
             } else {
