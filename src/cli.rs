@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,7 +66,7 @@ pub enum Command {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it
         /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart
         #[arg(long, value_enum)]
-        mode: crate::bench::Mode,
+        mode: BenchMode,
         /// Tasks in the run (latency mode always runs 210)
         #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
         tasks: u32,
@@ -77,6 +77,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `pgtaskd bench --mode`; [`crate::commands`] turns it into the bench's own mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    Drain,
+    Stream,
+    Latency,
 }
 
 /// A positive duration such as "250ms" or "10s".

@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::analyzer::TextStats;
-use crate::cli::{Cli, Command, EnqueueArgs};
+use crate::bench::BenchError;
+use crate::cli::{BenchMode, Cli, Command, EnqueueArgs};
 use crate::config::Config;
 use crate::daemon::{self, DaemonError, RunOptions};
 use crate::db::migrate::{self, SchemaError};
-use crate::db::{ConnectSettings, DbError};
+use crate::db::{BadConnectionString, ConnectSettings, DbError};
 use crate::queue::{self, CancelOutcome, Task, TaskStatus};
 use crate::shutdown::Shutdown;
 use crate::{batch, bench};
@@ -25,7 +26,7 @@ pub const EXIT_TERMINAL: u8 = 4;
 pub const EXIT_UNAVAILABLE: u8 = 69;
 pub const EXIT_CONFIG: u8 = 78;
 
-/// Why a command failed; each variant has its exit code.
+/// Why a command failed; [`CommandError::exit_code`] says how the process ends.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     #[error("{0}")]
@@ -34,51 +35,88 @@ pub enum CommandError {
     NotFound(i64),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
-    #[error("{}", crate::db::describe(.0))]
-    Unavailable(DbError),
-    #[error("configuration error: {0:#}")]
-    Config(anyhow::Error),
-    #[error("{0:#}")]
-    Runtime(anyhow::Error),
+    /// The database failed: 69 when unavailable, else 1.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The connection settings cannot be used.
+    #[error("configuration error")]
+    Settings(#[from] BadConnectionString),
+    /// The database is not one this binary can work with.
+    #[error("configuration error")]
+    Schema(#[source] SchemaError),
+    #[error(transparent)]
+    Daemon(DaemonError),
+    #[error(transparent)]
+    Bench(BenchError),
+    #[error("cannot read {what}")]
+    Input {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot handle signals")]
+    Signals(#[source] std::io::Error),
+    #[error("cannot write JSON")]
+    Json(#[from] serde_json::Error),
+    #[error("{failures} of {files} files could not be analyzed")]
+    Analyze { failures: usize, files: usize },
 }
 
 impl CommandError {
+    /// The exit code: 2 usage, 3 no such task, 4 already terminal, 69 database unavailable,
+    /// 78 configuration, 1 anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Usage(_) => EXIT_USAGE,
             CommandError::NotFound(_) => EXIT_NOT_FOUND,
             CommandError::Terminal { .. } => EXIT_TERMINAL,
-            CommandError::Unavailable(_) => EXIT_UNAVAILABLE,
-            CommandError::Config(_) => EXIT_CONFIG,
-            CommandError::Runtime(_) => EXIT_RUNTIME,
+            CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
+            CommandError::Settings(_)
+            | CommandError::Schema(_)
+            | CommandError::Daemon(
+                DaemonError::Settings(_) | DaemonError::Token(_) | DaemonError::Schema(_),
+            ) => EXIT_CONFIG,
+            CommandError::Daemon(DaemonError::Bind(_))
+            | CommandError::Bench(_)
+            | CommandError::Input { .. }
+            | CommandError::Signals(_)
+            | CommandError::Json(_)
+            | CommandError::Analyze { .. } => EXIT_RUNTIME,
         }
     }
 }
 
-impl From<DbError> for CommandError {
-    fn from(err: DbError) -> Self {
-        if err.is_unavailable() {
-            CommandError::Unavailable(err)
-        } else {
-            CommandError::Runtime(anyhow::anyhow!(crate::db::describe(&err)))
-        }
+/// An outage is 69, never "not found"; any other database error is a runtime failure.
+fn db_exit_code(err: &DbError) -> u8 {
+    if err.is_unavailable() {
+        EXIT_UNAVAILABLE
+    } else {
+        EXIT_RUNTIME
     }
 }
 
 impl From<SchemaError> for CommandError {
     fn from(err: SchemaError) -> Self {
         match err {
-            SchemaError::Db(err) => err.into(),
-            other => CommandError::Config(other.into()),
+            SchemaError::Db(err) => CommandError::Db(err),
+            other => CommandError::Schema(other),
         }
     }
 }
 
 impl From<DaemonError> for CommandError {
     fn from(err: DaemonError) -> Self {
+        CommandError::Daemon(err)
+    }
+}
+
+/// The bench's database and schema failures end the process as the other commands' do.
+impl From<BenchError> for CommandError {
+    fn from(err: BenchError) -> Self {
         match err {
-            DaemonError::Config(err) => CommandError::Config(err),
-            DaemonError::Runtime(err) => CommandError::Runtime(err),
+            BenchError::Db(err) => CommandError::Db(err),
+            BenchError::Schema(err) => CommandError::from(err),
+            other => CommandError::Bench(other),
         }
     }
 }
@@ -92,9 +130,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
     match cli.command {
         Command::Run { migrate } => {
             let shutdown = Shutdown::new();
-            shutdown
-                .on_signals()
-                .map_err(|err| CommandError::Runtime(err.into()))?;
+            shutdown.on_signals().map_err(CommandError::Signals)?;
             daemon::run(
                 &config,
                 Arc::new(TextStats),
@@ -126,8 +162,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                 .await?
                 .ok_or(CommandError::NotFound(id))?;
             if json {
-                let text = serde_json::to_string_pretty(&task)
-                    .map_err(|err| CommandError::Runtime(err.into()))?;
+                let text = serde_json::to_string_pretty(&task)?;
                 println!("{text}");
             } else {
                 print!("{}", describe_task(&task));
@@ -175,10 +210,10 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             )
             .await;
             if failures > 0 {
-                return Err(CommandError::Runtime(anyhow::anyhow!(
-                    "{failures} of {} files could not be analyzed",
-                    files.len()
-                )));
+                return Err(CommandError::Analyze {
+                    failures,
+                    files: files.len(),
+                });
             }
         }
         Command::Bench {
@@ -187,6 +222,11 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             json,
         } => {
+            let mode = match mode {
+                BenchMode::Drain => bench::Mode::Drain,
+                BenchMode::Stream => bench::Mode::Stream,
+                BenchMode::Latency => bench::Mode::Latency,
+            };
             let tasks = if mode == bench::Mode::Latency {
                 bench::LATENCY_MODE_TASKS
             } else {
@@ -197,24 +237,16 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                 tasks,
                 concurrency: concurrency as usize,
             };
-            let report = bench::run(&config, options)
-                .await
-                .map_err(|err| match err {
-                    bench::BenchError::Db(err) => CommandError::from(err),
-                    bench::BenchError::Schema(err) => CommandError::from(err),
-                    other => CommandError::Runtime(other.into()),
-                })?;
+            let report = bench::run(&config, options).await?;
             if json {
-                let text = serde_json::to_string(&report)
-                    .map_err(|err| CommandError::Runtime(err.into()))?;
+                let text = serde_json::to_string(&report)?;
                 println!("{text}");
             } else {
                 println!("{report}");
             }
         }
         Command::CheckConfig => {
-            let settings = ConnectSettings::new(&config.database, "check-config")
-                .map_err(|err| CommandError::Config(err.into()))?;
+            let settings = ConnectSettings::new(&config.database, "check-config")?;
             let pg = settings.config();
             println!("configuration is valid");
             println!(
@@ -238,14 +270,16 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
 
 /// One session for a one-shot command.
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError> {
-    let settings = ConnectSettings::new(&config.database, "cli")
-        .map_err(|err| CommandError::Config(err.into()))?;
+    let settings = ConnectSettings::new(&config.database, "cli")?;
     Ok(settings.connect().await?)
 }
 
 fn read_payload(args: &EnqueueArgs) -> Result<String, CommandError> {
     let read = |result: std::io::Result<String>, what: &str| {
-        result.map_err(|err| CommandError::Runtime(anyhow::anyhow!("cannot read {what}: {err}")))
+        result.map_err(|source| CommandError::Input {
+            what: what.to_string(),
+            source,
+        })
     };
     match (&args.text, &args.file) {
         (Some(text), None) if text == "-" => {
@@ -303,4 +337,57 @@ pub fn describe_task(task: &Task) -> String {
     }
     text.push('\n');
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_from_the_error_type() {
+        let outage = || DbError::unavailable("connection refused");
+        let cases: Vec<(CommandError, u8)> = vec![
+            (CommandError::Usage("x".into()), EXIT_USAGE),
+            (CommandError::NotFound(7), EXIT_NOT_FOUND),
+            (
+                CommandError::Terminal {
+                    id: 7,
+                    status: TaskStatus::Succeeded,
+                },
+                EXIT_TERMINAL,
+            ),
+            (outage().into(), EXIT_UNAVAILABLE),
+            (SchemaError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (SchemaError::Missing.into(), EXIT_CONFIG),
+            (DaemonError::from(SchemaError::Missing).into(), EXIT_CONFIG),
+            (
+                DaemonError::from(SchemaError::Db(outage())).into(),
+                EXIT_UNAVAILABLE,
+            ),
+            (BenchError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (
+                BenchError::Schema(SchemaError::Ahead { found: 99 }).into(),
+                EXIT_CONFIG,
+            ),
+            (BenchError::NoNotification.into(), EXIT_RUNTIME),
+            (
+                CommandError::Analyze {
+                    failures: 1,
+                    files: 2,
+                },
+                EXIT_RUNTIME,
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.exit_code(), code, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_schema_error_is_reported_as_a_configuration_error_with_its_reason() {
+        let err = CommandError::from(SchemaError::Missing);
+        assert_eq!(err.to_string(), "configuration error");
+        let reason = std::error::Error::source(&err).expect("the reason is the source");
+        assert!(reason.to_string().contains("pgtaskd migrate"), "{reason}");
+    }
 }

@@ -6,7 +6,7 @@
 //! validated [`Config`] carries every default, each a named constant below.
 //!
 //! Where the database connection comes from (`database.url`, `PGTASKD_DATABASE_URL`, the libpq
-//! variables) is decided in [`crate::db::connect`], not here.
+//! variables) is decided in [`crate::db::settings`], not here.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -117,7 +117,7 @@ impl Default for Config {
 /// Why a configuration could not be used (exit 78).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,

@@ -16,10 +16,9 @@ use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::db::listen::{self, ListenEvents};
 use crate::db::migrate::{self, SchemaError};
-use crate::db::ConnectSettings;
-use crate::db::DbError;
+use crate::db::{BadConnectionString, ConnectSettings, DbError};
 use crate::health::{self, Health};
-use crate::http;
+use crate::http::{self, HttpError};
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
@@ -39,12 +38,31 @@ pub struct RunOptions {
 /// Why the daemon could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// The configuration or the schema cannot be used (exit 78).
+    /// The connection settings cannot be used.
+    #[error("configuration error")]
+    Settings(#[from] BadConnectionString),
+    /// The HTTP token file cannot be used.
+    #[error("configuration error")]
+    Token(#[source] HttpError),
+    /// The HTTP address cannot be bound.
     #[error(transparent)]
-    Config(anyhow::Error),
-    /// Anything else (exit 1).
+    Bind(HttpError),
+    /// The database is not one this binary can work with: not UTF8, or a schema it does not
+    /// know.
+    #[error("configuration error")]
+    Schema(#[source] SchemaError),
+    /// The database answered the start-up's statements with an error.
     #[error(transparent)]
-    Runtime(anyhow::Error),
+    Db(#[from] DbError),
+}
+
+impl From<SchemaError> for DaemonError {
+    fn from(err: SchemaError) -> Self {
+        match err {
+            SchemaError::Db(err) => DaemonError::Db(err),
+            other => DaemonError::Schema(other),
+        }
+    }
 }
 
 /// A fresh id for this process's leases: host, process id and a random suffix, short enough
@@ -65,10 +83,10 @@ pub fn new_instance_id() -> String {
 ///
 /// # Errors
 ///
-/// [`DaemonError::Config`] for a bad connection string, an unreadable HTTP token file, a
-/// database that is not UTF8, or a schema this binary does not know;
-/// [`DaemonError::Runtime`] otherwise (an HTTP address that cannot be bound). A database
-/// that is down is waited for, not an error.
+/// A bad connection string, an unreadable HTTP token file, an HTTP address that cannot be
+/// bound, a database that is not UTF8 or a schema this binary does not know, or a database
+/// that answers the start-up's statements with an error. A database that is down is waited
+/// for, not an error.
 pub async fn run(
     config: &Config,
     analyzer: Arc<dyn Analyzer>,
@@ -76,8 +94,7 @@ pub async fn run(
     options: RunOptions,
 ) -> Result<(), DaemonError> {
     let instance = new_instance_id();
-    let settings = ConnectSettings::new(&config.database, &instance)
-        .map_err(|err| DaemonError::Config(err.into()))?;
+    let settings = ConnectSettings::new(&config.database, &instance)?;
     tracing::info!(instance = %instance, concurrency = config.worker.concurrency,
         queues = ?config.worker.queues, "pgtaskd starting");
     let health = Arc::new(Health::new());
@@ -91,14 +108,10 @@ pub async fn run(
         None => None,
         Some(addr) => {
             let token = match &config.http.token_file {
-                Some(path) => {
-                    Some(http::read_token(path).map_err(|err| DaemonError::Config(err.into()))?)
-                }
+                Some(path) => Some(http::read_token(path).map_err(DaemonError::Token)?),
                 None => None,
             };
-            let listener = http::bind(addr)
-                .await
-                .map_err(|err| DaemonError::Runtime(err.into()))?;
+            let listener = http::bind(addr).await.map_err(DaemonError::Bind)?;
             Some((listener, token))
         }
     };
@@ -199,26 +212,20 @@ async fn prepare_schema(
             Ok(()) => return Ok(true),
             Err(SchemaError::Db(err)) if err.is_unavailable() => {
                 let delay = backoff.next_delay();
-                let error = crate::db::describe(&err);
                 tracing::warn!(
-                    error,
+                    error = %err,
                     retry_in_ms = delay.as_millis() as u64,
                     "database unavailable; waiting for it"
                 );
-                health.waiting(&format!("waiting for the database: {error}"));
+                health.waiting(&format!("waiting for the database: {err}"));
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(false),
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(SchemaError::Db(err)) => return Err(DaemonError::Runtime(db_error(err))),
-            Err(err) => return Err(DaemonError::Config(err.into())),
+            Err(err) => return Err(err.into()),
         }
     }
-}
-
-fn db_error(err: DbError) -> anyhow::Error {
-    anyhow::anyhow!(crate::db::describe(&err))
 }
 
 /// The listener's events, delivered to the worker, the readiness and the metrics.

@@ -25,6 +25,8 @@
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | [`backoff`] | capped, jittered retry delays |
 //! | [`bench`] | `pgtaskd bench`: the text-stats workload and its figures |
+//! | [`process`] | `pgtaskd run` as a child process, for the bench and the integration tests |
+//! | [`events`] | the messages of the log events that the bench and the tests read back |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
 
 pub mod analyzer;
@@ -37,9 +39,11 @@ pub mod completer;
 pub mod config;
 pub mod daemon;
 pub mod db;
+pub mod events;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod process;
 pub mod queue;
 pub mod rescuer;
 pub mod retention;

@@ -1,6 +1,7 @@
 //! The `pgtaskd` binary: parse the command line, load the configuration, set up logging, run
 //! the command, and map its result to an exit code. Nothing else lives here.
 
+use std::error::Error;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -14,7 +15,7 @@ fn main() -> ExitCode {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
-            eprintln!("pgtaskd: configuration error: {err}");
+            eprintln!("pgtaskd: configuration error: {}", chain(&err));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -32,10 +33,22 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::dispatch(cli, config)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("pgtaskd: {err}");
+            eprintln!("pgtaskd: {}", chain(&err));
             ExitCode::from(err.exit_code())
         }
     }
+}
+
+/// An error and its sources, joined by ": ", for the one line on standard error.
+fn chain(err: &dyn Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }
 
 /// Logs go to standard error: human text by default, JSON with `log.format = "json"`.

@@ -38,7 +38,7 @@ pub async fn run(
         }
         match run_once(&pool, &instance).await {
             Ok(rescued) => metrics.rescued(rescued),
-            Err(err) => tracing::warn!(error = %crate::db::describe(&err), "rescuer could not run"),
+            Err(err) => tracing::warn!(error = %err, "rescuer could not run"),
         }
     }
 }

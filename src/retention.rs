@@ -18,7 +18,7 @@ const BATCH: i64 = 1000;
 pub async fn run(pool: Pool, older_than: Duration, stop: CancellationToken) {
     loop {
         if let Err(err) = run_once(&pool, older_than).await {
-            tracing::warn!(error = %crate::db::describe(&err), "retention could not run");
+            tracing::warn!(error = %err, "retention could not run");
         }
         tokio::select! {
             _ = stop.cancelled() => return,

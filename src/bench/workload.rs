@@ -1,5 +1,7 @@
-//! The text-stats workload of `shared/bench/WORKLOAD.md`, byte for byte: task `i` gets
-//! `gen_text(i)`, built from a mulberry32 stream seeded with `0x5EED1234 + i`.
+//! The text-stats workload in docs/benchmark.md, byte for byte: task `i` gets
+//! `gen_text(i)`, built from a mulberry32 stream seeded with `0x5EED1234 + i`. The bench
+//! inserts these texts and checks the table against [`check_totals`]; the integration tests
+//! use the same totals.
 
 /// The 64 words, in the order the workload defines.
 pub const WORDS: [&str; 64] = [
@@ -146,8 +148,8 @@ mod tests {
 
     #[test]
     fn texts_stop_within_one_piece_of_1024_bytes() {
-        // WORKLOAD.md says "1000 to 1024 bytes"; the rule it defines stops at the first piece
-        // that would pass 1024, so a text ends within the longest piece of the limit.
+        // docs/benchmark.md says "1000 to 1024 bytes"; the rule it defines stops at the first
+        // piece that would pass 1024, so a text ends within the longest piece of the limit.
         let longest_piece = 3 + WORDS.iter().map(|w| w.len()).max().unwrap();
         for i in 0..5_000 {
             let len = gen_text(i).len();

@@ -12,7 +12,6 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
@@ -55,7 +54,7 @@ pub async fn run(settings: ConnectSettings, events: impl ListenEvents, stop: Can
         };
         events.disconnected();
         if let Err(err) = outcome {
-            tracing::warn!(error = %super::describe(&err), "listener connection lost; reconnecting");
+            tracing::warn!(error = %err, "listener connection lost; reconnecting");
         }
         let delay = backoff.next_delay();
         tokio::select! {
@@ -71,18 +70,9 @@ async fn listen_once(
     events: &impl ListenEvents,
     backoff: &mut Backoff,
 ) -> Result<(), DbError> {
-    let connecting = settings.config().connect(settings.tls());
-    let timeout = settings
-        .config()
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(LIVENESS_TIMEOUT);
-    let (client, connection) = tokio::time::timeout(timeout, connecting)
-        .await
-        .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
-        .map_err(|err| DbError::Unavailable(Box::new(err)))?;
-
-    let (mut messages, _pump) = forward_messages(connection);
+    let (sender, mut messages) = mpsc::unbounded_channel();
+    let (client, driver) = settings.open(Some(sender)).await?;
+    let _driver = AbortOnDrop(driver);
 
     client
         .batch_execute(&format!("LISTEN {TASKS_CHANNEL}; LISTEN {CANCEL_CHANNEL};"))
@@ -126,30 +116,17 @@ async fn listen_once(
 /// they come only from a connection that is polled for them. The channel closes when the
 /// connection fails or closes; dropping the returned guard stops the task.
 pub fn forward_messages<S, T>(
-    mut connection: tokio_postgres::Connection<S, T>,
+    connection: tokio_postgres::Connection<S, T>,
 ) -> (mpsc::UnboundedReceiver<AsyncMessage>, AbortOnDrop)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, messages) = mpsc::unbounded_channel();
-    let pump = tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
-            match message {
-                Ok(message) => {
-                    if tx.send(message).is_err() {
-                        break;
-                    }
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "listening connection failed");
-                    break;
-                }
-            }
-        }
-    });
-    (messages, AbortOnDrop(pump))
+    let (sender, messages) = mpsc::unbounded_channel();
+    (
+        messages,
+        AbortOnDrop(super::open::drive(connection, Some(sender))),
+    )
 }
 
 /// Aborts its task when dropped.

@@ -1,31 +1,88 @@
 //! The database side: connecting, the pool of worker sessions, migrating, and the dedicated
 //! LISTEN connection.
 //!
-//! [`DbError`] is the one error type of database work. Its split between
-//! [`DbError::Unavailable`] (the database could not be reached, or the connection died) and
-//! [`DbError::Query`] (the server answered with an error) is what keeps SPEC invariant 7:
-//! an outage is reported as "unavailable", never as "not found".
+//! [`DbError`] is the one error type of database work, and this module is the one place that
+//! sorts failures: [`DbError::Unavailable`] (the database could not be reached, or the
+//! connection died) against [`DbError::Query`] (the server answered with an error). That split
+//! is what keeps SPEC invariant 7: an outage is reported as "unavailable", never as
+//! "not found". Its message says everything there is to say (the server's message, SQLSTATE,
+//! detail and hint, or why no answer came), so callers log it with `%err` and nothing more.
 
-pub mod connect;
 pub mod listen;
 pub mod migrate;
+mod open;
 pub mod pool;
+pub mod settings;
 pub mod tls;
 
-pub use connect::ConnectSettings;
 pub use pool::{Outage, Pool, Session};
+pub use settings::{BadConnectionString, ConnectSettings, DATABASE_URL_ENV};
 
+use std::fmt;
+
+use deadpool_postgres::{PoolError, TimeoutType};
 use tokio_postgres::error::SqlState;
 
 /// A failure of database work.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// The database could not be reached, refused the connection, or the connection was lost.
-    #[error("database unavailable")]
-    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("database unavailable: {0}")]
+    Unavailable(Cause),
     /// The server answered a statement with an error.
-    #[error("database error")]
-    Query(#[source] tokio_postgres::Error),
+    #[error("database error: {0}")]
+    Query(Cause),
+}
+
+/// What went wrong: the server's own words and fields, or, when no answer came, the client's
+/// account of why.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    message: String,
+    code: Option<SqlState>,
+    detail: Option<String>,
+    hint: Option<String>,
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        if let Some(code) = &self.code {
+            write!(f, " (SQLSTATE {})", code.code())?;
+        }
+        if let Some(detail) = &self.detail {
+            write!(f, ", detail: {detail}")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, ", hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Cause {
+    fn message(message: impl Into<String>) -> Cause {
+        Cause {
+            message: message.into(),
+            code: None,
+            detail: None,
+            hint: None,
+        }
+    }
+}
+
+impl From<&tokio_postgres::Error> for Cause {
+    fn from(err: &tokio_postgres::Error) -> Self {
+        match err.as_db_error() {
+            Some(db) => Cause {
+                message: db.message().to_string(),
+                code: Some(db.code().clone()),
+                detail: db.detail().map(str::to_string),
+                hint: db.hint().map(str::to_string),
+            },
+            None => Cause::message(chain(err)),
+        }
+    }
 }
 
 impl DbError {
@@ -34,35 +91,61 @@ impl DbError {
         matches!(self, DbError::Unavailable(_))
     }
 
-    /// An outage with a message of its own.
-    pub(crate) fn unavailable(message: impl Into<String>) -> DbError {
-        DbError::Unavailable(message.into().into())
+    /// Whether the database could not serve the request now, though a later try may: an
+    /// outage, or an answer that says so (a serialization failure or deadlock, class 40;
+    /// insufficient resources, 53; operator intervention such as a statement timeout, 57; a
+    /// system error, 58). Anything else is a refusal or a bug, and trying again will not help.
+    pub fn is_transient(&self) -> bool {
+        self.is_unavailable()
+            || self
+                .code()
+                .is_some_and(|code| matches!(&code.code()[..2], "40" | "53" | "57" | "58"))
     }
 
-    /// The SQLSTATE of a server error, when there is one.
+    /// An outage with a message of its own.
+    pub(crate) fn unavailable(message: impl Into<String>) -> DbError {
+        DbError::Unavailable(Cause::message(message))
+    }
+
+    /// A session that could not be opened: an outage, whatever the server answered (a
+    /// refused password or a missing database included), as `psql` would see it.
+    pub(crate) fn connecting(err: tokio_postgres::Error) -> DbError {
+        DbError::Unavailable(Cause::from(&err))
+    }
+
+    /// The SQLSTATE the server answered with, when there is one.
     pub fn code(&self) -> Option<&SqlState> {
         match self {
-            DbError::Query(err) => err.code(),
-            DbError::Unavailable(_) => None,
+            DbError::Query(cause) | DbError::Unavailable(cause) => cause.code.as_ref(),
         }
     }
 }
 
 impl From<tokio_postgres::Error> for DbError {
     fn from(err: tokio_postgres::Error) -> Self {
+        let cause = Cause::from(&err);
         if is_connection_error(&err) {
-            DbError::Unavailable(Box::new(err))
+            DbError::Unavailable(cause)
         } else {
-            DbError::Query(err)
+            DbError::Query(cause)
         }
     }
 }
 
-impl From<deadpool_postgres::PoolError> for DbError {
-    fn from(err: deadpool_postgres::PoolError) -> Self {
+impl From<PoolError> for DbError {
+    fn from(err: PoolError) -> Self {
         match err {
-            deadpool_postgres::PoolError::Backend(err) => DbError::from(err),
-            other => DbError::Unavailable(Box::new(other)),
+            PoolError::Backend(err) => DbError::from(err),
+            PoolError::Timeout(TimeoutType::Wait) => {
+                DbError::unavailable("no pooled session became free in time")
+            }
+            PoolError::Timeout(TimeoutType::Create) => {
+                DbError::unavailable("timed out connecting to the database")
+            }
+            PoolError::Timeout(TimeoutType::Recycle) => {
+                DbError::unavailable("timed out checking a pooled session")
+            }
+            other => DbError::unavailable(chain(&other)),
         }
     }
 }
@@ -86,28 +169,64 @@ fn is_connection_error(err: &tokio_postgres::Error) -> bool {
     }
 }
 
-/// A log-friendly description of an error with the server's fields, when it has them:
-/// SQLSTATE, message, detail and hint.
-pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+/// An error and its sources, joined by ": ".
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
-        if let Some(db) = inner.downcast_ref::<tokio_postgres::error::DbError>() {
-            text.push_str(&format!(
-                ": {} (SQLSTATE {})",
-                db.message(),
-                db.code().code()
-            ));
-            if let Some(detail) = db.detail() {
-                text.push_str(&format!(", detail: {detail}"));
-            }
-            if let Some(hint) = db.hint() {
-                text.push_str(&format!(", hint: {hint}"));
-            }
-            return text;
-        }
-        text.push_str(&format!(": {inner}"));
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
         source = inner.source();
     }
     text
+}
+
+/// An error and its sources, for a log line. A [`DbError`] says everything in its own
+/// message, so for it this is the same as `to_string`.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    chain(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_answer_names_its_message_and_sqlstate_and_has_no_source() {
+        let err = DbError::Query(Cause {
+            message: "relation \"x\" does not exist".into(),
+            code: Some(SqlState::UNDEFINED_TABLE),
+            detail: None,
+            hint: Some("create it first".into()),
+        });
+        assert_eq!(
+            err.to_string(),
+            "database error: relation \"x\" does not exist (SQLSTATE 42P01), hint: create it first"
+        );
+        assert!(std::error::Error::source(&err).is_none());
+        assert_eq!(describe(&err), err.to_string());
+        assert!(!err.is_unavailable());
+        assert!(!err.is_transient());
+    }
+
+    #[test]
+    fn an_outage_is_unavailable_and_transient() {
+        let err = DbError::unavailable("connection refused");
+        assert_eq!(err.to_string(), "database unavailable: connection refused");
+        assert!(err.is_unavailable());
+        assert!(err.is_transient());
+        assert_eq!(err.code(), None);
+    }
+
+    #[test]
+    fn a_statement_timeout_is_transient_but_not_an_outage() {
+        let err = DbError::Query(Cause {
+            message: "canceling statement due to statement timeout".into(),
+            code: Some(SqlState::QUERY_CANCELED),
+            detail: None,
+            hint: None,
+        });
+        assert!(!err.is_unavailable());
+        assert!(err.is_transient());
+    }
 }

@@ -1,8 +1,8 @@
 //! TLS to PostgreSQL with libpq's `sslmode` meanings, over rustls.
 //!
 //! tokio-postgres knows only `disable`, `prefer` and `require`, and no root certificate
-//! option; this module takes `sslmode` and `sslrootcert` out of the connection string (or
-//! `PGSSLMODE` / `PGSSLROOTCERT`) and builds the connector that honours them:
+//! option; this module builds the rustls connector that honours what
+//! [`super::settings`] found for `sslmode` and `sslrootcert`:
 //!
 //! | sslmode | TLS | the server's certificate |
 //! | --- | --- | --- |
@@ -81,133 +81,6 @@ pub enum TlsError {
     NoRootCert(PathBuf),
     #[error("invalid TLS configuration")]
     Rustls(#[source] rustls::Error),
-}
-
-/// The TLS options found in a connection string, and the string without them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Split {
-    pub rest: String,
-    pub sslmode: Option<String>,
-    pub sslrootcert: Option<String>,
-}
-
-/// Take `sslmode` and `sslrootcert` out of a URL or key=value connection string. A string
-/// this cannot read is returned whole, for tokio-postgres to report its error.
-pub fn split(conninfo: &str) -> Split {
-    let whole = || Split {
-        rest: conninfo.to_string(),
-        sslmode: None,
-        sslrootcert: None,
-    };
-    let pairs = if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
-        return split_url(conninfo).unwrap_or_else(whole);
-    } else {
-        match keyword_pairs(conninfo) {
-            Some(pairs) => pairs,
-            None => return whole(),
-        }
-    };
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
-    let mut kept = Vec::new();
-    for (key, value) in pairs {
-        match key.as_str() {
-            "sslmode" => split.sslmode = Some(value),
-            "sslrootcert" => split.sslrootcert = Some(value),
-            _ => kept.push(format!(
-                "{key}='{}'",
-                value.replace('\\', "\\\\").replace('\'', "\\'")
-            )),
-        }
-    }
-    split.rest = kept.join(" ");
-    split
-}
-
-fn split_url(url: &str) -> Option<Split> {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, query),
-        None => (url, ""),
-    };
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match key {
-            "sslmode" => split.sslmode = Some(percent_decode(value)?),
-            "sslrootcert" => split.sslrootcert = Some(percent_decode(value)?),
-            _ => kept.push(pair),
-        }
-    }
-    split.rest = if kept.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Some(split)
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The `key = value` pairs of a libpq keyword string (values may be single-quoted, with
-/// backslash escapes).
-fn keyword_pairs(text: &str) -> Option<Vec<(String, String)>> {
-    let mut pairs = Vec::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.peek().is_none() {
-            return Some(pairs);
-        }
-        let mut key = String::new();
-        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
-            key.push(c);
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        chars.next_if_eq(&'=')?;
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let mut value = String::new();
-        if chars.next_if_eq(&'\'').is_some() {
-            loop {
-                match chars.next()? {
-                    '\\' => value.push(chars.next()?),
-                    '\'' => break,
-                    c => value.push(c),
-                }
-            }
-        } else {
-            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                if c == '\\' {
-                    value.push(chars.next()?);
-                } else {
-                    value.push(c);
-                }
-            }
-        }
-        pairs.push((key, value));
-    }
 }
 
 /// The connector for `mode`, trusting `root_cert` (a PEM file) when given.
@@ -381,38 +254,6 @@ impl ServerCertVerifier for NoVerification {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tls_options_are_taken_out_of_a_url() {
-        let found = split("postgres://u:p@db.example:5433/app?sslmode=verify-full&application_name=x&sslrootcert=%2Fetc%2Fca.pem");
-        assert_eq!(
-            found.rest,
-            "postgres://u:p@db.example:5433/app?application_name=x"
-        );
-        assert_eq!(found.sslmode.as_deref(), Some("verify-full"));
-        assert_eq!(found.sslrootcert.as_deref(), Some("/etc/ca.pem"));
-        let plain = split("postgresql://localhost/app");
-        assert_eq!(plain.rest, "postgresql://localhost/app");
-        assert_eq!(plain.sslmode, None);
-    }
-
-    #[test]
-    fn tls_options_are_taken_out_of_a_keyword_string() {
-        let found =
-            split("host=db user='it''s' sslmode = verify-ca  sslrootcert='/my ca.pem' dbname=app");
-        assert_eq!(
-            found.sslmode, None,
-            "a doubled quote is not libpq syntax: the string is left whole"
-        );
-        let found = split(
-            "host=db user='o\\'brien' sslmode = verify-ca  sslrootcert='/my ca.pem' dbname=app",
-        );
-        assert_eq!(found.sslmode.as_deref(), Some("verify-ca"));
-        assert_eq!(found.sslrootcert.as_deref(), Some("/my ca.pem"));
-        assert_eq!(found.rest, "host='db' user='o\\'brien' dbname='app'");
-        let config: tokio_postgres::Config = found.rest.parse().unwrap();
-        assert_eq!(config.get_user(), Some("o'brien"));
-    }
 
     #[test]
     fn every_libpq_sslmode_parses_and_maps_to_a_negotiation() {

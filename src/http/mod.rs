@@ -5,11 +5,17 @@
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | [`tasks`] |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | [`ops`] |
 //!
+//! A failed request is an [`error::ApiError`], which becomes its status code and JSON body in
+//! one place; the task routes take their id and their pooled session through the extractors
+//! of [`extract`].
+//!
 //! Every answer about a task comes from the database, never from daemon memory; an
 //! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
 //! guards every route but `/healthz`. Bodies over `http.max_body` are 413; every request has a
 //! deadline, so that slow clients cannot hold the server.
 
+mod error;
+mod extract;
 mod ops;
 mod tasks;
 
@@ -23,10 +29,11 @@ use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 
+use self::error::ApiError;
 use crate::db::Pool;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -90,7 +97,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/openapi.json", get(ops::openapi))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .route("/healthz", get(ops::healthz))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
         .layer(TimeoutLayer::with_status_code(
@@ -123,11 +130,6 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router, stop: Canc
     }
 }
 
-/// A JSON error body: `{"error": "..."}`.
-pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
-}
-
 /// Every route but `/healthz` needs `Authorization: Bearer <token>` when a token is set.
 /// A wrong or missing token is 401 and says nothing more.
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -143,14 +145,7 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         Some(presented) if constant_time_eq(presented.as_bytes(), token.as_bytes()) => {
             next.run(request).await
         }
-        _ => {
-            let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized");
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-            response
-        }
+        _ => ApiError::Unauthorized.into_response(),
     }
 }
 

@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use pgtaskd::events::ANALYZER_RUN;
+
 use crate::support::{audit, eventually, expected_counts, payload, DaemonProcess, TestDb, WAIT};
 
 const DAEMONS: usize = 3;
@@ -13,10 +15,10 @@ const ROUNDS: usize = 40;
 const TASKS_PER_ROUND: usize = 100;
 const CONFIG: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"200ms\"\n";
 
-/// Every `(id, attempt)` in an "analyzer run" debug line.
+/// Every `(id, attempt)` in an [`ANALYZER_RUN`] debug line.
 fn analyzer_runs(log: &str) -> Vec<(i64, i32)> {
     log.lines()
-        .filter(|line| line.contains("analyzer run"))
+        .filter(|line| line.contains(ANALYZER_RUN))
         .filter_map(|line| {
             let field = |name: &str| {
                 line.split_whitespace()

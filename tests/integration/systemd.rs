@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use pgtaskd::events::ANALYZER_RUN;
 use tokio::net::UnixDatagram;
 
 use crate::support::daemon::wait_listening;
@@ -86,7 +87,7 @@ async fn json_logs_carry_the_task_id_and_attempt_on_every_task_line() {
         let value: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|err| panic!("not JSON ({err}): {line}"));
         let message = value["fields"]["message"].as_str().unwrap_or_default();
-        if message.starts_with("task ") || message == "analyzer run" {
+        if message.starts_with("task ") || message == ANALYZER_RUN {
             task_lines += 1;
             assert!(value["fields"]["id"].is_i64(), "{line}");
             assert!(value["fields"]["attempt"].is_i64(), "{line}");

@@ -1,17 +1,16 @@
 //! Running the daemon in tests: in-process (with a test analyzer and a shutdown trigger) or
-//! as the real `pgtaskd` binary (with real signals).
+//! as the real `pgtaskd` binary (with real signals) through [`pgtaskd::process`], the same
+//! child-process harness that `pgtaskd bench` uses.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::process::ExitStatus;
+use std::sync::Arc;
 
 use pgtaskd::analyzer::Analyzer;
 use pgtaskd::config::Config;
 use pgtaskd::daemon::{self, RunOptions};
+use pgtaskd::process::{DaemonChild, DaemonCommand};
 use pgtaskd::shutdown::Shutdown;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{within, TestDb, WAIT};
@@ -111,12 +110,10 @@ pub async fn pgtaskd(url: Option<&str>, args: &[&str]) -> (ExitStatus, String, S
     )
 }
 
-/// `pgtaskd run` as a process of its own, with its log captured.
+/// `pgtaskd run` as a process of its own, with its log captured: [`DaemonChild`] with the
+/// tests' deadlines, failing the test with the daemon's log when one passes.
 pub struct DaemonProcess {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-    lines: watch::Receiver<usize>,
-    _config: Option<tempfile_path::TempPath>,
+    child: DaemonChild,
 }
 
 impl DaemonProcess {
@@ -137,61 +134,35 @@ impl DaemonProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> DaemonProcess {
-        let config = tempfile_path::TempPath::write(config_toml);
-        let mut child = Command::new(binary())
-            .envs(env.iter().copied())
-            .arg("run")
+        let mut command =
+            DaemonCommand::new(binary(), config_toml).expect("write the daemon's configuration");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command
             .args(args)
-            .arg("--config")
-            .arg(config.path())
             .env("PGTASKD_DATABASE_URL", url)
-            .env("RUST_LOG", "pgtaskd=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("pgtaskd starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, lines) = watch::channel(0);
-        std::thread::spawn({
-            let log = Arc::clone(&log);
-            move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    let mut log = log.lock().unwrap();
-                    log.push(line);
-                    let _ = tx.send(log.len());
-                }
-            }
-        });
+            .env("RUST_LOG", "pgtaskd=debug");
         DaemonProcess {
-            child,
-            log,
-            lines,
-            _config: Some(config),
+            child: command.spawn().expect("pgtaskd starts"),
         }
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.child.pid() as i32
     }
 
     /// Wait until a log line contains `needle`.
     pub async fn wait_for_log(&mut self, needle: &str) {
-        let log = Arc::clone(&self.log);
-        let found = within(WAIT, &format!("log line {needle:?}"), async {
-            loop {
-                if log.lock().unwrap().iter().any(|l| l.contains(needle)) {
-                    return true;
-                }
-                if self.lines.changed().await.is_err() {
-                    return log.lock().unwrap().iter().any(|l| l.contains(needle));
-                }
-            }
-        })
+        let found = within(
+            WAIT,
+            &format!("log line {needle:?}"),
+            self.child
+                .wait_for_log(|lines| lines.iter().any(|l| l.contains(needle)).then_some(())),
+        )
         .await;
         assert!(
-            found,
+            found.is_some(),
             "the daemon ended without logging {needle:?}:\n{}",
             self.log_text()
         );
@@ -199,38 +170,23 @@ impl DaemonProcess {
 
     /// Everything logged so far.
     pub fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        self.child.log_lines().join("\n")
     }
 
     /// Send `signal` to the process.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(self.pid(), signal);
-        }
+        self.child.signal(signal);
     }
 
     /// Wait for the process to exit.
     pub async fn wait(&mut self) -> ExitStatus {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for pgtaskd") {
-                return status;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "pgtaskd did not exit within {WAIT:?}:\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for DaemonProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let status = self
+            .child
+            .wait_timeout(WAIT)
+            .await
+            .expect("wait for pgtaskd");
+        status
+            .unwrap_or_else(|| panic!("pgtaskd did not exit within {WAIT:?}:\n{}", self.log_text()))
     }
 }
 

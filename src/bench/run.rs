@@ -1,0 +1,274 @@
+//! One bench run from start to finish: a queue of its own emptied before and after, the
+//! workload's rows inserted as the mode says, the daemon started and waited for, the figures
+//! taken and the table's totals checked against the workload's. Called through
+//! [`super::run`] by `pgtaskd bench`.
+
+use std::time::Instant;
+
+use tokio_postgres::{AsyncMessage, Client};
+
+use super::daemon::{AnalyzerStarts, Daemon};
+use super::report::{Latency, Report};
+use super::{
+    workload, BenchError, BenchOptions, Mode, LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL,
+    RUN_LIMIT, STREAM_STATEMENTS, WARM_UP,
+};
+use crate::config::Config;
+use crate::db::{listen, migrate, ConnectSettings, DbError};
+
+/// Run the benchmark.
+///
+/// # Errors
+///
+/// Database failures, a daemon that cannot start, a run that does not finish, or totals that
+/// differ from the check totals.
+pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, BenchError> {
+    let settings = ConnectSettings::new(&config.database, "bench")
+        .map_err(|err| BenchError::Daemon(err.to_string()))?;
+    let client = settings.connect().await?;
+    migrate::check(&client).await?;
+    let queue = format!("bench-{}", std::process::id());
+    delete_rows(&client, &queue).await?;
+    let expected = if options.tasks == 20_000 {
+        workload::CHECK_TOTALS_20000
+    } else {
+        workload::check_totals(options.tasks)
+    };
+    let result = measure(&settings, &client, config, &queue, options).await;
+    delete_rows(&client, &queue).await?;
+    let (report, found, succeeded) = result?;
+    if found != expected || succeeded != i64::from(options.tasks) {
+        return Err(BenchError::Totals {
+            found,
+            expected,
+            succeeded,
+            tasks: options.tasks,
+        });
+    }
+    Ok(report)
+}
+
+async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
+    client
+        .execute("DELETE FROM pgtaskd.tasks WHERE queue = $1", &[&queue])
+        .await?;
+    Ok(())
+}
+
+/// Run one mode; returns the report, the table's totals and the SUCCEEDED count.
+async fn measure(
+    settings: &ConnectSettings,
+    client: &Client,
+    config: &Config,
+    queue: &str,
+    options: BenchOptions,
+) -> Result<(Report, (i64, i64, i64), i64), BenchError> {
+    let n = options.tasks as usize;
+    let texts: Vec<String> = (0..options.tasks).map(workload::gen_text).collect();
+    let mut latency = None;
+    let mut floor = None;
+    let mut idle_cpu = None;
+    let (daemon, started) = match options.mode {
+        Mode::Drain => {
+            insert(client, queue, &texts).await?;
+            let started = chrono::Utc::now();
+            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
+            wait_done(client, queue, n).await?;
+            (daemon, started)
+        }
+        Mode::Stream => {
+            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
+            daemon.wait_listening(client).await?;
+            idle_cpu = Some(daemon.idle_cpu().await);
+            let started = chrono::Utc::now();
+            let per_statement = n.div_ceil(STREAM_STATEMENTS).max(1);
+            for chunk in texts.chunks(per_statement) {
+                insert(client, queue, chunk).await?;
+            }
+            wait_done(client, queue, n).await?;
+            (daemon, started)
+        }
+        Mode::Latency => {
+            floor = Some(notify_floor(settings, client, queue, &texts).await?);
+            let daemon = Daemon::start(config, queue, options.concurrency, true)?;
+            daemon.wait_listening(client).await?;
+            idle_cpu = Some(daemon.idle_cpu().await);
+            let started = chrono::Utc::now();
+            // Returns once every task is done.
+            latency = Some(latencies(client, queue, &texts, &daemon).await?);
+            (daemon, started)
+        }
+    };
+    let seconds = seconds_since(client, queue, started).await?;
+    let usage = daemon.usage();
+    daemon.stop().await;
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(words), 0)::int8, coalesce(sum(bytes), 0)::int8,
+                    coalesce(sum(runes), 0)::int8, count(*) FILTER (WHERE status = 'SUCCEEDED')
+               FROM pgtaskd.tasks WHERE queue = $1",
+            &[&queue],
+        )
+        .await?;
+    let found = (row.get(0), row.get(1), row.get(2));
+    let succeeded: i64 = row.get(3);
+    let report = Report {
+        mode: options.mode,
+        tasks: options.tasks,
+        concurrency: options.concurrency,
+        seconds,
+        tasks_per_s: n as f64 / seconds,
+        latency_ms: latency,
+        notify_floor_ms: floor,
+        daemon_cpu_s: usage.cpu_s,
+        daemon_cpu_s_per_1000_tasks: usage.cpu_s / n as f64 * 1000.0,
+        daemon_peak_rss_mib: usage.peak_rss_mib,
+        daemon_idle_cpu_s_per_s: idle_cpu,
+        check_totals: found,
+    };
+    Ok((report, found, succeeded))
+}
+
+async fn insert(client: &Client, queue: &str, texts: &[String]) -> Result<(), BenchError> {
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT $1, unnest($2::text[])",
+            &[&queue, &texts],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Wait until no task of `queue` is QUEUED or RUNNING and `n` are SUCCEEDED. The check is an
+/// `EXISTS` on the partial indexes, cheap enough not to slow the run it watches.
+async fn wait_done(client: &Client, queue: &str, n: usize) -> Result<(), BenchError> {
+    let deadline = Instant::now() + RUN_LIMIT;
+    loop {
+        let busy: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
+                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')",
+                &[&queue],
+            )
+            .await?
+            .get(0);
+        if !busy {
+            let done: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'SUCCEEDED'",
+                    &[&queue],
+                )
+                .await?
+                .get(0);
+            if done as usize >= n {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::TooLong(RUN_LIMIT));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Seconds from `started` (this process's clock) to the last `finished_at` of `queue` (the
+/// database's clock: the same machine's).
+async fn seconds_since(
+    client: &Client,
+    queue: &str,
+    started: chrono::DateTime<chrono::Utc>,
+) -> Result<f64, BenchError> {
+    let last: chrono::DateTime<chrono::Utc> = client
+        .query_one(
+            "SELECT max(finished_at) FROM pgtaskd.tasks WHERE queue = $1",
+            &[&queue],
+        )
+        .await?
+        .get(0);
+    Ok((last - started).num_microseconds().unwrap_or(0) as f64 / 1e6)
+}
+
+/// Latency mode: warm-up, then one task at a time, 20 ms apart; the latency of a task is
+/// from just before its INSERT to the daemon's [`crate::events::ANALYZER_RUN`] event for it.
+async fn latencies(
+    client: &Client,
+    queue: &str,
+    texts: &[String],
+    daemon: &Daemon,
+) -> Result<Latency, BenchError> {
+    let insert = client
+        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2) RETURNING id")
+        .await?;
+    let count = texts.len();
+    let mut sent = Vec::with_capacity(count);
+    for (i, text) in texts.iter().take(count).enumerate() {
+        let before = chrono::Utc::now();
+        let id: i64 = client.query_one(&insert, &[&queue, text]).await?.get(0);
+        if i >= WARM_UP {
+            sent.push((id, before));
+        }
+        tokio::time::sleep(LATENCY_GAP).await;
+    }
+    wait_done(client, queue, count).await?;
+    let mut starts = AnalyzerStarts::default();
+    let mut millis = Vec::with_capacity(sent.len());
+    for (id, before) in sent {
+        let started = starts.of(daemon, id).await?;
+        millis.push((started - before).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+    }
+    Ok(Latency::of(millis))
+}
+
+/// The floor under the latency: the same inserts, one at a time and as far apart, with no
+/// daemon running and a `LISTEN` session of the bench's own timing each notification's
+/// arrival. Its rows go to a queue of their own, removed afterwards.
+async fn notify_floor(
+    settings: &ConnectSettings,
+    client: &Client,
+    queue: &str,
+    texts: &[String],
+) -> Result<Latency, BenchError> {
+    let (listener, connection) = settings
+        .config()
+        .connect(settings.tls())
+        .await
+        .map_err(DbError::from)?;
+    // Through the same forwarding as the daemon's listener.
+    let (mut messages, _pump) = listen::forward_messages(connection);
+    listener
+        .batch_execute(&format!("LISTEN {}", listen::TASKS_CHANNEL))
+        .await?;
+    let queue = format!("{queue}-floor");
+    let insert = client
+        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
+        .await?;
+    let timed = async {
+        let mut millis = Vec::with_capacity(LATENCY_TASKS);
+        for (i, text) in texts.iter().enumerate() {
+            let before = Instant::now();
+            client.execute(&insert, &[&queue, text]).await?;
+            let notified = async {
+                loop {
+                    match messages.recv().await {
+                        Some(AsyncMessage::Notification(_)) => return Some(Instant::now()),
+                        Some(_) => {}
+                        None => return None,
+                    }
+                }
+            };
+            let arrived = tokio::time::timeout(NOTIFY_WAIT, notified)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(BenchError::NoNotification)?;
+            if i >= WARM_UP {
+                millis.push((arrived - before).as_micros() as f64 / 1000.0);
+            }
+            tokio::time::sleep(LATENCY_GAP).await;
+        }
+        Ok::<_, BenchError>(millis)
+    }
+    .await;
+    delete_rows(client, &queue).await?;
+    Ok(Latency::of(timed?))
+}

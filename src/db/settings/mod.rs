@@ -1,0 +1,231 @@
+//! The connection settings: what to connect to, how, and with which deadlines, resolved
+//! once into [`ConnectSettings`] as `psql` would resolve them. Opening sessions with them is
+//! [`super::open`]'s job; verifying the server's certificate is [`super::tls`]'s.
+//!
+//! Where the connection comes from, first match wins: `database.url` in the configuration,
+//! `PGTASKD_DATABASE_URL`, then an empty string ([`conninfo`] reads it). Whatever that string
+//! leaves unset is taken from the libpq environment variables and then libpq's defaults
+//! ([`libpq`]); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
+//! `PGSSLROOTCERT`, else `prefer` and the default roots.
+//!
+//! Every session gets `application_name = pgtaskd/<instance id>`, TCP keepalives and a
+//! user timeout, so that a dead peer is noticed in seconds. Daemon sessions also get
+//! `statement_timeout`, `lock_timeout` and `idle_in_transaction_session_timeout`.
+
+pub mod conninfo;
+mod libpq;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::Config;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::tls::{self, SslMode, TlsError};
+use crate::config::DatabaseConfig;
+
+/// The environment variable read when `database.url` is not set.
+pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
+
+/// A session that stays idle inside a transaction this long is ended by the server.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The client-side deadline of an operation when `statement_timeout` is off.
+const QUERY_DEADLINE_WITHOUT_TIMEOUT: Duration = Duration::from_secs(60);
+/// TCP keepalive: first probe after this much silence, then one per interval.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unacknowledged data older than this closes the connection.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Everything needed to open a session: the resolved libpq settings and the deadlines.
+#[derive(Clone)]
+pub struct ConnectSettings {
+    pub(in crate::db) config: Config,
+    pub(in crate::db) tls: MakeRustlsConnect,
+    ssl_mode: SslMode,
+    pub(in crate::db) pool_size: usize,
+    pub(in crate::db) connect_timeout: Duration,
+    pub(in crate::db) query_deadline: Duration,
+}
+
+impl std::fmt::Debug for ConnectSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // tokio_postgres::Config's Debug already redacts the password.
+        f.debug_struct("ConnectSettings")
+            .field("config", &self.config)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// A connection string that could not be used (exit 78).
+#[derive(Debug, thiserror::Error)]
+pub enum BadConnectionString {
+    #[error("invalid database connection string")]
+    Parse(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+impl ConnectSettings {
+    /// Resolve the connection settings for a process whose instance id is `instance`.
+    ///
+    /// # Errors
+    ///
+    /// A connection string that does not parse.
+    pub fn new(database: &DatabaseConfig, instance: &str) -> Result<Self, BadConnectionString> {
+        let url = database
+            .url
+            .clone()
+            .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
+            .unwrap_or_default();
+        let split = conninfo::split(&url);
+        let mut config = Config::from_str(&split.rest).map_err(BadConnectionString::Parse)?;
+        libpq::apply_env(&mut config, |name| std::env::var(name).ok())
+            .map_err(BadConnectionString::Parse)?;
+        libpq::apply_defaults(&mut config);
+        let mode_text = split
+            .sslmode
+            .or_else(|| std::env::var("PGSSLMODE").ok())
+            .unwrap_or_else(|| "prefer".to_string());
+        let ssl_mode = SslMode::parse(&mode_text).ok_or(TlsError::SslMode(mode_text))?;
+        let root_cert = split
+            .sslrootcert
+            .or_else(|| std::env::var("PGSSLROOTCERT").ok())
+            .map(std::path::PathBuf::from);
+        let tls = tls::connector(ssl_mode, root_cert.as_deref())?;
+        config.ssl_mode(ssl_mode.negotiation());
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(database.connect_timeout);
+        }
+        config
+            .application_name(format!("pgtaskd/{instance}"))
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .keepalives_interval(KEEPALIVE_INTERVAL)
+            .tcp_user_timeout(TCP_USER_TIMEOUT);
+        let connect_timeout = *config.get_connect_timeout().expect("set above");
+        let mut settings = ConnectSettings {
+            config,
+            tls,
+            ssl_mode,
+            pool_size: database.pool_size,
+            connect_timeout,
+            query_deadline: query_deadline(database.statement_timeout),
+        };
+        settings.add_session_timeouts(database.statement_timeout);
+        Ok(settings)
+    }
+
+    /// The resolved libpq settings (the password is redacted by its `Debug`).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The TLS connector for these settings.
+    pub fn tls(&self) -> MakeRustlsConnect {
+        self.tls.clone()
+    }
+
+    /// The libpq `sslmode` in force.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.ssl_mode
+    }
+
+    /// Deadlines for the daemon's sessions, passed as startup options so that they hold
+    /// from the first statement on and survive a pool's connection reuse.
+    fn add_session_timeouts(&mut self, statement_timeout: Duration) {
+        let mut options = self.config.get_options().unwrap_or_default().to_string();
+        for (name, value) in [
+            ("statement_timeout", statement_timeout),
+            ("lock_timeout", statement_timeout),
+            (
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            ),
+        ] {
+            if !options.is_empty() {
+                options.push(' ');
+            }
+            options.push_str(&format!("-c {name}={}", value.as_millis()));
+        }
+        self.config.options(&options);
+    }
+}
+
+/// The client-side deadline of one pooled operation: twice the server's
+/// `statement_timeout`, so that the server's own timeout normally answers first, or a minute
+/// when that timeout is off.
+fn query_deadline(statement_timeout: Duration) -> Duration {
+    if statement_timeout.is_zero() {
+        QUERY_DEADLINE_WITHOUT_TIMEOUT
+    } else {
+        statement_timeout * 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_full_in_the_string_requires_tls() {
+        let database = DatabaseConfig {
+            url: Some("host=localhost user=u dbname=d sslmode=verify-full".into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::ZERO,
+        };
+        let settings = ConnectSettings::new(&database, "x").unwrap();
+        assert_eq!(settings.ssl_mode(), SslMode::VerifyFull);
+        assert_eq!(
+            settings.config().get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+    }
+
+    #[test]
+    fn an_unknown_sslmode_is_an_error() {
+        let database = DatabaseConfig {
+            url: Some("host=localhost sslmode=sometimes".into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::ZERO,
+        };
+        let err = ConnectSettings::new(&database, "x").unwrap_err();
+        assert!(err.to_string().contains("sometimes"), "{err}");
+    }
+
+    #[test]
+    fn settings_carry_application_name_and_session_timeouts() {
+        let database = DatabaseConfig {
+            url: Some("host=localhost user=u dbname=d".into()),
+            pool_size: 3,
+            connect_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_millis(1500),
+        };
+        let settings = ConnectSettings::new(&database, "host:1:ab").unwrap();
+        let config = settings.config();
+        assert_eq!(config.get_application_name(), Some("pgtaskd/host:1:ab"));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        let options = config.get_options().unwrap();
+        assert!(options.contains("-c statement_timeout=1500"), "{options}");
+        assert!(options.contains("-c lock_timeout=1500"), "{options}");
+        assert!(
+            options.contains("-c idle_in_transaction_session_timeout=60000"),
+            "{options}"
+        );
+    }
+
+    #[test]
+    fn a_bad_connection_string_is_an_error() {
+        let database = DatabaseConfig {
+            url: Some("postgres://[broken".into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::ZERO,
+        };
+        assert!(ConnectSettings::new(&database, "x").is_err());
+    }
+}

@@ -1,0 +1,76 @@
+//! [`ApiError`]: every way a request fails, and the answer it becomes: a status code and a
+//! JSON body `{"error": "..."}`. Handlers return `Result<_, ApiError>` and use `?`.
+//!
+//! A database failure the database could not help (an outage, a timeout, an overload) is
+//! 503 "database unavailable", never 404; any other database error is 500 "internal error"
+//! (inputs are validated first, so it is a bug). Either way the body names no detail; the
+//! log has it.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::db::DbError;
+use crate::queue::TaskStatus;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the task id must be an integer")]
+    BadTaskId,
+    #[error("unauthorized")]
+    Unauthorized,
+    #[error("no such task")]
+    NoSuchTask,
+    #[error("no such route")]
+    NoSuchRoute,
+    #[error("task is already {0}")]
+    AlreadyFinished(TaskStatus),
+    #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
+    UnsupportedMediaType,
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::BadTaskId => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NoSuchTask | ApiError::NoSuchRoute => StatusCode::NOT_FOUND,
+            ApiError::AlreadyFinished(_) => StatusCode::CONFLICT,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Db(err) if err.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = match &self {
+            ApiError::Db(err) if err.is_transient() => {
+                tracing::warn!(error = %err, "HTTP request could not be served by the database");
+                serde_json::json!({ "error": "database unavailable" })
+            }
+            ApiError::Db(err) => {
+                tracing::error!(error = %err, "HTTP request failed in the database");
+                serde_json::json!({ "error": "internal error" })
+            }
+            ApiError::AlreadyFinished(status) => {
+                serde_json::json!({ "error": self.to_string(), "status": status })
+            }
+            other => serde_json::json!({ "error": other.to_string() }),
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,208 @@
+//! `pgtaskd run` as a child process, for the code that measures or tests the real binary:
+//! `pgtaskd bench` runs the daemon under test through it, and the integration tests'
+//! `DaemonProcess` wraps it.
+//!
+//! A [`DaemonCommand`] writes the configuration to a file of its own (removed with the
+//! child) and starts `EXE run ARGS --config FILE`; the [`DaemonChild`] it returns holds the
+//! process, every line the daemon wrote to its standard error, and its exit status once it
+//! has exited. Dropping the child kills it.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+/// How often [`DaemonChild::wait_timeout`] looks at the process.
+const POLL: Duration = Duration::from_millis(20);
+
+/// How to start `pgtaskd run`.
+pub struct DaemonCommand {
+    command: Command,
+    args: Vec<std::ffi::OsString>,
+    config: ConfigFile,
+}
+
+impl DaemonCommand {
+    /// `exe run --config FILE`, where FILE holds `config_toml`.
+    ///
+    /// # Errors
+    ///
+    /// The configuration file cannot be written.
+    pub fn new(exe: impl AsRef<OsStr>, config_toml: &str) -> std::io::Result<DaemonCommand> {
+        Ok(DaemonCommand {
+            command: Command::new(exe),
+            args: Vec::new(),
+            config: ConfigFile::write(config_toml)?,
+        })
+    }
+
+    /// Arguments for `run`, before `--config`.
+    pub fn args<I, S>(&mut self, args: I) -> &mut DaemonCommand
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// Set an environment variable of the child.
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut DaemonCommand {
+        self.command.env(key, value);
+        self
+    }
+
+    /// Remove an environment variable the child would inherit.
+    pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut DaemonCommand {
+        self.command.env_remove(key);
+        self
+    }
+
+    /// Start the daemon, with its standard error read line by line into its log.
+    ///
+    /// # Errors
+    ///
+    /// The process cannot be started.
+    pub fn spawn(mut self) -> std::io::Result<DaemonChild> {
+        let mut child = self
+            .command
+            .arg("run")
+            .args(&self.args)
+            .arg("--config")
+            .arg(self.config.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = watch::channel(0);
+        std::thread::spawn({
+            let log = Arc::clone(&log);
+            move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let mut log = log.lock().expect("daemon log poisoned");
+                    log.push(line);
+                    let _ = tx.send(log.len());
+                }
+            }
+        });
+        Ok(DaemonChild {
+            child,
+            log,
+            lines,
+            _config: self.config,
+        })
+    }
+}
+
+/// A running (or exited) `pgtaskd run`.
+pub struct DaemonChild {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    /// How many lines the log holds; closed once the daemon's standard error is.
+    lines: watch::Receiver<usize>,
+    _config: ConfigFile,
+}
+
+impl DaemonChild {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child; kill has no memory effects.
+        unsafe {
+            libc::kill(self.pid() as i32, signal);
+        }
+    }
+
+    /// Everything logged so far, one line each.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().expect("daemon log poisoned").clone()
+    }
+
+    /// Call `found` on the whole log now and after every new line, until it returns
+    /// something; `None` if the daemon's standard error closed first. No deadline of its
+    /// own: callers put one around it.
+    pub async fn wait_for_log<T>(
+        &self,
+        mut found: impl FnMut(&[String]) -> Option<T>,
+    ) -> Option<T> {
+        let mut lines = self.lines.clone();
+        loop {
+            if let Some(value) = found(&self.log.lock().expect("daemon log poisoned")) {
+                return Some(value);
+            }
+            if lines.changed().await.is_err() {
+                return found(&self.log.lock().expect("daemon log poisoned"));
+            }
+        }
+    }
+
+    /// The exit status, if the process has exited.
+    ///
+    /// # Errors
+    ///
+    /// The status cannot be read.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        self.child.try_wait()
+    }
+
+    /// Wait up to `limit` for the process to exit; `None` if it still runs.
+    ///
+    /// # Errors
+    ///
+    /// The status cannot be read.
+    pub async fn wait_timeout(&mut self, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for DaemonChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The daemon's configuration file, removed when dropped.
+struct ConfigFile(PathBuf);
+
+impl ConfigFile {
+    fn write(contents: &str) -> std::io::Result<ConfigFile> {
+        let path = std::env::temp_dir().join(format!(
+            "pgtaskd-run-{}-{:016x}.toml",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::write(&path, contents)?;
+        Ok(ConfigFile(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
