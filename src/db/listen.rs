@@ -1,8 +1,10 @@
 //! The dedicated LISTEN connection: one per daemon, outside the pool, never in a transaction.
 //!
 //! It turns `NOTIFY pgtaskd_tasks` into a wake-up and `NOTIFY pgtaskd_cancel, '<id>'` into a
-//! cancel request, through [`ListenEvents`]. Notifications are only a wake-up: the worker's
-//! poll tick is the safety net (SPEC invariant 6).
+//! cancel hint, through [`ListenEvents`]. Any role may send a notification, so none changes
+//! anything by itself: a wake-up leads to a claim, which finds what the table holds; a cancel
+//! hint is confirmed in the row before an analyzer is stopped; and the worker's poll tick is
+//! the safety net for a notification lost (docs/design.md, "Nothing lost").
 //!
 //! The connection is checked, not trusted: a round trip every [`LIVENESS_INTERVAL`] with a
 //! deadline, on top of TCP keepalives, finds a half-open connection in seconds. On any
@@ -24,6 +26,55 @@ use crate::backoff::Backoff;
 pub const TASKS_CHANNEL: &str = "pgtaskd_tasks";
 /// The channel `pgtaskd.cancel` notifies, with the task id as payload.
 pub const CANCEL_CHANNEL: &str = "pgtaskd_cancel";
+
+/// Messages received and not yet handled; past this, notifications are dropped (they are
+/// hints: a wake-up is coalesced anyway, and the heartbeat reads cancel requests).
+const MESSAGE_QUEUE: usize = 4096;
+/// The most of a notification's payload a log line repeats.
+const LOGGED_PAYLOAD: usize = 64;
+/// Notifications without a task id on the cancel channel are reported at most once per this
+/// period, with how many there were: anyone may send them.
+const IGNORED_REPORT_PERIOD: Duration = Duration::from_secs(60);
+
+/// Counts cancel notifications that name no task, and reports them without filling the log.
+struct Ignored {
+    count: u64,
+    reported: Option<tokio::time::Instant>,
+}
+
+impl Ignored {
+    fn new() -> Ignored {
+        Ignored {
+            count: 0,
+            reported: None,
+        }
+    }
+
+    /// One more arrived with `payload`: the first of a period is logged with (the start of)
+    /// its payload; the rest are counted and reported when the period is over.
+    fn add(&mut self, payload: &str) {
+        self.count += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .reported
+            .is_some_and(|at| now.duration_since(at) < IGNORED_REPORT_PERIOD)
+        {
+            return;
+        }
+        let mut end = payload.len().min(LOGGED_PAYLOAD);
+        while !payload.is_char_boundary(end) {
+            end -= 1;
+        }
+        tracing::warn!(
+            payload = &payload[..end],
+            len = payload.len(),
+            ignored = self.count,
+            "ignoring cancel notifications without a task id (reported at most once a minute)"
+        );
+        self.count = 0;
+        self.reported = Some(now);
+    }
+}
 
 /// How often the listener proves its connection alive.
 const LIVENESS_INTERVAL: Duration = Duration::from_secs(5);
@@ -70,7 +121,7 @@ async fn listen_once(
     events: &impl ListenEvents,
     backoff: &mut Backoff,
 ) -> Result<(), DbError> {
-    let (sender, mut messages) = mpsc::unbounded_channel();
+    let (sender, mut messages) = mpsc::channel(MESSAGE_QUEUE);
     let (client, driver) = settings.open(Some(sender)).await?;
     let _driver = AbortOnDrop(driver);
 
@@ -82,6 +133,7 @@ async fn listen_once(
     events.connected();
 
     let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+    let mut ignored = Ignored::new();
     liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     liveness.tick().await;
     loop {
@@ -91,7 +143,7 @@ async fn listen_once(
                     TASKS_CHANNEL => events.work_available(),
                     CANCEL_CHANNEL => match n.payload().trim().parse::<i64>() {
                         Ok(id) => events.cancel_requested(id),
-                        Err(_) => tracing::warn!(payload = n.payload(), "ignoring a cancel notification without a task id"),
+                        Err(_) => ignored.add(n.payload()),
                     },
                     other => tracing::debug!(channel = other, "ignoring a notification"),
                 },
@@ -117,12 +169,12 @@ async fn listen_once(
 /// connection fails or closes; dropping the returned guard stops the task.
 pub fn forward_messages<S, T>(
     connection: tokio_postgres::Connection<S, T>,
-) -> (mpsc::UnboundedReceiver<AsyncMessage>, AbortOnDrop)
+) -> (mpsc::Receiver<AsyncMessage>, AbortOnDrop)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, messages) = mpsc::unbounded_channel();
+    let (sender, messages) = mpsc::channel(MESSAGE_QUEUE);
     (
         messages,
         AbortOnDrop(super::open::drive(connection, Some(sender))),

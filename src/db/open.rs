@@ -14,7 +14,8 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -45,7 +46,7 @@ impl ConnectSettings {
     /// As [`ConnectSettings::connect`].
     pub(crate) async fn open(
         &self,
-        messages: Option<UnboundedSender<AsyncMessage>>,
+        messages: Option<Sender<AsyncMessage>>,
     ) -> Result<(Client, JoinHandle<()>), DbError> {
         let connecting = self.config.connect(self.tls.clone());
         let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
@@ -79,11 +80,13 @@ impl ConnectSettings {
 
 /// Poll `connection` on a task of its own until it ends, sending its messages to `messages`
 /// while someone receives them; without a receiver, notices are logged and notifications
-/// dropped. The task ends when the client is dropped, the connection fails, or the receiver
-/// goes away.
+/// dropped. A message that finds the receiver's queue full is dropped too: notifications are
+/// only hints, and a flood of them must neither grow memory nor stop this task from reading
+/// the answers its client waits for. The task ends when the client is dropped, the
+/// connection fails, or the receiver goes away.
 pub(crate) fn drive<S, T>(
     mut connection: Connection<S, T>,
-    messages: Option<UnboundedSender<AsyncMessage>>,
+    messages: Option<Sender<AsyncMessage>>,
 ) -> JoinHandle<()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -93,11 +96,12 @@ where
         let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = stream.next().await {
             match (message, &messages) {
-                (Ok(message), Some(messages)) => {
-                    if messages.send(message).is_err() {
-                        break;
-                    }
-                }
+                (Ok(message), Some(messages)) => match messages.try_send(message) {
+                    Ok(()) => {}
+                    // Dropped without a word: a log line each would be the flood again.
+                    Err(TrySendError::Full(_)) => {}
+                    Err(TrySendError::Closed(_)) => break,
+                },
                 (Ok(AsyncMessage::Notice(notice)), None) => {
                     tracing::debug!(message = notice.message(), "server notice");
                 }

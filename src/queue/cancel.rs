@@ -2,6 +2,7 @@
 //! share one implementation of the rule (QUEUED -> CANCELED at once; RUNNING gets
 //! `cancel_requested` and a `NOTIFY pgtaskd_cancel`; terminal stays as it is).
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::task::{status_column, TaskStatus};
@@ -43,4 +44,25 @@ pub async fn cancel(client: &Client, id: i64) -> Result<CancelOutcome, DbError> 
             (Some(_), Some(current)) => CancelOutcome::AlreadyFinished(current),
         },
     )
+}
+
+/// Of `ids`, the tasks that `owner` runs and whose cancellation was requested: what a cancel
+/// notification claimed, confirmed by the row. Reads only.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn cancel_requested(
+    client: &Client,
+    owner: &str,
+    ids: &[i64],
+) -> Result<Vec<i64>, DbError> {
+    let rows = client
+        .query_typed(
+            "SELECT id FROM pgtaskd.tasks \
+              WHERE id = ANY($1) AND status = 'RUNNING' AND lease_owner = $2 AND cancel_requested",
+            &[(&ids, Type::INT8_ARRAY), (&owner, Type::TEXT)],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }

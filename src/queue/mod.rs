@@ -23,7 +23,7 @@ pub mod prune;
 pub mod rescue;
 pub mod task;
 
-pub use cancel::{cancel, CancelOutcome};
+pub use cancel::{cancel, cancel_requested, CancelOutcome};
 pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload};
 pub use enqueue::enqueue;
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};

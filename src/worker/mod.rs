@@ -9,8 +9,9 @@
 //! it is committed CANCELED, or released to QUEUED without costing an attempt.
 //!
 //! Each running task has a cancellation token, a child of the worker's abort token. A user's
-//! cancel (the listener's `pgtaskd_cancel` notification, or the heartbeat's read of
-//! `cancel_requested`) fires it; so does the abort phase of a shutdown. The analyzer runs on
+//! cancel fires it once the row confirms it (the listener's `pgtaskd_cancel` notification is
+//! only a hint, read back by `cancel.rs`; the heartbeat reads `cancel_requested` too); so does
+//! the abort phase of a shutdown. The analyzer runs on
 //! a blocking thread (or inline, for short texts and an analyzer that never blocks) and is
 //! always awaited to its return before the claim is finished, released or dropped: "asked
 //! to stop" is never taken for "stopped".
@@ -29,6 +30,7 @@
 //! | [`intake`] (`intake.rs`) | how many tasks to claim next |
 //! | `execute.rs` | one claim: permit, analyzer (inline or blocking), settling |
 //! | `registry.rs` | the running tasks and their cancellation tokens |
+//! | `cancel.rs` | cancel notifications, confirmed in the database before they stop anything |
 //! | `heartbeat.rs` | lease extension, and the cancel read it carries |
 //! | `shutdown.rs` | the two-phase stop |
 //!
@@ -49,6 +51,7 @@ use crate::config::WorkerConfig;
 use crate::db::{DbError, Pool};
 use crate::metrics::Metrics;
 
+mod cancel;
 mod claim;
 mod execute;
 mod heartbeat;
@@ -92,6 +95,8 @@ struct Inner {
     wake: Notify,
     /// The tasks this worker holds, so that the cancel paths can stop their analyzers.
     running: Registry,
+    /// Cancel notifications for tasks of this worker, not yet confirmed by their rows.
+    cancel_hints: cancel::Hints,
     /// Every task spawned for a claim, so that a shutdown can wait for the last one.
     tracker: TaskTracker,
     /// The first phase of a shutdown: tasks still waiting for a permit give their claim back.
@@ -132,6 +137,7 @@ impl Worker {
                 config,
                 wake: Notify::new(),
                 running: Registry::default(),
+                cancel_hints: cancel::Hints::default(),
                 tracker: TaskTracker::new(),
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
@@ -152,19 +158,6 @@ impl Worker {
         self.inner.wake.notify_one();
     }
 
-    /// A cancel request for task `id` arrived: stop its analyzer if this worker runs it. The
-    /// database already holds `cancel_requested`; the finish will commit CANCELED.
-    pub fn cancel_running(&self, id: i64) {
-        if let Some(task) = self.inner.running.get(id) {
-            tracing::info!(
-                id,
-                attempt = task.attempt,
-                "cancel requested; stopping the analyzer"
-            );
-            task.cancel.cancel();
-        }
-    }
-
     /// Counts the scans for work completed so far; the first one ends the start-up.
     pub fn scans(&self) -> watch::Receiver<u64> {
         self.inner.scans.subscribe()
@@ -180,6 +173,7 @@ impl Worker {
     /// [`Worker::shutdown`]). The lease heartbeat runs alongside until the last task ended.
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
+        tokio::spawn(self.clone().confirm_cancels());
         loop {
             self.fill(&stop).await;
             self.inner.scans.send_modify(|n| *n += 1);

@@ -19,6 +19,8 @@ mod http;
 mod intake;
 mod leases;
 mod migrate;
+mod notifications;
+mod payload_limits;
 mod roles;
 mod shutdown;
 mod systemd;

@@ -157,6 +157,11 @@ impl GatedAnalyzer {
         .expect("the analyzer outlives the test");
     }
 
+    /// How many held calls have seen their cancellation token fire so far.
+    pub fn saw_cancel_now(&self) -> usize {
+        *self.cancel_seen.borrow()
+    }
+
     /// How many calls have returned.
     pub fn returned_now(&self) -> usize {
         *self.returned.borrow()

@@ -1,0 +1,95 @@
+//! Bounded memory (docs/design.md, "Bounded memory"): a daemon holds at most
+//! `worker.max_inflight_bytes` of payload (one larger payload aside), so tasks behind large
+//! ones stay free for a daemon that can start them; and a payload over
+//! `worker.max_payload_bytes` ends FAILED without being loaded.
+
+use pgtaskd::queue::{self, TaskStatus};
+
+use crate::support::daemon::wait_listening;
+use crate::support::{count, wait_count, wait_status, GatedAnalyzer, InProcessDaemon, TestDb};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // Three payloads of 2 MiB, each larger than the whole budget of 1 MiB, then small ones.
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+               SELECT 'BIG ' || repeat('w ', 1048576) FROM generate_series(1, 3);
+             INSERT INTO pgtaskd.tasks (payload)
+               SELECT 'small ' || i FROM generate_series(1, 20) i;",
+        )
+        .await
+        .unwrap();
+    let held = GatedAnalyzer::holding_only("BIG");
+    let budgeted = db.config(
+        "[worker]\nconcurrency = 4\nmax_inflight_bytes = \"1MiB\"\npoll_interval = \"200ms\"\n",
+    );
+    let first = InProcessDaemon::start(&db, budgeted, held.clone()).await;
+    // It takes one large payload, alone, although four workers are free.
+    held.entered(1).await;
+
+    let counting = GatedAnalyzer::counting();
+    let second = InProcessDaemon::start(&db, db.config(""), counting.clone()).await;
+    wait_listening(&db, 2).await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        22,
+        "the other daemon to do every task the first one could not start",
+    )
+    .await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'").await,
+        1,
+        "the first daemon holds one task only"
+    );
+    assert_eq!(held.calls(), 1);
+
+    held.open();
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' AND words = 1048577",
+        3,
+        "the large tasks, analyzed in full",
+    )
+    .await;
+    first.stop().await;
+    second.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_over_max_payload_bytes_fails_without_reaching_the_analyzer() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let large: i64 = client
+        .query_one("SELECT pgtaskd.enqueue(repeat('x', 5000))", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let small: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('small enough')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let analyzer = GatedAnalyzer::counting();
+    let daemon = InProcessDaemon::start(
+        &db,
+        db.config("[worker]\nmax_payload_bytes = \"1KiB\"\n"),
+        analyzer.clone(),
+    )
+    .await;
+    let failed = wait_status(&client, large, TaskStatus::Failed).await;
+    let error = failed.error.unwrap();
+    assert!(
+        error.contains("5000 bytes") && error.contains("worker.max_payload_bytes (1024)"),
+        "{error}"
+    );
+    assert_eq!((failed.words, failed.bytes, failed.runes), (0, 0, 0));
+    wait_status(&client, small, TaskStatus::Succeeded).await;
+    assert_eq!(analyzer.calls(), 1, "only the small payload was analyzed");
+    let task = queue::get(&client, large).await.unwrap().unwrap();
+    assert_eq!(task.attempt, 1, "failed once, not retried");
+    daemon.stop().await;
+}
