@@ -1,12 +1,15 @@
 //! Invariant 8: a shutdown stops claiming at once, lets running tasks finish within the grace,
 //! then stops the analyzers, waits for each, commits what finished and releases the rest.
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pgtaskd::queue::{self, TaskStatus};
 
+use crate::support::daemon::{binary, tempfile_path::TempPath};
 use crate::support::{
-    enqueue, eventually, expected_counts, insert_payloads, DaemonProcess, GatedAnalyzer,
+    enqueue, eventually, expected_counts, insert_payloads, within, DaemonProcess, GatedAnalyzer,
     InProcessDaemon, TestDb, WAIT,
 };
 
@@ -227,4 +230,94 @@ async fn sigterm_during_a_backlog_exits_0_leaving_every_row_terminal_or_queued_w
     }
     assert_eq!(succeeded + queued, 20_000);
     assert!(succeeded > 0);
+}
+
+/// Tasks in each status.
+async fn status_counts(client: &tokio_postgres::Client) -> Vec<(String, i64)> {
+    client
+        .query(
+            "SELECT status::text, count(*) FROM pgtaskd.tasks GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// As `pgtaskd run 2>&1 | head -2` does: the log's reader goes away, every later log line
+/// fails to be written, and none of that may keep a signal from stopping the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_daemon_with_exit_0_after_its_log_pipe_was_closed() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    insert_payloads(&client, 20_000).await;
+    let config = TempPath::write("[worker]\nconcurrency = 4\n");
+    let child = Command::new(binary())
+        .arg("run")
+        .arg("--config")
+        .arg(config.path())
+        .env_remove("PGTASKD_CONFIG")
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .env("RUST_LOG", "pgtaskd=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pgtaskd starts");
+    let mut child = KillOnDrop(child);
+    let stderr = child.0.stderr.take().expect("piped stderr");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut lines = String::new();
+        for _ in 0..2 {
+            reader.read_line(&mut lines).expect("read the log");
+        }
+        lines
+        // The reader drops here: the pipe has no reader any more.
+    });
+    let lines = within(WAIT, "two log lines", read).await.unwrap();
+    assert_eq!(lines.lines().count(), 2, "{lines}");
+
+    // Work goes on, each finished task logging into the closed pipe.
+    let finished = |counts: &[(String, i64)]| {
+        counts
+            .iter()
+            .find(|(status, _)| status == "SUCCEEDED")
+            .map_or(0, |(_, n)| *n)
+    };
+    let before = finished(&status_counts(&client).await);
+    eventually(WAIT, "tasks finished after the pipe closed", || {
+        let client = &client;
+        async move { (finished(&status_counts(client).await) > before + 10).then_some(()) }
+    })
+    .await;
+
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(child.0.id() as i32, libc::SIGTERM);
+    }
+    let status = eventually(
+        Duration::from_secs(20),
+        "pgtaskd to exit on SIGTERM",
+        || std::future::ready(child.0.try_wait().expect("wait for pgtaskd")),
+    )
+    .await;
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let counts = status_counts(&client).await;
+    assert!(
+        counts.iter().all(|(status, _)| status != "RUNNING"),
+        "{counts:?}"
+    );
+}
+
+/// A child process killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
