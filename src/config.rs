@@ -88,7 +88,8 @@ pub struct HttpConfig {
     pub token_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
-    /// Most connections open at once; past it a new connection is closed at once.
+    /// Most connections open at once; at the cap a new one takes the place of the oldest idle
+    /// one, or is closed at once when every one is answering a request.
     pub max_connections: usize,
     /// How long a client may take to send a request's headers (the whole head, not each
     /// byte); an idle keep-alive connection is closed after as long.

@@ -11,6 +11,7 @@
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped ([`server`]), so that slow clients cannot hold the server.
 
+mod connections;
 mod ops;
 mod server;
 mod tasks;

@@ -5,23 +5,27 @@
 //! its headers one byte at a time kept its descriptor forever, and a few hundred such clients
 //! took every descriptor of the process. Here each connection is served by hyper's HTTP/1
 //! connection with `header_read_timeout` (the whole head must arrive within
-//! `http.header_timeout`; an idle keep-alive connection is closed after as long), and holds one
-//! of `http.max_connections` permits; past the cap a new connection is closed at once, so the
-//! server never holds more descriptors than the cap. An `accept` that fails for want of
-//! descriptors or memory pauses the loop briefly instead of spinning or ending it.
+//! `http.header_timeout`; an idle keep-alive connection is closed after as long), and holds a
+//! place among `http.max_connections` ([`super::connections`]): at the cap a new connection
+//! takes the place of the oldest idle one, or is closed at once, so that the server's
+//! descriptors stay bounded and a prompt client still gets in. An `accept` that fails for want
+//! of descriptors or memory pauses the loop briefly instead of spinning or ending it.
 
+use std::future::Future;
 use std::io;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use axum::extract::Request;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::connections::{Admission, Connections, Ticket};
 use crate::config::HttpConfig;
 
 /// What bounds the server's connections.
@@ -52,12 +56,13 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// Accept and serve connections until `stop` fires, then let open requests finish for a
 /// short while.
 pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = Connections::new(limits.max_connections);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     let graceful = GracefulShutdown::new();
     let mut refused = Warner::default();
+    let mut evicted = Warner::default();
     let mut failed = Warner::default();
     loop {
         let accepted = tokio::select! {
@@ -77,24 +82,46 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
                 }
             }
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            if refused.due() {
-                tracing::warn!(
-                    max_connections = limits.max_connections,
-                    "HTTP connection refused: http.max_connections reached"
-                );
+        let ticket = match connections.admit() {
+            Admission::Admitted(ticket) => ticket,
+            Admission::Evicted(ticket) => {
+                if evicted.due() {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "http.max_connections reached: the oldest idle HTTP connection was closed"
+                    );
+                }
+                ticket
             }
-            drop(stream);
-            continue;
+            Admission::Refused => {
+                if refused.due() {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "http.max_connections reached, every connection busy: HTTP connection refused"
+                    );
+                }
+                drop(stream);
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let eviction = ticket.eviction();
+        let service = TrackedService {
+            inner: TowerToHyperService::new(router.clone()),
+            ticket,
+        };
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        // The ticket lives in the connection's service: dropping the connection, at its end
+        // or at its eviction, closes the socket and frees the place.
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "HTTP connection ended with an error");
+            tokio::select! {
+                result = connection => {
+                    if let Err(err) = result {
+                        tracing::debug!(error = %err, "HTTP connection ended with an error");
+                    }
+                }
+                () = eviction.cancelled() => {}
             }
-            drop(permit);
         });
     }
     drop(listener);
@@ -103,6 +130,26 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
         .is_err()
     {
         tracing::debug!("HTTP connections still open at shutdown were dropped");
+    }
+}
+
+/// A connection's service: the router, with the connection counted busy while a request is
+/// being answered.
+struct TrackedService {
+    inner: TowerToHyperService<Router>,
+    ticket: Ticket,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for TrackedService {
+    type Response = <TowerToHyperService<Router> as hyper::service::Service<
+        hyper::Request<Incoming>,
+    >>::Response;
+    type Error =
+        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        self.ticket.busy_while(self.inner.call(request))
     }
 }
 
