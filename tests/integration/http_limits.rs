@@ -62,6 +62,16 @@ async fn read_response(stream: &mut TcpStream) -> (u16, String) {
     (status, body)
 }
 
+async fn connect(port: u16) -> TcpStream {
+    within(
+        WAIT,
+        "a connection",
+        TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .unwrap()
+}
+
 fn json_error(body: &str) -> String {
     let value: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}"));
     value["error"]
@@ -74,12 +84,10 @@ fn json_error(body: &str) -> String {
 async fn a_declared_one_gigabyte_body_gets_413_at_once_with_a_json_error() {
     let db = TestDb::new().await;
     let (daemon, port) = daemon_with_http(&db, "").await;
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    stream
-        .write_all(
-            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n\
-              Content-Length: 1000000000\r\n\r\nabc",
-        )
+    let mut stream = connect(port).await;
+    let head = b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n\
+                 Content-Length: 1000000000\r\n\r\nabc";
+    within(WAIT, "sending the head", stream.write_all(head))
         .await
         .unwrap();
     // Far less than the request deadline: the answer must not wait for the body.
@@ -133,14 +141,17 @@ async fn a_wrong_method_gets_405_and_an_unknown_route_404_each_with_a_json_error
 async fn a_client_trickling_its_headers_is_closed_after_the_header_deadline() {
     let db = TestDb::new().await;
     let (daemon, port) = daemon_with_http(&db, "header_timeout = \"1s\"\n").await;
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut stream = connect(port).await;
     let request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: ".iter();
     let trickle = request.chain(std::iter::repeat(&b'a'));
     let started = Instant::now();
     let mut closed_after = None;
     // One byte every 250 ms, for at most 10 s: far past the 1 s deadline.
     for &byte in trickle.take(40) {
-        if stream.write_all(&[byte]).await.is_err() {
+        if within(WAIT, "one byte sent", stream.write_all(&[byte]))
+            .await
+            .is_err()
+        {
             closed_after = Some(started.elapsed());
             break;
         }
@@ -269,7 +280,7 @@ async fn more_stalled_clients_than_descriptors_neither_exhaust_them_nor_silence_
         }
         let connect = TcpStream::connect(("127.0.0.1", port));
         if let Ok(Ok(mut stream)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
-            let _ = stream.write_all(b"G").await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(b"G")).await;
             stalled.push(stream);
         }
         if i % 50 == 49 {

@@ -247,7 +247,7 @@ async fn status_counts(client: &tokio_postgres::Client) -> Vec<(String, i64)> {
 }
 
 async fn succeeded(client: &tokio_postgres::Client) -> i64 {
-    status_counts(client)
+    within(WAIT, "the status counts", status_counts(client))
         .await
         .iter()
         .find(|(status, _)| status == "SUCCEEDED")
@@ -296,7 +296,7 @@ async fn sigterm_exits_0(child: &mut KillOnDrop, client: &tokio_postgres::Client
     )
     .await;
     assert_eq!(status.code(), Some(0), "{status:?}");
-    let counts = status_counts(client).await;
+    let counts = within(WAIT, "the status counts", status_counts(client)).await;
     assert!(
         counts.iter().all(|(status, _)| status != "RUNNING"),
         "{counts:?}"
