@@ -32,6 +32,10 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 pub const DEFAULT_HTTP_MAX_BODY: usize = 1 << 20;
+/// Half of the 1,024 descriptors a systemd service gets by default: the rest is left for the
+/// database sessions, the log and the listener.
+pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 512;
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// A configuration that was read and validated.
@@ -92,6 +96,12 @@ pub struct HttpConfig {
     pub token_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
+    /// Most connections open at once; at the cap a new one takes the place of the oldest idle
+    /// one, or is closed at once when every one is answering a request.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (the whole head, not each
+    /// byte); an idle keep-alive connection is closed after as long.
+    pub header_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -283,6 +293,9 @@ struct RawHttp {
     listen: Option<SocketAddr>,
     token_file: Option<PathBuf>,
     max_body: Option<Spanned<usize>>,
+    max_connections: Option<Spanned<usize>>,
+    #[serde(default, deserialize_with = "duration")]
+    header_timeout: Option<Spanned<Duration>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -425,6 +438,14 @@ impl RawConfig {
                 Some(v) => positive("http.max_body", v)?,
                 None => DEFAULT_HTTP_MAX_BODY,
             },
+            max_connections: match &self.http.max_connections {
+                Some(v) => positive("http.max_connections", v)?,
+                None => DEFAULT_HTTP_MAX_CONNECTIONS,
+            },
+            header_timeout: match &self.http.header_timeout {
+                Some(v) => nonzero("http.header_timeout", v)?,
+                None => DEFAULT_HTTP_HEADER_TIMEOUT,
+            },
         };
         let level = match self.log.level {
             None => DEFAULT_LOG_LEVEL.to_string(),
@@ -482,6 +503,8 @@ mod tests {
         assert_eq!(config.shutdown.grace, DEFAULT_SHUTDOWN_GRACE);
         assert_eq!(config.retention.finished_after, None);
         assert_eq!(config.http.listen, None);
+        assert_eq!(config.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
+        assert_eq!(config.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
         assert_eq!(config.log.format, LogFormat::Text);
         assert_eq!(config.log.level, "info");
     }
@@ -509,6 +532,8 @@ mod tests {
             listen = "127.0.0.1:8080"
             token_file = "/etc/pgtaskd/token"
             max_body = 4096
+            max_connections = 64
+            header_timeout = "3s"
             [log]
             format = "json"
             level = "pgtaskd=debug"
@@ -535,6 +560,8 @@ mod tests {
             Some(PathBuf::from("/etc/pgtaskd/token"))
         );
         assert_eq!(config.http.max_body, 4096);
+        assert_eq!(config.http.max_connections, 64);
+        assert_eq!(config.http.header_timeout, Duration::from_secs(3));
         assert_eq!(config.log.format, LogFormat::Json);
         assert_eq!(config.log.level, "pgtaskd=debug");
     }

@@ -138,7 +138,12 @@ pub async fn run(
             token,
         };
         let router = http::router(state, config.http.max_body);
-        tokio::spawn(http::serve(listener, router, background.clone()));
+        tokio::spawn(http::serve(
+            listener,
+            router,
+            http::Limits::from(&config.http),
+            background.clone(),
+        ));
     }
     let listener = tokio::spawn(listen::run(
         settings.clone(),

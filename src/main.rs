@@ -2,8 +2,10 @@
 //! the command, and map its result to an exit code. Nothing else lives here.
 
 use std::error::Error;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use pgtaskd::cli::Cli;
@@ -15,25 +17,28 @@ fn main() -> ExitCode {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
-            eprintln!("pgtaskd: configuration error: {}", chain(&err));
+            report(format_args!("configuration error: {}", chain(&err)));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    init_tracing(&config);
+    let log = init_tracing(&config);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("pgtaskd: cannot start the async runtime: {err}");
+            log.flush();
+            report(format_args!("cannot start the async runtime: {err}"));
             return ExitCode::from(commands::EXIT_RUNTIME);
         }
     };
-    match runtime.block_on(commands::dispatch(cli, config)) {
+    let result = runtime.block_on(commands::dispatch(cli, config));
+    log.flush();
+    match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("pgtaskd: {}", chain(&err));
+            report(format_args!("{}", chain(&err)));
             ExitCode::from(err.exit_code())
         }
     }
@@ -51,19 +56,127 @@ fn chain(err: &dyn Error) -> String {
     text
 }
 
+/// Print `pgtaskd: MESSAGE` on standard error, if it can be written at all.
+///
+/// Not `eprintln!`, which panics when standard error is a closed pipe.
+fn report(message: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "pgtaskd: {message}");
+}
+
 /// Logs go to standard error: human text by default, JSON with `log.format = "json"`.
 /// `RUST_LOG`, when set, overrides `log.level`.
-fn init_tracing(config: &Config) {
+///
+/// Nothing may depend on a log line being written: a line that cannot be written (a closed
+/// pipe, a full disk, journald restarting) is dropped. tracing-subscriber's own fallback for a
+/// failed write is `eprintln!`, which panics on the same closed pipe, in whichever task logged;
+/// it used to kill the signal task at its "signal received" line, so that SIGTERM did nothing.
+/// Nor may a write that blocks (a reader that stopped reading) stall the daemon, whose tasks
+/// share one thread: lines are queued for a thread of their own ([`Log`]).
+fn init_tracing(config: &Config) -> Log {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|directives| tracing_subscriber::EnvFilter::try_new(directives).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let log = Log::start();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(log.clone())
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal());
     match config.log.format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+    log
+}
+
+/// Log lines queued for standard error; past this many, new lines are dropped.
+const LOG_QUEUE: usize = 4096;
+/// How long the exit waits for the queued lines to be written.
+const LOG_FLUSH: Duration = Duration::from_secs(1);
+
+enum LogItem {
+    Line(Vec<u8>),
+    /// Answered once every line queued before it was written.
+    Flush(SyncSender<()>),
+}
+
+/// The log's way to standard error: each line is queued (never waiting) and written by a
+/// thread of its own, which drops a line it cannot write. A full queue drops the line.
+#[derive(Clone)]
+struct Log {
+    /// `None` when the writer thread could not be started: lines are written in place.
+    queue: Option<SyncSender<LogItem>>,
+}
+
+impl Log {
+    fn start() -> Log {
+        let (queue, lines) = mpsc::sync_channel(LOG_QUEUE);
+        let started = std::thread::Builder::new()
+            .name("log".into())
+            .spawn(move || {
+                let mut stderr = std::io::stderr();
+                for item in lines {
+                    match item {
+                        LogItem::Line(line) => {
+                            let _ = stderr.write_all(&line);
+                        }
+                        LogItem::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            });
+        Log {
+            queue: started.is_ok().then_some(queue),
+        }
+    }
+
+    /// Wait, at most [`LOG_FLUSH`], until the lines queued so far are written.
+    fn flush(&self) {
+        let Some(queue) = &self.queue else { return };
+        let deadline = Instant::now() + LOG_FLUSH;
+        let (done, written) = mpsc::sync_channel(1);
+        let mut item = LogItem::Flush(done);
+        loop {
+            match queue.try_send(item) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    item = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = written.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = LogLine<'a>;
+
+    fn make_writer(&'a self) -> LogLine<'a> {
+        LogLine(self.queue.as_ref())
+    }
+}
+
+/// One log line on its way to [`Log`]'s queue.
+struct LogLine<'a>(Option<&'a SyncSender<LogItem>>);
+
+impl Write for LogLine<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.0 {
+            Some(queue) => {
+                let _ = queue.try_send(LogItem::Line(buf.to_vec()));
+            }
+            None => {
+                let _ = std::io::stderr().write_all(buf);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

@@ -30,6 +30,14 @@ pub(crate) enum ApiError {
     AlreadyFinished(TaskStatus),
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
     UnsupportedMediaType,
+    #[error("request body over {max} bytes")]
+    BodyOver { max: usize },
+    #[error("request body too large")]
+    BodyTooLarge,
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("request timed out")]
+    Timeout,
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -42,6 +50,9 @@ impl ApiError {
             ApiError::NoSuchTask | ApiError::NoSuchRoute => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) => StatusCode::CONFLICT,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Timeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Db(err) if err.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

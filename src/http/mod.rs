@@ -11,13 +11,18 @@
 //!
 //! Every answer about a task comes from the database, never from daemon memory; an
 //! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
-//! guards every route but `/healthz`. Bodies over `http.max_body` are 413; every request has a
-//! deadline, so that slow clients cannot hold the server.
+//! guards every route but `/healthz`. Bodies over `http.max_body` are 413 (at once when the
+//! declared length is over); request headers, bodies and handling each have a deadline and open
+//! connections are capped ([`server`]), so that slow clients cannot hold the server.
 
+mod connections;
 mod error;
 mod extract;
 mod ops;
+mod server;
 mod tasks;
+
+pub use server::Limits;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -104,7 +109,50 @@ pub fn router(state: AppState, max_body: usize) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            reject_declared_oversize(max_body, request, next)
+        }))
+        .layer(middleware::map_response(json_error_bodies))
         .with_state(state)
+}
+
+/// 413 before any of the body is read when its declared length is over `max_body`, instead of
+/// waiting for a body that may never come.
+async fn reject_declared_oversize(max_body: usize, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    match declared {
+        Some(length) if length > max_body as u64 => {
+            ApiError::BodyOver { max: max_body }.into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+/// The answers made by the routing and the deadlines (405, 408, 413) carry no body of their
+/// own: give them the same JSON error body as every other error. `Allow` is kept.
+async fn json_error_bodies(response: Response) -> Response {
+    let error = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
+        StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge,
+        _ => return response,
+    };
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return response;
+    }
+    let mut json = error.into_response();
+    if let Some(allow) = response.headers().get(header::ALLOW) {
+        json.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    json
 }
 
 /// Bind `addr` now, so that a busy port fails the start-up.
@@ -118,16 +166,17 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, HttpError
         .map_err(|source| HttpError::Bind { addr, source })
 }
 
-/// Serve until `stop` fires.
-pub async fn serve(listener: tokio::net::TcpListener, router: Router, stop: CancellationToken) {
+/// Serve until `stop` fires, within `limits`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: Limits,
+    stop: CancellationToken,
+) {
     let addr = listener.local_addr().ok();
-    tracing::info!(?addr, "HTTP server listening");
-    if let Err(err) = axum::serve(listener, router)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
-    {
-        tracing::error!(error = %err, "HTTP server failed");
-    }
+    tracing::info!(?addr, max_connections = limits.max_connections,
+        header_timeout = ?limits.header_timeout, "HTTP server listening");
+    server::run(listener, router, limits, stop).await;
 }
 
 /// Every route but `/healthz` needs `Authorization: Bearer <token>` when a token is set.

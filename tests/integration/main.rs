@@ -16,6 +16,7 @@ mod end_to_end;
 mod faults;
 mod finish;
 mod http;
+mod http_limits;
 mod intake;
 mod leases;
 mod migrate;

@@ -1,0 +1,215 @@
+//! The cap on open HTTP connections (`http.max_connections`), used by [`super::server`]'s
+//! accept loop.
+//!
+//! Each connection holds a [`Ticket`] while it is open. At the cap, a new connection takes the
+//! place of the oldest one that is not handling a request (still reading its headers, or idle
+//! between requests): that one is told to close. Slow clients thus cannot keep a prompt one
+//! out (it is the newest, and it is busy once its headers are in), and the server never holds
+//! many more descriptors than the cap. When every connection is busy, or too many evicted ones
+//! are still closing, the new connection is refused: the caller closes it at once.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+
+/// Evicted connections not yet closed past which new connections are refused instead, so
+/// that a flood of connections cannot outrun the closing of the old ones.
+const MAX_CLOSING: usize = 32;
+
+/// The open connections, oldest first.
+pub struct Connections {
+    max: usize,
+    registry: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    open: BTreeMap<u64, Slot>,
+    next: u64,
+    /// Evicted, not yet closed.
+    closing: usize,
+}
+
+struct Slot {
+    busy: Arc<AtomicUsize>,
+    evict: CancellationToken,
+}
+
+/// What [`Connections::admit`] decided.
+pub enum Admission {
+    /// Room was free.
+    Admitted(Ticket),
+    /// The oldest idle connection was told to close to make room.
+    Evicted(Ticket),
+    /// No room: close the new connection.
+    Refused,
+}
+
+impl Connections {
+    pub fn new(max: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            max: max.max(1),
+            registry: Mutex::new(Registry::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Make room for a new connection, if there is or can be some.
+    pub fn admit(self: &Arc<Self>) -> Admission {
+        let mut registry = self.lock();
+        let mut evicted = false;
+        if registry.open.len() >= self.max {
+            if registry.closing >= MAX_CLOSING {
+                return Admission::Refused;
+            }
+            let oldest_idle = registry
+                .open
+                .iter()
+                .find(|(_, slot)| slot.busy.load(Ordering::Acquire) == 0)
+                .map(|(id, _)| *id);
+            let Some(id) = oldest_idle else {
+                return Admission::Refused;
+            };
+            if let Some(slot) = registry.open.remove(&id) {
+                slot.evict.cancel();
+                registry.closing += 1;
+                evicted = true;
+            }
+        }
+        let id = registry.next;
+        registry.next += 1;
+        let busy = Arc::new(AtomicUsize::new(0));
+        let evict = CancellationToken::new();
+        registry.open.insert(
+            id,
+            Slot {
+                busy: Arc::clone(&busy),
+                evict: evict.clone(),
+            },
+        );
+        let ticket = Ticket {
+            connections: Arc::clone(self),
+            id,
+            busy,
+            evict,
+        };
+        if evicted {
+            Admission::Evicted(ticket)
+        } else {
+            Admission::Admitted(ticket)
+        }
+    }
+}
+
+/// One open connection's place; dropping it frees the place.
+pub struct Ticket {
+    connections: Arc<Connections>,
+    id: u64,
+    busy: Arc<AtomicUsize>,
+    evict: CancellationToken,
+}
+
+impl Ticket {
+    /// Cancelled when a newer connection took this one's place.
+    pub fn eviction(&self) -> CancellationToken {
+        self.evict.clone()
+    }
+
+    /// `future`, with this connection counted as busy until it ends (or is dropped).
+    pub fn busy_while<F: Future + Send + 'static>(
+        &self,
+        future: F,
+    ) -> Pin<Box<dyn Future<Output = F::Output> + Send>> {
+        let busy = Busy::enter(&self.busy);
+        Box::pin(async move {
+            let _busy = busy;
+            future.await
+        })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut registry = self.connections.lock();
+        if registry.open.remove(&self.id).is_none() {
+            registry.closing = registry.closing.saturating_sub(1);
+        }
+    }
+}
+
+/// One request in progress on a connection.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn enter(busy: &Arc<AtomicUsize>) -> Busy {
+        busy.fetch_add(1, Ordering::AcqRel);
+        Busy(Arc::clone(busy))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(admission: Admission) -> Ticket {
+        match admission {
+            Admission::Admitted(ticket) | Admission::Evicted(ticket) => ticket,
+            Admission::Refused => panic!("refused"),
+        }
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_makes_room_and_busy_ones_stay() {
+        let connections = Connections::new(2);
+        let first = ticket(connections.admit());
+        let second = ticket(connections.admit());
+        let _request = Busy::enter(&first.busy);
+        let third = match connections.admit() {
+            Admission::Evicted(ticket) => ticket,
+            _ => panic!("expected an eviction"),
+        };
+        assert!(!first.evict.is_cancelled(), "a busy connection was evicted");
+        assert!(second.evict.is_cancelled(), "the oldest idle one stayed");
+        let _also_busy = Busy::enter(&third.busy);
+        drop(second);
+        assert!(matches!(connections.admit(), Admission::Refused));
+    }
+
+    #[test]
+    fn a_closed_connection_frees_its_place() {
+        let connections = Connections::new(1);
+        let only = ticket(connections.admit());
+        let busy = Busy::enter(&only.busy);
+        assert!(matches!(connections.admit(), Admission::Refused));
+        drop(busy);
+        drop(only);
+        assert!(matches!(connections.admit(), Admission::Admitted(_)));
+    }
+
+    #[test]
+    fn too_many_evicted_connections_still_closing_refuse_new_ones() {
+        let connections = Connections::new(1);
+        let mut held = vec![ticket(connections.admit())];
+        for _ in 0..MAX_CLOSING {
+            held.push(ticket(connections.admit()));
+        }
+        assert!(matches!(connections.admit(), Admission::Refused));
+        held.remove(0);
+        assert!(matches!(connections.admit(), Admission::Evicted(_)));
+    }
+}
