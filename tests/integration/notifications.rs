@@ -60,7 +60,11 @@ async fn forged_cancel_notifications_stop_no_analyzer() {
     );
     analyzer.saw_cancel(1).await;
     wait_status(&owner, real, TaskStatus::Canceled).await;
-    assert_eq!(analyzer.saw_cancel_now(), 1, "only the requested cancel stopped an analyzer");
+    assert_eq!(
+        analyzer.saw_cancel_now(),
+        1,
+        "only the requested cancel stopped an analyzer"
+    );
 
     analyzer.open();
     let task = wait_status(&owner, forged, TaskStatus::Succeeded).await;
@@ -108,7 +112,11 @@ async fn a_flood_of_notifications_with_any_payload_changes_no_row_and_leaves_the
     assert_eq!(task.status, TaskStatus::Queued);
     assert!(!task.cancel_requested);
     assert_eq!(
-        count(&owner, "SELECT count(*) FROM pgtaskd.tasks WHERE status <> 'QUEUED'").await,
+        count(
+            &owner,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status <> 'QUEUED'"
+        )
+        .await,
         1
     );
     let new_lines = daemon.log_text().lines().count() - lines_before;

@@ -41,7 +41,11 @@ async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon()
     )
     .await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'").await,
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'"
+        )
+        .await,
         1,
         "the first daemon holds one task only"
     );
