@@ -10,6 +10,7 @@ mod cancel;
 mod chaos;
 mod claim;
 mod cli;
+mod credentials;
 mod end_to_end;
 mod faults;
 mod finish;
