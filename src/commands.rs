@@ -2,8 +2,10 @@
 //!
 //! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
 //! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"),
-//! 78 configuration error, 1 anything else. Usage errors (2) are clap's.
+//! 78 configuration error (bad settings, settings the database refuses, a schema that is
+//! missing or not this binary's), 1 anything else. Usage errors (2) are clap's.
 
+use std::future::Future;
 use std::io::Read;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,7 +37,7 @@ pub enum CommandError {
     NotFound(i64),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
-    /// The database failed: 69 when unavailable, else 1.
+    /// The database failed: 69 when unavailable, 78 when it refused the settings, else 1.
     #[error(transparent)]
     Db(#[from] DbError),
     /// The connection settings cannot be used.
@@ -86,10 +88,14 @@ impl CommandError {
     }
 }
 
-/// An outage is 69, never "not found"; any other database error is a runtime failure.
+/// An outage is 69, never "not found"; settings the database refuses (a wrong password, an
+/// unknown role, no such database) are a configuration error, 78; any other database error
+/// is a runtime failure.
 fn db_exit_code(err: &DbError) -> u8 {
     if err.is_unavailable() {
         EXIT_UNAVAILABLE
+    } else if err.is_rejected() {
+        EXIT_CONFIG
     } else {
         EXIT_RUNTIME
     }
@@ -153,12 +159,12 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::Enqueue(args) => {
             let payload = read_payload(&args)?;
             let client = connect(&config).await?;
-            let id = queue::enqueue(&client, &args.queue, &payload).await?;
+            let id = checked(&client, queue::enqueue(&client, &args.queue, &payload)).await?;
             println!("{id}");
         }
         Command::Status { id, json } => {
             let client = connect(&config).await?;
-            let task = queue::get(&client, id)
+            let task = checked(&client, queue::get(&client, id))
                 .await?
                 .ok_or(CommandError::NotFound(id))?;
             if json {
@@ -170,7 +176,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         }
         Command::Cancel { id } => {
             let client = connect(&config).await?;
-            match queue::cancel(&client, id).await? {
+            match checked(&client, queue::cancel(&client, id)).await? {
                 CancelOutcome::Canceled => println!("CANCELED"),
                 CancelOutcome::Requested => {
                     println!(
@@ -274,6 +280,27 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError
     Ok(settings.connect().await?)
 }
 
+/// Await one statement of a one-shot command. When the server answers it with an error,
+/// ask whether the schema is the reason (missing, or not this binary's version): that is a
+/// configuration error with the "run `pgtaskd migrate`" hint, as `run` reports it, not a raw
+/// SQL error. Costs a query only when the statement failed.
+async fn checked<T>(
+    client: &tokio_postgres::Client,
+    statement: impl Future<Output = Result<T, DbError>>,
+) -> Result<T, CommandError> {
+    let err = match statement.await {
+        Ok(value) => return Ok(value),
+        Err(err) => err,
+    };
+    if err.is_transient() {
+        return Err(err.into());
+    }
+    match migrate::check(client).await {
+        Err(SchemaError::Db(_)) | Ok(_) => Err(err.into()),
+        Err(schema) => Err(CommandError::Schema(schema)),
+    }
+}
+
 fn read_payload(args: &EnqueueArgs) -> Result<String, CommandError> {
     let read = |result: std::io::Result<String>, what: &str| {
         result.map_err(|source| CommandError::Input {
@@ -346,6 +373,7 @@ mod tests {
     #[test]
     fn exit_codes_follow_from_the_error_type() {
         let outage = || DbError::unavailable("connection refused");
+        let refused = || DbError::rejected("password authentication failed", "check it");
         let cases: Vec<(CommandError, u8)> = vec![
             (CommandError::Usage("x".into()), EXIT_USAGE),
             (CommandError::NotFound(7), EXIT_NOT_FOUND),
@@ -370,6 +398,12 @@ mod tests {
                 EXIT_CONFIG,
             ),
             (BenchError::NoNotification.into(), EXIT_RUNTIME),
+            (refused().into(), EXIT_CONFIG),
+            (SchemaError::Db(refused()).into(), EXIT_CONFIG),
+            (
+                DaemonError::from(SchemaError::Db(refused())).into(),
+                EXIT_CONFIG,
+            ),
             (
                 CommandError::Analyze {
                     failures: 1,

@@ -1,11 +1,15 @@
 //! `pgtaskd run`: wires the listener, the pool and the worker together, and stops them in
 //! order.
 //!
-//! Start: take a fresh instance id; connect (retrying while the database is unreachable);
-//! check the database encoding and schema (or migrate, with `--migrate`); start the listener
-//! and the worker. Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish
-//! within the grace, stop the analyzers that still run, commit or release every claim, then
-//! return.
+//! Start: take a fresh instance id; bind and start the HTTP server, if any, so that `/healthz`
+//! answers and `/readyz` says why while the daemon waits; connect (retrying while the
+//! database is unreachable, but not when it refuses the settings: that is a configuration
+//! error, exit 78); check the database encoding and schema (or migrate, with `--migrate`);
+//! start the listener and the worker. Once running, a refused session (a rotated password)
+//! is retried with backoff like an outage, and readiness, `STATUS=` and the log say why.
+//!
+//! Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish within the
+//! grace, stop the analyzers that still run, commit or release every claim, then return.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,9 +88,10 @@ pub fn new_instance_id() -> String {
 /// # Errors
 ///
 /// A bad connection string, an unreadable HTTP token file, an HTTP address that cannot be
-/// bound, a database that is not UTF8 or a schema this binary does not know, or a database
-/// that answers the start-up's statements with an error. A database that is down is waited
-/// for, not an error.
+/// bound, settings the database refuses at start ([`DbError::Rejected`]: a wrong password, an
+/// unknown role, no such database), a database that is not UTF8 or a schema this binary does
+/// not know, or a database that answers the start-up's statements with an error. A database
+/// that is down is waited for, not an error.
 pub async fn run(
     config: &Config,
     analyzer: Arc<dyn Analyzer>,
@@ -103,34 +108,15 @@ pub async fn run(
     let _stop_background = background.clone().drop_guard();
     tokio::spawn(health::watchdog(background.clone()));
 
-    // The HTTP server's settings are checked before the database is waited for.
-    let http_listener = match config.http.listen {
-        None => None,
-        Some(addr) => {
-            let token = match &config.http.token_file {
-                Some(path) => Some(http::read_token(path).map_err(DaemonError::Token)?),
-                None => None,
-            };
-            let listener = http::bind(addr).await.map_err(DaemonError::Bind)?;
-            Some((listener, token))
-        }
-    };
-
-    let stop = shutdown.stopping();
-    if !prepare_schema(&settings, options, &health, &stop).await? {
-        tracing::info!("shutdown before the database was reached");
-        return Ok(());
-    }
-
+    // The HTTP server starts before the database is waited for: it answers `/healthz`, and
+    // `/readyz` says what the daemon waits for. The pool opens sessions only when asked.
     let pool = settings.pool();
-    let worker = Worker::new(
-        pool.clone(),
-        analyzer,
-        instance,
-        config.worker.clone(),
-        Arc::clone(&metrics),
-    );
-    if let Some((listener, token)) = http_listener {
+    if let Some(addr) = config.http.listen {
+        let token = match &config.http.token_file {
+            Some(path) => Some(http::read_token(path).map_err(DaemonError::Token)?),
+            None => None,
+        };
+        let listener = http::bind(addr).await.map_err(DaemonError::Bind)?;
         let state = http::AppState {
             pool: pool.clone(),
             metrics: Arc::clone(&metrics),
@@ -145,6 +131,20 @@ pub async fn run(
             background.clone(),
         ));
     }
+
+    let stop = shutdown.stopping();
+    if !prepare_schema(&settings, options, &health, &stop).await? {
+        tracing::info!("shutdown before the database was reached");
+        return Ok(());
+    }
+
+    let worker = Worker::new(
+        pool.clone(),
+        analyzer,
+        instance,
+        config.worker.clone(),
+        Arc::clone(&metrics),
+    );
     let listener = tokio::spawn(listen::run(
         settings.clone(),
         DaemonEvents {
@@ -191,8 +191,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Check (or migrate) the schema, retrying while the database is unreachable. Returns false
-/// when shutdown came first.
+/// Check (or migrate) the schema, retrying while the database is unreachable, and saying why
+/// in readiness and `STATUS=`. Returns false when shutdown came first. Settings the database
+/// refuses are returned, not waited for: they do not start working by themselves.
 async fn prepare_schema(
     settings: &ConnectSettings,
     options: RunOptions,
@@ -214,7 +215,10 @@ async fn prepare_schema(
             Ok::<(), SchemaError>(())
         };
         match attempt.await {
-            Ok(()) => return Ok(true),
+            Ok(()) => {
+                health.reached();
+                return Ok(true);
+            }
             Err(SchemaError::Db(err)) if err.is_unavailable() => {
                 let delay = backoff.next_delay();
                 tracing::warn!(
@@ -222,7 +226,7 @@ async fn prepare_schema(
                     retry_in_ms = delay.as_millis() as u64,
                     "database unavailable; waiting for it"
                 );
-                health.waiting(&format!("waiting for the database: {err}"));
+                health.waiting(&err.to_string());
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(false),
                     _ = tokio::time::sleep(delay) => {}
@@ -250,8 +254,19 @@ impl ListenEvents for DaemonEvents {
         self.worker.wake();
     }
 
-    fn disconnected(&self) {
-        self.health.listener_lost();
+    fn disconnected(&self, why: Option<&DbError>) {
+        let reason = why.map_or_else(
+            || "the listener connection was lost".to_string(),
+            DbError::to_string,
+        );
+        let new = self.health.listener_lost(&reason);
+        if let Some(err) = why.filter(|err| new && err.is_rejected()) {
+            tracing::error!(
+                error = %err,
+                "the database refused the listener's session; retrying with backoff until the \
+                 settings or the server are put right"
+            );
+        }
     }
 
     fn work_available(&self) {

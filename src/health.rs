@@ -2,8 +2,10 @@
 //!
 //! - `READY=1` once, when the schema was checked, the listener is connected and the first
 //!   scan for work ran.
-//! - `STATUS=` whenever the listener connects or loses the database, so that
-//!   `systemctl status` says why a daemon is waiting.
+//! - `STATUS=` whenever the listener connects or loses the database, and whenever the reason
+//!   it waits changes (the database down at start, a session refused after a password was
+//!   rotated), so that `systemctl status` says why a daemon is waiting. `/readyz` gives the same
+//!   reason.
 //! - `WATCHDOG=1` at half of `WatchdogSec`, from a task of the daemon's own runtime: a wedged
 //!   runtime stops pinging and is restarted, while a daemon correctly waiting for the database
 //!   keeps pinging (the outage shows in STATUS and readiness instead).
@@ -12,6 +14,7 @@
 //! Without `NOTIFY_SOCKET` (not under systemd) every notification is a no-op.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -25,6 +28,8 @@ pub struct Health {
     listening: watch::Sender<bool>,
     ready: AtomicBool,
     stopping: AtomicBool,
+    /// Why the database cannot be used, while the daemon waits for it.
+    why: Mutex<Option<String>>,
 }
 
 impl Default for Health {
@@ -33,6 +38,7 @@ impl Default for Health {
             listening: watch::channel(false).0,
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            why: Mutex::new(None),
         }
     }
 }
@@ -60,17 +66,27 @@ impl Health {
 
     pub fn listener_connected(&self) {
         self.listening.send_replace(true);
+        self.reached();
         if self.is_started() {
             notify(&[NotifyState::Status("ready: listening for tasks")]);
         }
     }
 
-    pub fn listener_lost(&self) {
-        if self.listening.send_replace(false) {
-            notify(&[NotifyState::Status(
-                "waiting for the database: the listener connection was lost",
-            )]);
-        }
+    /// The listener lost the database, or could not reach it again, because of `why`.
+    /// Returns whether that reason is new (the first, or another than the last).
+    pub fn listener_lost(&self, why: &str) -> bool {
+        self.listening.send_replace(false);
+        self.waiting(why)
+    }
+
+    /// The database answered: nothing to wait for.
+    pub fn reached(&self) {
+        *self.why.lock().expect("health poisoned") = None;
+    }
+
+    /// Why the daemon is waiting for the database, while it is.
+    pub fn why_waiting(&self) -> Option<String> {
+        self.why.lock().expect("health poisoned").clone()
     }
 
     /// Start-up is over: tell systemd once.
@@ -98,9 +114,19 @@ impl Health {
         ]);
     }
 
-    /// Say why start-up is waiting.
-    pub fn waiting(&self, why: &str) {
-        notify(&[NotifyState::Status(why)]);
+    /// The database cannot be used because of `why`: tell systemd when that reason is new,
+    /// and keep it for readiness. Returns whether it is new.
+    pub fn waiting(&self, why: &str) -> bool {
+        let mut last = self.why.lock().expect("health poisoned");
+        if last.as_deref() == Some(why) {
+            return false;
+        }
+        *last = Some(why.to_string());
+        drop(last);
+        notify(&[NotifyState::Status(&format!(
+            "waiting for the database: {why}"
+        ))]);
+        true
     }
 }
 

@@ -87,8 +87,9 @@ const RECONNECT_CAP: Duration = Duration::from_secs(5);
 pub trait ListenEvents: Send + Sync + 'static {
     /// `LISTEN` is in place on a fresh connection: scan once for work.
     fn connected(&self);
-    /// The connection was lost; notifications are not arriving until the next `connected`.
-    fn disconnected(&self);
+    /// The connection was lost, or a new one could not be opened, for the reason given;
+    /// notifications are not arriving until the next `connected`.
+    fn disconnected(&self, why: Option<&DbError>);
     /// Tasks were enqueued.
     fn work_available(&self);
     /// A running task's cancellation was requested.
@@ -103,7 +104,7 @@ pub async fn run(settings: ConnectSettings, events: impl ListenEvents, stop: Can
             _ = stop.cancelled() => return,
             outcome = listen_once(&settings, &events, &mut backoff) => outcome,
         };
-        events.disconnected();
+        events.disconnected(outcome.as_ref().err());
         if let Err(err) = outcome {
             tracing::warn!(error = %err, "listener connection lost; reconnecting");
         }

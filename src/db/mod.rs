@@ -3,10 +3,14 @@
 //!
 //! [`DbError`] is the one error type of database work, and this module is the one place that
 //! sorts failures: [`DbError::Unavailable`] (the database could not be reached, or the
-//! connection died) against [`DbError::Query`] (the server answered with an error). That split
-//! is what keeps SPEC invariant 7: an outage is reported as "unavailable", never as
-//! "not found". Its message says everything there is to say (the server's message, SQLSTATE,
-//! detail and hint, or why no answer came), so callers log it with `%err` and nothing more.
+//! connection died) against [`DbError::Rejected`] (the database refused these settings: a
+//! wrong password, an unknown role, no `pg_hba.conf` entry, no such database, or a password it
+//! asks for and was not given) against [`DbError::Query`] (the server answered a statement
+//! with an error). The first split keeps SPEC invariant 7: an outage is reported as
+//! "unavailable", never as "not found". The second keeps a configuration error from being
+//! waited for as if it were an outage. Its message says everything there is to say (the
+//! server's message, SQLSTATE, detail and hint, or why no answer came, and for a refusal what
+//! to check), so callers log it with `%err` and nothing more.
 
 pub mod listen;
 pub mod migrate;
@@ -29,6 +33,10 @@ pub enum DbError {
     /// The database could not be reached, refused the connection, or the connection was lost.
     #[error("database unavailable: {0}")]
     Unavailable(Cause),
+    /// The database refused a session with these settings, or they cannot work with it:
+    /// trying again with the same settings does not help. `advice` says what to check.
+    #[error("database refused the connection: {cause}; {advice}")]
+    Rejected { cause: Cause, advice: &'static str },
     /// The server answered a statement with an error.
     #[error("database error: {0}")]
     Query(Cause),
@@ -91,12 +99,20 @@ impl DbError {
         matches!(self, DbError::Unavailable(_))
     }
 
+    /// Whether the database refused these settings (a configuration error, exit 78 at start).
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, DbError::Rejected { .. })
+    }
+
     /// Whether the database could not serve the request now, though a later try may: an
-    /// outage, or an answer that says so (a serialization failure or deadlock, class 40;
-    /// insufficient resources, 53; operator intervention such as a statement timeout, 57; a
-    /// system error, 58). Anything else is a refusal or a bug, and trying again will not help.
+    /// outage, a refusal of the session (a running daemon whose password was rotated works
+    /// again once it is put right), or an answer that says so (a serialization failure or
+    /// deadlock, class 40; insufficient resources, 53; operator intervention such as a
+    /// statement timeout, 57; a system error, 58). Anything else is a refused statement or a
+    /// bug, and trying again will not help.
     pub fn is_transient(&self) -> bool {
         self.is_unavailable()
+            || self.is_rejected()
             || self
                 .code()
                 .is_some_and(|code| matches!(&code.code()[..2], "40" | "53" | "57" | "58"))
@@ -107,22 +123,91 @@ impl DbError {
         DbError::Unavailable(Cause::message(message))
     }
 
-    /// A session that could not be opened: an outage, whatever the server answered (a
-    /// refused password or a missing database included), as `psql` would see it.
+    /// A refusal with a message of its own, for tests of what callers make of one.
+    #[cfg(test)]
+    pub(crate) fn rejected(message: impl Into<String>, advice: &'static str) -> DbError {
+        DbError::Rejected {
+            cause: Cause::message(message),
+            advice,
+        }
+    }
+
+    /// A session that could not be opened: refused settings ([`DbError::Rejected`]), else an
+    /// outage, whatever else the server answered.
     pub(crate) fn connecting(err: tokio_postgres::Error) -> DbError {
-        DbError::Unavailable(Cause::from(&err))
+        rejection(&err).unwrap_or_else(|| DbError::Unavailable(Cause::from(&err)))
     }
 
     /// The SQLSTATE the server answered with, when there is one.
     pub fn code(&self) -> Option<&SqlState> {
         match self {
-            DbError::Query(cause) | DbError::Unavailable(cause) => cause.code.as_ref(),
+            DbError::Query(cause)
+            | DbError::Unavailable(cause)
+            | DbError::Rejected { cause, .. } => cause.code.as_ref(),
         }
     }
 }
 
+/// What to check when the password was refused or missing. pgtaskd takes the password from
+/// the connection string or `PGPASSWORD` only.
+const PASSWORD_ADVICE: &str = "check the user and password; pgtaskd does not read ~/.pgpass: \
+    give the password in PGPASSWORD or in the connection string \
+    (database.url or PGTASKD_DATABASE_URL)";
+/// What to check when the role cannot connect (it does not exist, or `pg_hba.conf` has no
+/// entry for it or rejects it).
+const ROLE_ADVICE: &str = "check the user name (user= in the connection string, or PGUSER) \
+    and that the server's pg_hba.conf lets it connect";
+/// What to check when the database does not exist.
+const DATABASE_ADVICE: &str = "check the database name (dbname= in the connection string, \
+    or PGDATABASE), or create the database";
+/// What to check when the client cannot authenticate the way the server asks.
+const AUTH_METHOD_ADVICE: &str = "check the authentication method in the server's \
+    pg_hba.conf and channel_binding in the connection string";
+/// What to check when the connection settings contradict themselves.
+const SETTINGS_ADVICE: &str = "check the connection string";
+
+/// The refusal `err` is, when it is one: the server's invalid_password (28P01),
+/// invalid_authorization_specification (28000: no such role, no `pg_hba.conf` entry) or
+/// invalid_catalog_name (3D000: no such database), or the client's own refusal to go on
+/// (a password the server asks for and that was not given, an authentication method it
+/// cannot use). tokio-postgres tells its error kinds apart only by their fixed `Display`
+/// label ("invalid configuration", "authentication error"): no SQLSTATE exists for them.
+fn rejection(err: &tokio_postgres::Error) -> Option<DbError> {
+    let advice = match err.code() {
+        Some(code) if *code == SqlState::INVALID_PASSWORD => PASSWORD_ADVICE,
+        Some(code) if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => ROLE_ADVICE,
+        Some(code) if *code == SqlState::INVALID_CATALOG_NAME => DATABASE_ADVICE,
+        Some(_) => return None,
+        None => {
+            let (cause, advice) = match err.to_string().as_str() {
+                "invalid configuration" => {
+                    let missing_password = std::error::Error::source(err)
+                        .is_some_and(|source| source.to_string() == "password missing");
+                    if missing_password {
+                        let cause =
+                            Cause::message("the server asked for a password, and none was given");
+                        (cause, PASSWORD_ADVICE)
+                    } else {
+                        (Cause::from(err), SETTINGS_ADVICE)
+                    }
+                }
+                "authentication error" => (Cause::from(err), AUTH_METHOD_ADVICE),
+                _ => return None,
+            };
+            return Some(DbError::Rejected { cause, advice });
+        }
+    };
+    Some(DbError::Rejected {
+        cause: Cause::from(err),
+        advice,
+    })
+}
+
 impl From<tokio_postgres::Error> for DbError {
     fn from(err: tokio_postgres::Error) -> Self {
+        if let Some(rejected) = rejection(&err) {
+            return rejected;
+        }
         let cause = Cause::from(&err);
         if is_connection_error(&err) {
             DbError::Unavailable(cause)
@@ -216,6 +301,33 @@ mod tests {
         assert!(err.is_unavailable());
         assert!(err.is_transient());
         assert_eq!(err.code(), None);
+    }
+
+    #[test]
+    fn a_refused_session_names_the_servers_words_and_what_to_check() {
+        let err = DbError::Rejected {
+            cause: Cause {
+                message: "password authentication failed for user \"alice\"".into(),
+                code: Some(SqlState::INVALID_PASSWORD),
+                detail: None,
+                hint: None,
+            },
+            advice: PASSWORD_ADVICE,
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "database refused the connection: password authentication failed for user \"alice\" (SQLSTATE 28P01); "
+            ),
+            "{text}"
+        );
+        assert!(text.contains("does not read ~/.pgpass"), "{text}");
+        assert!(err.is_rejected());
+        assert!(!err.is_unavailable());
+        assert!(
+            err.is_transient(),
+            "a running daemon waits for it to be put right"
+        );
     }
 
     #[test]

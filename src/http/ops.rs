@@ -15,7 +15,9 @@ pub(super) async fn healthz() -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-/// `GET /readyz`: start-up finished, the listener is connected and the database answers now.
+/// `GET /readyz`: start-up finished, the listener is connected and the database answers now;
+/// else 503 with the reason (starting, waiting for the database and why, shutting down,
+/// listener not connected and why, or the database's own error).
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     let not_ready = |reason: &str| {
         (
@@ -24,29 +26,37 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
         )
             .into_response()
     };
-    if state.health.is_stopping() {
+    let health = &state.health;
+    if health.is_stopping() {
         return not_ready("shutting down");
     }
-    if !state.health.is_started() {
-        return not_ready("starting");
+    if !health.is_started() {
+        return match health.why_waiting() {
+            Some(why) => not_ready(&format!("waiting for the database: {why}")),
+            None => not_ready("starting"),
+        };
     }
-    if !state.health.is_listening() {
-        return not_ready("listener not connected");
+    if !health.is_listening() {
+        return match health.why_waiting() {
+            Some(why) => not_ready(&format!("listener not connected: {why}")),
+            None => not_ready("listener not connected"),
+        };
     }
-    let reachable = match state.pool.get().await {
-        Ok(session) => session
-            .bounded(async {
-                session
-                    .simple_query("")
-                    .await
-                    .map_err(crate::db::DbError::from)
-            })
-            .await
-            .is_ok(),
-        Err(_) => false,
+    let answer = match state.pool.get().await {
+        Ok(session) => {
+            session
+                .bounded(async {
+                    session
+                        .simple_query("")
+                        .await
+                        .map_err(crate::db::DbError::from)
+                })
+                .await
+        }
+        Err(err) => Err(err),
     };
-    if !reachable {
-        return not_ready("database unavailable");
+    if let Err(err) = answer {
+        return not_ready(&err.to_string());
     }
     Json(serde_json::json!({ "status": "ready" })).into_response()
 }

@@ -12,6 +12,7 @@ mod chaos;
 mod claim;
 mod claim_budget;
 mod cli;
+mod credentials;
 mod end_to_end;
 mod faults;
 mod finish;
