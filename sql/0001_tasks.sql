@@ -25,7 +25,7 @@ CREATE TABLE pgtaskd.tasks (
         CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
     CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1),
     CONSTRAINT tasks_attempt_check CHECK (attempt >= 0),
-    -- Invariant 2: results only on SUCCEEDED rows, an error exactly on FAILED rows.
+    -- "Results with status" (docs/design.md): results only on SUCCEEDED rows, an error exactly on FAILED rows.
     CONSTRAINT tasks_results_only_when_succeeded
         CHECK (status = 'SUCCEEDED' OR (words = 0 AND bytes = 0 AND runes = 0)),
     CONSTRAINT tasks_error_only_when_failed

@@ -1,7 +1,7 @@
 //! The text analyzer: words, bytes and runes of a UTF-8 text.
 //!
-//! Pure code: no async, no I/O. The semantics are those of SPEC section 4, which are Go's
-//! `len(strings.Fields(s))`, `len(s)` and `utf8.RuneCountInString(s)`:
+//! Pure code: no async, no I/O. The semantics are those of docs/design.md, "Analyzer", which
+//! are Go's `len(strings.Fields(s))`, `len(s)` and `utf8.RuneCountInString(s)`:
 //!
 //! - `bytes` is the length of the UTF-8 encoding;
 //! - `runes` is the number of Unicode scalar values;
@@ -47,7 +47,7 @@ impl fmt::Display for Counts {
 /// Why an analysis ended without a result.
 ///
 /// Both variants carry the partial counts reached so far; the finisher never stores them
-/// (SPEC invariant 2), but logs may show them.
+/// ("Results with status" in docs/design.md), but logs may show them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AnalyzeError {
     /// The cancellation signal was seen before the text was fully scanned.
@@ -97,7 +97,7 @@ pub trait Analyzer: Send + Sync + 'static {
     }
 }
 
-/// The real analyzer of SPEC section 4.
+/// The real analyzer (docs/design.md, "Analyzer").
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TextStats;
 

@@ -1,5 +1,5 @@
-//! The command line of SPEC section 5, as clap derive types. Parsing only; the commands
-//! themselves live in [`crate::commands`].
+//! The command line of docs/design.md, "Command line", as clap derive types. Parsing only;
+//! the commands themselves live in [`crate::commands`].
 
 use std::path::PathBuf;
 use std::time::Duration;

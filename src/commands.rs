@@ -1,4 +1,4 @@
-//! What each subcommand does, and the exit code it ends with (SPEC section 5).
+//! What each subcommand does, and the exit code it ends with (docs/design.md, "Command line").
 //!
 //! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
 //! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"),

@@ -1,4 +1,4 @@
-//! Configuration: the TOML file of SPEC section 6, read and validated.
+//! Configuration: the TOML file of docs/design.md, "Configuration", read and validated.
 //!
 //! Reading is split in two, so that parsing is unit-tested without files: [`Config::load`]
 //! finds and reads the file, [`Config::from_toml`] parses a string. The raw structs mirror the

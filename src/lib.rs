@@ -5,43 +5,43 @@
 //! conditional `UPDATE`, runs the analyzer, and commits the terminal status together with the
 //! results in one fenced `UPDATE`. The row is the single source of truth.
 //!
-//! Module map, in the order data flows (SPEC section 1):
+//! Module map, in the order data flows (docs/design.md, "Data flow"):
 //!
 //! | module | owns |
 //! | --- | --- |
 //! | [`config`] | the TOML configuration, validated, with its defaults |
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
-//! | [`completer`] | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
+//! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
-//! | [`health`] | readiness, and the systemd notifications (READY, STOPPING, WATCHDOG, STATUS) |
-//! | [`http`] | the optional HTTP server: task API, health, metrics |
+//! | `health` | readiness, and the systemd notifications (READY, STOPPING, WATCHDOG, STATUS) |
+//! | `http` | the optional HTTP server: task API, health, metrics |
 //! | [`metrics`] | Prometheus metrics |
 //! | [`shutdown`] | signals -> stop and hurry tokens |
-//! | [`backoff`] | capped, jittered retry delays |
-//! | [`bench`] | `pgtaskd bench`: the text-stats workload and its figures |
+//! | `backoff` | capped, jittered retry delays |
+//! | [`mod@bench`] | `pgtaskd bench`: the text-stats workload and its figures |
 //! | [`process`] | `pgtaskd run` as a child process, for the bench and the integration tests |
 //! | [`events`] | the messages of the log events that the bench and the tests read back |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
 
 pub mod analyzer;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod batch;
 pub mod bench;
 pub mod cli;
 pub mod commands;
-pub mod completer;
+pub(crate) mod completer;
 pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod events;
-pub mod health;
-pub mod http;
+pub(crate) mod health;
+pub(crate) mod http;
 pub mod metrics;
 pub mod process;
 pub mod queue;

@@ -1,8 +1,8 @@
 //! The rescuer: every daemon looks, on a jittered tick, for RUNNING tasks whose lease
 //! expired (their daemon crashed, froze or lost the database) and takes them back
-//! (SPEC invariant 6): QUEUED again while attempts remain, FAILED after `max_attempts`,
-//! CANCELED when a cancel was requested. It then wakes the daemons. Concurrent rescuers skip
-//! each other's rows, so many daemons never fight.
+//! (docs/design.md, "Nothing lost"): QUEUED again while attempts remain, FAILED after
+//! `max_attempts`, CANCELED when a cancel was requested. It then wakes the daemons.
+//! Concurrent rescuers skip each other's rows, so many daemons never fight.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! Batches form by themselves: while one batch is being committed, the next accumulates in
 //! the channel, so an idle daemon commits at once and a busy one commits many rows per round
 //! trip. When a batch's statement fails, every claim in it learns why, and whether the
-//! outcome is unknown (an outage: re-read, invariant 4) or known to be nothing (the server
+//! outcome is unknown (an outage: re-read, never re-run) or known to be nothing (the server
 //! refused: write again); [`super::Pending::answer`] then settles each claim alone.
 
 use std::fmt;
@@ -47,7 +47,7 @@ impl BatchFailed {
 impl fmt::Display for BatchFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BatchFailed::Statement(err) => f.write_str(&describe(err)),
+            BatchFailed::Statement(err) => err.fmt(f),
             BatchFailed::Stopped => f.write_str("the completer has stopped"),
         }
     }
@@ -98,13 +98,5 @@ pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Comple
                 }
             }
         }
-    }
-}
-
-/// The error of a failed batch as logged: with the server's fields for a database error.
-fn describe(err: &FinishError) -> String {
-    match err {
-        FinishError::Db(db) => crate::db::describe(db),
-        other => other.to_string(),
     }
 }

@@ -4,7 +4,7 @@
 //! memory until the database has answered for it. When a write's outcome is unknown (the
 //! connection failed after the statement may have been sent), the row is re-read on a fresh
 //! session and the result is accepted, written again, or dropped; the analyzer never runs
-//! twice for one claim (invariant 4).
+//! twice for one claim ("Re-read, never re-run" in docs/design.md).
 //!
 //! The worker hands over an [`Action`] for a [`Claim`] and gets back one final answer, a
 //! `Result<TaskStatus, FinishError>`:

@@ -1,6 +1,6 @@
 //! Settling one claim alone, and what happens when a write's commit outcome is unknown.
 //!
-//! Invariant 4: re-read, never re-run. [`settle`] applies the write and retries until the
+//! Re-read, never re-run (docs/design.md). [`settle`] applies the write and retries until the
 //! database answers, with capped, jittered backoff while it is down. A server error means
 //! nothing was written: the write is simply sent again. An outage (the connection failed, or
 //! the deadline passed, after the statement may have been sent) means the outcome is
@@ -53,7 +53,7 @@ pub(super) async fn settle(
             Err(FinishError::Db(err)) => {
                 let delay = backoff.next_delay();
                 let retry_in_ms = delay.as_millis() as u64;
-                let error = crate::db::describe(&err);
+                let error = err.to_string();
                 if err.is_unavailable() {
                     // The statement may or may not have committed.
                     outcome_unknown = true;
@@ -98,7 +98,7 @@ async fn apply(
     }
 }
 
-/// Invariant 4: find out what became of a write whose outcome is unknown, and act on it.
+/// Re-read, never re-run: find out what became of a write whose outcome is unknown, and act on it.
 async fn resolve(
     shared: &Shared,
     client: &Session,

@@ -6,7 +6,7 @@
 //! hint is confirmed in the row before an analyzer is stopped; and the worker's poll tick is
 //! the safety net for a notification lost (docs/design.md, "Nothing lost").
 //!
-//! The connection is checked, not trusted: a round trip every [`LIVENESS_INTERVAL`] with a
+//! The connection is checked, not trusted: a round trip every `LIVENESS_INTERVAL` (5 s) with a
 //! deadline, on top of TCP keepalives, finds a half-open connection in seconds. On any
 //! failure it reconnects with capped, jittered backoff, and after every (re)connect it first
 //! issues `LISTEN`, then reports [`ListenEvents::connected`] so that the daemon scans for work

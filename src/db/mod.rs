@@ -6,8 +6,8 @@
 //! connection died) against [`DbError::Rejected`] (the database refused these settings: a
 //! wrong password, an unknown role, no `pg_hba.conf` entry, no such database, or a password it
 //! asks for and was not given) against [`DbError::Query`] (the server answered a statement
-//! with an error). The first split keeps SPEC invariant 7: an outage is reported as
-//! "unavailable", never as "not found". The second keeps a configuration error from being
+//! with an error). The first split keeps "Unavailable is not absent" (docs/design.md): an
+//! outage is reported as "unavailable", never as "not found". The second keeps a configuration error from being
 //! waited for as if it were an outage. Its message says everything there is to say (the
 //! server's message, SQLSTATE, detail and hint, or why no answer came, and for a refusal what
 //! to check), so callers log it with `%err` and nothing more.
@@ -266,12 +266,6 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// An error and its sources, for a log line. A [`DbError`] says everything in its own
-/// message, so for it this is the same as `to_string`.
-pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
-    chain(err)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,7 +283,6 @@ mod tests {
             "database error: relation \"x\" does not exist (SQLSTATE 42P01), hint: create it first"
         );
         assert!(std::error::Error::source(&err).is_none());
-        assert_eq!(describe(&err), err.to_string());
         assert!(!err.is_unavailable());
         assert!(!err.is_transient());
     }

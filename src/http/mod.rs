@@ -1,19 +1,19 @@
-//! The optional HTTP server (SPEC section 7): off unless `http.listen` is set.
+//! The optional HTTP server (docs/design.md, "HTTP"): off unless `http.listen` is set.
 //!
 //! | route | file |
 //! | --- | --- |
-//! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | [`tasks`] |
-//! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | [`ops`] |
+//! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | `tasks.rs` |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
 //!
-//! A failed request is an [`error::ApiError`], which becomes its status code and JSON body in
+//! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
 //! one place; the task routes take their id and their pooled session through the extractors
-//! of [`extract`].
+//! of `extract.rs`.
 //!
 //! Every answer about a task comes from the database, never from daemon memory; an
 //! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
 //! guards every route but `/healthz`. Bodies over `http.max_body` are 413 (at once when the
 //! declared length is over); request headers, bodies and handling each have a deadline and open
-//! connections are capped ([`server`]), so that slow clients cannot hold the server.
+//! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
 mod connections;
 mod error;

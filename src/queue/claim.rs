@@ -1,4 +1,5 @@
-//! Claiming: QUEUED -> RUNNING, in batches, with exactly one winner per task (invariant 1).
+//! Claiming: QUEUED -> RUNNING, in batches, with exactly one winner per task ("One winner" in
+//! docs/design.md).
 //!
 //! The rows are picked in a materialized CTE with `FOR UPDATE SKIP LOCKED`, so that concurrent
 //! claimers step around each other instead of queueing, and the outer `UPDATE` re-checks

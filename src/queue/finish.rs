@@ -1,5 +1,6 @@
 //! Finishing a claim: the terminal status and the results in one fenced `UPDATE`
-//! (invariants 2 and 3), and releasing a claim back to QUEUED on shutdown.
+//! ("Results with status" and "Fenced finish" in docs/design.md), and releasing a claim back
+//! to QUEUED on shutdown.
 //!
 //! Both statements match only `status = 'RUNNING' AND attempt = $claimed AND lease_owner =
 //! $instance`: a claim that was lost (rescued, finished by someone else, released) is never
@@ -48,7 +49,8 @@ pub enum FinishError {
     #[error("no such task")]
     NotFound,
     /// The database failed. When it is [`DbError::Unavailable`], the outcome of the
-    /// statement is unknown: re-read the row, never re-run the analyzer (invariant 4).
+    /// statement is unknown: re-read the row, never re-run the analyzer ("Re-read, never
+    /// re-run" in docs/design.md).
     #[error(transparent)]
     Db(#[from] DbError),
 }

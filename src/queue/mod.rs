@@ -1,18 +1,18 @@
 //! The task table's operations: one SQL statement per function, the SQL next to it.
 //!
-//! Every status change here is guarded by the status and claim it expects (SPEC section 3),
-//! so that no stale actor can overwrite a newer state:
+//! Every status change here is guarded by the status and claim it expects (docs/design.md,
+//! "States"), so that no stale actor can overwrite a newer state:
 //!
 //! | file | owns |
 //! | --- | --- |
-//! | [`enqueue`] | inserting a task |
-//! | [`claim`] | QUEUED -> RUNNING, in batches, one winner per task |
-//! | [`finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by attempt and lease owner; release back to QUEUED |
-//! | [`cancel`] | `pgtaskd.cancel(id)` |
-//! | [`rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
-//! | [`prune`] | deleting old finished rows (retention) |
-//! | [`heartbeat`] | extending the leases of running tasks, reading their cancel requests |
-//! | [`task`] | the row as clients see it, and reading it |
+//! | [`mod@enqueue`] | inserting a task |
+//! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task |
+//! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by attempt and lease owner; release back to QUEUED |
+//! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
+//! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
+//! | [`mod@prune`] | deleting old finished rows (retention) |
+//! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
+//! | [`mod@task`] | the row as clients see it, and reading it |
 
 pub mod cancel;
 pub mod claim;

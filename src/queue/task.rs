@@ -9,7 +9,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
 
-/// The five states of SPEC section 3.
+/// The five states (docs/design.md, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum TaskStatus {

@@ -75,7 +75,7 @@ impl Worker {
             let confirmed = match confirmed {
                 Ok(confirmed) => confirmed,
                 Err(err) => {
-                    tracing::warn!(error = %crate::db::describe(&err), "cannot confirm cancel notifications; the heartbeat will read them");
+                    tracing::warn!(error = %err, "cannot confirm cancel notifications; the heartbeat will read them");
                     continue;
                 }
             };

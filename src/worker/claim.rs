@@ -38,7 +38,7 @@ impl Worker {
         if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
             if let Err(err) = self.release_unanswered().await {
                 self.inner.claim_unanswered.store(true, Ordering::Release);
-                tracing::warn!(error = %crate::db::describe(&err), "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
+                tracing::warn!(error = %err, "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
                 return;
             }
         }
@@ -96,7 +96,7 @@ impl Worker {
                         if err.is_unavailable() {
                             worker.inner.claim_unanswered.store(true, Ordering::Release);
                         }
-                        tracing::warn!(error = %crate::db::describe(&err), "claim failed; retrying at the next wake-up or poll");
+                        tracing::warn!(error = %err, "claim failed; retrying at the next wake-up or poll");
                     }
                 }
                 drop(slot);

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::Worker;
 use crate::analyzer::AnalyzeError;
 use crate::completer::{Action, Claim};
+use crate::events;
 use crate::queue::{Claimed, FinishError, Outcome, Payload, TaskStatus};
 
 impl Worker {
@@ -91,7 +92,7 @@ impl Worker {
         cancel: &CancellationToken,
     ) -> Action {
         let len = payload.as_str().len();
-        tracing::debug!(id, attempt, bytes = len, "analyzer run");
+        tracing::debug!(id, attempt, bytes = len, "{}", events::ANALYZER_RUN);
         let analyzed = if len < self.inner.analyzer.inline_below() {
             // Short work for an analyzer that never blocks: no hop to a blocking thread. A
             // panic is caught here as the blocking thread would catch it, so that the claim
@@ -162,7 +163,7 @@ impl Worker {
                 tracing::warn!(id, attempt, "task deleted while it ran; result dropped");
             }
             (Err(FinishError::Db(err)), _) => {
-                tracing::error!(id, attempt, error = %crate::db::describe(&err), "finish failed; the lease will expire");
+                tracing::error!(id, attempt, error = %err, "finish failed; the lease will expire");
             }
         }
     }

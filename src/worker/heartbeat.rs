@@ -39,7 +39,7 @@ impl Worker {
             let extended = match extended {
                 Ok(extended) => extended,
                 Err(err) => {
-                    tracing::warn!(error = %crate::db::describe(&err), "lease heartbeat failed");
+                    tracing::warn!(error = %err, "lease heartbeat failed");
                     continue;
                 }
             };

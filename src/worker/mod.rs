@@ -16,12 +16,13 @@
 //! always awaited to its return before the claim is finished, released or dropped: "asked
 //! to stop" is never taken for "stopped".
 //!
-//! Every write after the analyzer belongs to the [`crate::completer`]: finishes are committed
-//! in batches, and a claim's permit returns once its outcome is queued, so that claiming
-//! never waits for a commit. Finishing a claim survives database faults there (invariant 4):
-//! the row is re-read, the analyzer never runs twice for one claim. A claim whose answer was
-//! lost is cleaned up by the next scan: the rows RUNNING under this instance that no task of
-//! the registry holds are given back, as a shutdown gives back its claims.
+//! Every write after the analyzer belongs to the completer (`src/completer/`): finishes are
+//! committed in batches, and a claim's permit returns once its outcome is queued, so that
+//! claiming never waits for a commit. Finishing a claim survives database faults there
+//! ("Re-read, never re-run" in docs/design.md): the row is re-read, the analyzer never runs
+//! twice for one claim. A claim whose answer was lost is cleaned up by the next scan: the rows
+//! RUNNING under this instance that no task of the registry holds are given back, as a
+//! shutdown gives back its claims.
 //!
 //! | file | owns |
 //! | --- | --- |

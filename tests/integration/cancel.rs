@@ -1,4 +1,4 @@
-//! Invariant 5: a canceled QUEUED task is never analyzed; a canceled RUNNING task stays
+//! Cancel is a request (docs/design.md): a canceled QUEUED task is never analyzed; a canceled RUNNING task stays
 //! RUNNING until its analyzer has returned, then commits CANCELED with zero counts.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Invariant 1: each claim of a task succeeds for exactly one claimer.
+//! One winner (docs/design.md): each claim of a task succeeds for exactly one claimer.
 
 use std::collections::HashSet;
 use std::sync::Arc;

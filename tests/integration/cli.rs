@@ -1,4 +1,4 @@
-//! The command line's outputs and exit codes (SPEC section 5), through the real binary.
+//! The command line's outputs and exit codes (docs/design.md, "Command line"), through the real binary.
 
 use std::net::TcpListener;
 

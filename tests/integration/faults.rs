@@ -1,4 +1,4 @@
-//! Database faults (SPEC invariants 4, 6, 7): unknown commit outcomes through a
+//! Database faults (docs/design.md: "Re-read, never re-run", "Nothing lost", "Unavailable is not absent"): unknown commit outcomes through a
 //! fault-injecting proxy, terminated sessions, server restarts and outages, deadlines and a
 //! bounded pool.
 

@@ -1,4 +1,5 @@
-//! Invariants 2 and 3: results and status commit together, and finishes are fenced.
+//! Results with status, and Fenced finish (docs/design.md): results and status commit
+//! together, and finishes are fenced.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The HTTP API with a real HTTP client against a running daemon (SPEC section 7).
+//! The HTTP API with a real HTTP client against a running daemon (docs/design.md, "HTTP").
 
 use std::net::TcpListener;
 

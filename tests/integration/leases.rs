@@ -1,4 +1,4 @@
-//! Crash recovery with leases, and many daemons on one database (SPEC invariant 6 and the
+//! Crash recovery with leases, and many daemons on one database (docs/design.md, "Nothing lost" and the
 //! fencing of section 3), with real daemon processes.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Invariant 8: a shutdown stops claiming at once, lets running tasks finish within the grace,
+//! Two-phase shutdown (docs/design.md): a shutdown stops claiming at once, lets running tasks finish within the grace,
 //! then stops the analyzers, waits for each, commits what finished and releases the rest.
 
 use std::io::{BufRead, BufReader};

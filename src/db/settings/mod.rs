@@ -1,11 +1,11 @@
 //! The connection settings: what to connect to, how, and with which deadlines, resolved
 //! once into [`ConnectSettings`] as `psql` would resolve them. Opening sessions with them is
-//! [`super::open`]'s job; verifying the server's certificate is [`super::tls`]'s.
+//! `db::open`'s job; verifying the server's certificate is [`super::tls`]'s.
 //!
 //! Where the connection comes from, first match wins: `database.url` in the configuration,
 //! `PGTASKD_DATABASE_URL`, then an empty string ([`conninfo`] reads it). Whatever that string
 //! leaves unset is taken from the libpq environment variables and then libpq's defaults
-//! ([`libpq`]); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
+//! (`libpq.rs`); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
 //! `PGSSLROOTCERT`, else `prefer` and the default roots.
 //!
 //! Every session gets `application_name = pgtaskd/<instance id>`, TCP keepalives and a
