@@ -1,23 +1,34 @@
 //! Reading a libpq connection string, URL (`postgres://...`) or keywords (`host=... user=...`),
 //! as far as tokio-postgres cannot: it knows neither `sslrootcert` nor the `sslmode` values
 //! beyond `disable`, `prefer` and `require`, so [`split`] takes those two out before the rest
-//! goes to its parser. [`quote`] writes a value back in keyword syntax.
+//! goes to its parser, and `target_session_attrs` with them (see [`Split`]). [`quote`] writes
+//! a value back in keyword syntax.
+//!
+//! Everything else passes through unchanged, host lists included: tokio-postgres reads
+//! `host=a,b port=5432,5433` and `postgresql://a:5432,b:5433/db` as libpq does, hosts tried in
+//! order. The one list it does not split is a URL's `?host=a,b` parameter, which
+//! [`split`] rewrites as `?host=a&host=b` (each `host` parameter adds one host).
 
-/// The TLS options found in a connection string, and the string without them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The TLS options and `target_session_attrs` found in a connection string, and the string
+/// without them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Split {
     pub rest: String,
     pub sslmode: Option<String>,
     pub sslrootcert: Option<String>,
+    /// Taken out so that a value in the string can be told from none (then
+    /// `PGTARGETSESSIONATTRS` applies, as in libpq), and so that libpq's values that
+    /// tokio-postgres does not know are refused with a reason rather than a parse error.
+    pub target_session_attrs: Option<String>,
 }
 
-/// Take `sslmode` and `sslrootcert` out of a URL or key=value connection string. A string
-/// this cannot read is returned whole, for tokio-postgres to report its error.
+/// Take `sslmode`, `sslrootcert` and `target_session_attrs` out of a URL or key=value
+/// connection string. A string this cannot read is returned whole, for tokio-postgres to
+/// report its error.
 pub fn split(conninfo: &str) -> Split {
     let whole = || Split {
         rest: conninfo.to_string(),
-        sslmode: None,
-        sslrootcert: None,
+        ..Split::default()
     };
     if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
         return split_url(conninfo).unwrap_or_else(whole);
@@ -25,16 +36,13 @@ pub fn split(conninfo: &str) -> Split {
     let Some(pairs) = keyword_pairs(conninfo) else {
         return whole();
     };
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
+    let mut split = Split::default();
     let mut kept = Vec::new();
     for (key, value) in pairs {
         match key.as_str() {
             "sslmode" => split.sslmode = Some(value),
             "sslrootcert" => split.sslrootcert = Some(value),
+            "target_session_attrs" => split.target_session_attrs = Some(value),
             _ => kept.push(quote(&key, &value)),
         }
     }
@@ -52,18 +60,17 @@ pub fn quote(key: &str, value: &str) -> String {
 
 fn split_url(url: &str) -> Option<Split> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
+    let mut split = Split::default();
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
             "sslmode" => split.sslmode = Some(percent_decode(value)?),
             "sslrootcert" => split.sslrootcert = Some(percent_decode(value)?),
-            _ => kept.push(pair),
+            "target_session_attrs" => split.target_session_attrs = Some(percent_decode(value)?),
+            // A literal comma separates hosts; an encoded one (%2C) stays part of a name.
+            "host" => kept.extend(value.split(',').map(|host| format!("host={host}"))),
+            _ => kept.push(pair.to_string()),
         }
     }
     split.rest = if kept.is_empty() {
@@ -132,6 +139,8 @@ fn keyword_pairs(text: &str) -> Option<Vec<(String, String)>> {
 
 #[cfg(test)]
 mod tests {
+    use tokio_postgres::config::Host;
+
     use super::*;
 
     #[test]
@@ -164,6 +173,54 @@ mod tests {
         assert_eq!(found.rest, "host='db' user='o\\'brien' dbname='app'");
         let config: tokio_postgres::Config = found.rest.parse().unwrap();
         assert_eq!(config.get_user(), Some("o'brien"));
+    }
+
+    #[test]
+    fn host_lists_survive_in_both_forms() {
+        let found = split(
+            "host=a.example,b.example port=5432,5433 user=u sslmode=require \
+             target_session_attrs=read-write",
+        );
+        assert_eq!(found.sslmode.as_deref(), Some("require"));
+        assert_eq!(found.target_session_attrs.as_deref(), Some("read-write"));
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Tcp("b.example".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
+
+        let found = split(
+            "postgresql://u@a.example:5432,b.example:5433/app?sslmode=verify-full&target_session_attrs=any",
+        );
+        assert_eq!(found.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(found.target_session_attrs.as_deref(), Some("any"));
+        assert_eq!(
+            found.rest,
+            "postgresql://u@a.example:5432,b.example:5433/app"
+        );
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Tcp("b.example".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
+        assert_eq!(config.get_dbname(), Some("app"));
+    }
+
+    #[test]
+    fn a_host_list_in_a_url_parameter_becomes_one_host_each() {
+        let found = split("postgresql:///app?host=a.example,%2Frun%2Fpg&port=5432,5433");
+        assert_eq!(
+            found.rest,
+            "postgresql:///app?host=a.example&host=%2Frun%2Fpg&port=5432,5433"
+        );
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Unix("/run/pg".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
     }
 
     #[test]
