@@ -6,8 +6,10 @@
 //!
 //! Everything else passes through unchanged, host lists included: tokio-postgres reads
 //! `host=a,b port=5432,5433` and `postgresql://a:5432,b:5433/db` as libpq does, hosts tried in
-//! order. The one list it does not split is a URL's `?host=a,b` parameter, which
-//! [`split`] rewrites as `?host=a&host=b` (each `host` parameter adds one host).
+//! order. Two rewrites keep libpq's meaning where tokio-postgres's URL parser differs: a
+//! `?host=a,b` parameter becomes `?host=a&host=b` (each `host` parameter adds one host), and
+//! a URL's single host without a port moves into a `host` parameter, so that the port stays
+//! unset and `PGPORT` can fill it.
 
 /// The TLS options and `target_session_attrs` found in a connection string, and the string
 /// without them.
@@ -62,6 +64,13 @@ fn split_url(url: &str) -> Option<Split> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut split = Split::default();
     let mut kept = Vec::new();
+    let base = match portless_host(base) {
+        Some((without, host)) => {
+            kept.push(format!("host={host}"));
+            without
+        }
+        None => base.to_string(),
+    };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -79,6 +88,33 @@ fn split_url(url: &str) -> Option<Split> {
         format!("{base}?{}", kept.join("&"))
     };
     Some(split)
+}
+
+/// A URL naming one host and no port, split into the URL without the host and the host.
+///
+/// libpq leaves the port unset for such a URL, so that `PGPORT` applies; tokio-postgres's URL
+/// parser would set 5432. A host given as a `host` parameter sets no port, so [`split_url`]
+/// moves it there. Host lists are left alone: for them libpq also takes 5432 where a port is
+/// missing, whatever `PGPORT` says.
+fn portless_host(base: &str) -> Option<(String, String)> {
+    let start = base.find("://")? + 3;
+    let authority_end = base[start..]
+        .find('/')
+        .map_or(base.len(), |end| start + end);
+    let host_start = base[start..authority_end]
+        .rfind('@')
+        .map_or(start, |at| start + at + 1);
+    let host = &base[host_start..authority_end];
+    let host = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.strip_suffix(']')?,
+        None if host.contains(':') => return None,
+        None => host,
+    };
+    if host.is_empty() || host.contains(',') {
+        return None;
+    }
+    let without = format!("{}{}", &base[..host_start], &base[authority_end..]);
+    Some((without, host.to_string()))
 }
 
 fn percent_decode(text: &str) -> Option<String> {
@@ -152,8 +188,8 @@ mod tests {
         );
         assert_eq!(found.sslmode.as_deref(), Some("verify-full"));
         assert_eq!(found.sslrootcert.as_deref(), Some("/etc/ca.pem"));
-        let plain = split("postgresql://localhost/app");
-        assert_eq!(plain.rest, "postgresql://localhost/app");
+        let plain = split("postgresql://localhost:5432/app");
+        assert_eq!(plain.rest, "postgresql://localhost:5432/app");
         assert_eq!(plain.sslmode, None);
     }
 
@@ -221,6 +257,41 @@ mod tests {
             &[Host::Tcp("a.example".into()), Host::Unix("/run/pg".into())]
         );
         assert_eq!(config.get_ports(), &[5432, 5433]);
+    }
+
+    #[test]
+    fn a_url_with_one_host_and_no_port_leaves_the_port_unset_as_libpq_does() {
+        for (url, rest, host) in [
+            (
+                "postgres://u:p@db.example/app?application_name=x",
+                "postgres://u:p@/app?host=db.example&application_name=x",
+                Host::Tcp("db.example".into()),
+            ),
+            (
+                "postgresql://[::1]/app",
+                "postgresql:///app?host=::1",
+                Host::Tcp("::1".into()),
+            ),
+            (
+                "postgresql://%2Frun%2Fpg",
+                "postgresql://?host=%2Frun%2Fpg",
+                Host::Unix("/run/pg".into()),
+            ),
+        ] {
+            let found = split(url);
+            assert_eq!(found.rest, rest);
+            let config: tokio_postgres::Config = found.rest.parse().unwrap();
+            assert_eq!(config.get_hosts(), &[host], "{url}");
+            assert!(config.get_ports().is_empty(), "{url}: PGPORT may fill it");
+        }
+        for url in [
+            "postgres://db.example:6543/app",
+            "postgres://[::1]:6543/app",
+            "postgres://a.example,b.example/app",
+            "postgres:///app",
+        ] {
+            assert_eq!(split(url).rest, url, "left alone");
+        }
     }
 
     #[test]
