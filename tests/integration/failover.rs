@@ -101,6 +101,7 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
         "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=read-write",
         primary.port, standby.port, db.name
     );
+    let standby_client = client_on(&standby, &db.name).await;
     let mut daemons = [
         DaemonProcess::start_url(&url, CONFIG, &[]),
         DaemonProcess::start_url(&url, CONFIG, &[]),
@@ -112,7 +113,6 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
     .await;
 
     // The crash, timed by the server's clock, which the new primary's finished_at shares.
-    let standby_client = client_on(&standby, &db.name).await;
     let crashed_at: String = within(
         WAIT,
         "the clock",
