@@ -7,8 +7,11 @@
 //! the safety net for a notification lost (docs/design.md, "Nothing lost").
 //!
 //! The connection is checked, not trusted: a round trip every `LIVENESS_INTERVAL` (5 s) with a
-//! deadline, on top of TCP keepalives, finds a half-open connection in seconds. On any
-//! failure it reconnects with capped, jittered backoff, and after every (re)connect it first
+//! deadline, on top of TCP keepalives, finds a half-open connection in seconds. With
+//! `target_session_attrs=read-write` the round trip also asks whether the server still
+//! accepts writes: a server turned read-only is no longer where producers insert, so its
+//! notifications would never come. On any failure it reconnects, through the host list, with
+//! capped, jittered backoff, and after every (re)connect it first
 //! issues `LISTEN`, then reports [`ListenEvents::connected`] so that the daemon scans for work
 //! that was enqueued while nobody listened, in that order.
 
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio_postgres::AsyncMessage;
+use tokio_postgres::{AsyncMessage, SimpleQueryMessage};
 use tokio_util::sync::CancellationToken;
 
 use super::{ConnectSettings, DbError};
@@ -154,15 +157,33 @@ async fn listen_once(
                 Some(_) => {}
                 None => return Err(DbError::unavailable("listener connection closed")),
             },
-            _ = liveness.tick() => {
-                match tokio::time::timeout(LIVENESS_TIMEOUT, client.simple_query("")).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(err)) => return Err(err.into()),
-                    Err(_) => return Err(DbError::unavailable("listener connection did not answer its liveness check")),
-                }
-            }
+            _ = liveness.tick() => check_alive(&client, settings.requires_writes()).await?,
         }
     }
+}
+
+/// One liveness round trip, under [`LIVENESS_TIMEOUT`]; with `writes`, the server must also
+/// still accept writes.
+async fn check_alive(client: &tokio_postgres::Client, writes: bool) -> Result<(), DbError> {
+    let query = if writes {
+        "SHOW transaction_read_only"
+    } else {
+        ""
+    };
+    let answer = tokio::time::timeout(LIVENESS_TIMEOUT, client.simple_query(query))
+        .await
+        .map_err(|_| {
+            DbError::unavailable("listener connection did not answer its liveness check")
+        })??;
+    let read_only = answer
+        .iter()
+        .any(|message| matches!(message, SimpleQueryMessage::Row(row) if row.get(0) == Some("on")));
+    if read_only {
+        return Err(DbError::unavailable(
+            "the listener's server no longer accepts writes",
+        ));
+    }
+    Ok(())
 }
 
 /// The messages (notifications, notices) of `connection`, forwarded by a task of its own:

@@ -2,8 +2,8 @@
 //! LISTEN connection.
 //!
 //! [`DbError`] is the one error type of database work, and this module is the one place that
-//! sorts failures: [`DbError::Unavailable`] (the database could not be reached, or the
-//! connection died) against [`DbError::Rejected`] (the database refused these settings: a
+//! sorts failures: [`DbError::Unavailable`] (the database could not be reached, the
+//! connection died, or the session is on a server that does not accept writes) against [`DbError::Rejected`] (the database refused these settings: a
 //! wrong password, an unknown role, no `pg_hba.conf` entry, no such database, or a password it
 //! asks for and was not given) against [`DbError::Query`] (the server answered a statement
 //! with an error). The first split keeps "Unavailable is not absent" (docs/design.md): an
@@ -237,7 +237,11 @@ impl From<PoolError> for DbError {
 
 /// Whether an error means the connection is unusable rather than that a statement failed:
 /// no SQLSTATE at all (I/O, closed connection, timeout), connection exceptions (class 08),
-/// the server shutting down or starting (57P01..57P03), or too many connections.
+/// the server shutting down or starting (57P01..57P03), too many connections, or a server
+/// that does not accept writes (25006 read_only_sql_transaction: a standby, a primary demoted
+/// by a failover, or one put into read-only mode). The last is not an error of the statement:
+/// the session is on the wrong server, and a new one, opened through the host list with
+/// `target_session_attrs=read-write`, finds the primary.
 fn is_connection_error(err: &tokio_postgres::Error) -> bool {
     if err.is_closed() {
         return true;
@@ -250,6 +254,7 @@ fn is_connection_error(err: &tokio_postgres::Error) -> bool {
                 || *code == SqlState::CRASH_SHUTDOWN
                 || *code == SqlState::CANNOT_CONNECT_NOW
                 || *code == SqlState::TOO_MANY_CONNECTIONS
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
         }
     }
 }

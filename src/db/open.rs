@@ -49,7 +49,7 @@ impl ConnectSettings {
         messages: Option<Sender<AsyncMessage>>,
     ) -> Result<(Client, JoinHandle<()>), DbError> {
         let connecting = self.config.connect(self.tls.clone());
-        let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
+        let (client, connection) = tokio::time::timeout(self.connect_deadline, connecting)
             .await
             .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
             .map_err(DbError::connecting)?;
@@ -70,8 +70,8 @@ impl ConnectSettings {
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(POOL_WAIT_TIMEOUT))
-            .create_timeout(Some(self.connect_timeout))
-            .recycle_timeout(Some(self.connect_timeout))
+            .create_timeout(Some(self.connect_deadline))
+            .recycle_timeout(Some(self.connect_deadline))
             .build()
             .expect("a pool with a runtime always builds");
         Pool::new(pool, self.query_deadline)

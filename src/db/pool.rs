@@ -3,8 +3,9 @@
 //! The server enforces `statement_timeout`, but a connection that went half-open (the peer
 //! vanished without a reset) answers nothing at all: without a deadline of its own, a worker
 //! would wait forever. [`Session::bounded`] puts one on each operation, and a session whose
-//! operation timed out or lost its connection is discarded when dropped, never handed out
-//! again.
+//! operation failed as unavailable (it timed out, lost its connection, or found its server
+//! no longer accepting writes, as a primary demoted by a failover) is discarded when dropped,
+//! never handed out again: the next session is opened anew, through the host list.
 
 use std::future::Future;
 use std::ops::Deref;

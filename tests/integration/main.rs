@@ -14,6 +14,7 @@ mod claim_budget;
 mod cli;
 mod credentials;
 mod end_to_end;
+mod failover;
 mod faults;
 mod finish;
 mod http;

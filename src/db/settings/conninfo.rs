@@ -1,23 +1,36 @@
 //! Reading a libpq connection string, URL (`postgres://...`) or keywords (`host=... user=...`),
 //! as far as tokio-postgres cannot: it knows neither `sslrootcert` nor the `sslmode` values
 //! beyond `disable`, `prefer` and `require`, so [`split`] takes those two out before the rest
-//! goes to its parser. [`quote`] writes a value back in keyword syntax.
+//! goes to its parser, and `target_session_attrs` with them (see [`Split`]). [`quote`] writes
+//! a value back in keyword syntax.
+//!
+//! Everything else passes through unchanged, host lists included: tokio-postgres reads
+//! `host=a,b port=5432,5433` and `postgresql://a:5432,b:5433/db` as libpq does, hosts tried in
+//! order. Two rewrites keep libpq's meaning where tokio-postgres's URL parser differs: a
+//! `?host=a,b` parameter becomes `?host=a&host=b` (each `host` parameter adds one host), and
+//! a URL's single host without a port moves into a `host` parameter, so that the port stays
+//! unset and `PGPORT` can fill it.
 
-/// The TLS options found in a connection string, and the string without them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The TLS options and `target_session_attrs` found in a connection string, and the string
+/// without them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Split {
     pub rest: String,
     pub sslmode: Option<String>,
     pub sslrootcert: Option<String>,
+    /// Taken out so that a value in the string can be told from none (then
+    /// `PGTARGETSESSIONATTRS` applies, as in libpq), and so that libpq's values that
+    /// tokio-postgres does not know are refused with a reason rather than a parse error.
+    pub target_session_attrs: Option<String>,
 }
 
-/// Take `sslmode` and `sslrootcert` out of a URL or key=value connection string. A string
-/// this cannot read is returned whole, for tokio-postgres to report its error.
+/// Take `sslmode`, `sslrootcert` and `target_session_attrs` out of a URL or key=value
+/// connection string. A string this cannot read is returned whole, for tokio-postgres to
+/// report its error.
 pub fn split(conninfo: &str) -> Split {
     let whole = || Split {
         rest: conninfo.to_string(),
-        sslmode: None,
-        sslrootcert: None,
+        ..Split::default()
     };
     if conninfo.starts_with("postgres://") || conninfo.starts_with("postgresql://") {
         return split_url(conninfo).unwrap_or_else(whole);
@@ -25,16 +38,13 @@ pub fn split(conninfo: &str) -> Split {
     let Some(pairs) = keyword_pairs(conninfo) else {
         return whole();
     };
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
+    let mut split = Split::default();
     let mut kept = Vec::new();
     for (key, value) in pairs {
         match key.as_str() {
             "sslmode" => split.sslmode = Some(value),
             "sslrootcert" => split.sslrootcert = Some(value),
+            "target_session_attrs" => split.target_session_attrs = Some(value),
             _ => kept.push(quote(&key, &value)),
         }
     }
@@ -52,18 +62,24 @@ pub fn quote(key: &str, value: &str) -> String {
 
 fn split_url(url: &str) -> Option<Split> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut split = Split {
-        rest: String::new(),
-        sslmode: None,
-        sslrootcert: None,
-    };
+    let mut split = Split::default();
     let mut kept = Vec::new();
+    let base = match portless_host(base) {
+        Some((without, host)) => {
+            kept.push(format!("host={host}"));
+            without
+        }
+        None => base.to_string(),
+    };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
             "sslmode" => split.sslmode = Some(percent_decode(value)?),
             "sslrootcert" => split.sslrootcert = Some(percent_decode(value)?),
-            _ => kept.push(pair),
+            "target_session_attrs" => split.target_session_attrs = Some(percent_decode(value)?),
+            // A literal comma separates hosts; an encoded one (%2C) stays part of a name.
+            "host" => kept.extend(value.split(',').map(|host| format!("host={host}"))),
+            _ => kept.push(pair.to_string()),
         }
     }
     split.rest = if kept.is_empty() {
@@ -72,6 +88,33 @@ fn split_url(url: &str) -> Option<Split> {
         format!("{base}?{}", kept.join("&"))
     };
     Some(split)
+}
+
+/// A URL naming one host and no port, split into the URL without the host and the host.
+///
+/// libpq leaves the port unset for such a URL, so that `PGPORT` applies; tokio-postgres's URL
+/// parser would set 5432. A host given as a `host` parameter sets no port, so [`split_url`]
+/// moves it there. Host lists are left alone: for them libpq also takes 5432 where a port is
+/// missing, whatever `PGPORT` says.
+fn portless_host(base: &str) -> Option<(String, String)> {
+    let start = base.find("://")? + 3;
+    let authority_end = base[start..]
+        .find('/')
+        .map_or(base.len(), |end| start + end);
+    let host_start = base[start..authority_end]
+        .rfind('@')
+        .map_or(start, |at| start + at + 1);
+    let host = &base[host_start..authority_end];
+    let host = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.strip_suffix(']')?,
+        None if host.contains(':') => return None,
+        None => host,
+    };
+    if host.is_empty() || host.contains(',') {
+        return None;
+    }
+    let without = format!("{}{}", &base[..host_start], &base[authority_end..]);
+    Some((without, host.to_string()))
 }
 
 fn percent_decode(text: &str) -> Option<String> {
@@ -132,6 +175,8 @@ fn keyword_pairs(text: &str) -> Option<Vec<(String, String)>> {
 
 #[cfg(test)]
 mod tests {
+    use tokio_postgres::config::Host;
+
     use super::*;
 
     #[test]
@@ -143,8 +188,8 @@ mod tests {
         );
         assert_eq!(found.sslmode.as_deref(), Some("verify-full"));
         assert_eq!(found.sslrootcert.as_deref(), Some("/etc/ca.pem"));
-        let plain = split("postgresql://localhost/app");
-        assert_eq!(plain.rest, "postgresql://localhost/app");
+        let plain = split("postgresql://localhost:5432/app");
+        assert_eq!(plain.rest, "postgresql://localhost:5432/app");
         assert_eq!(plain.sslmode, None);
     }
 
@@ -164,6 +209,89 @@ mod tests {
         assert_eq!(found.rest, "host='db' user='o\\'brien' dbname='app'");
         let config: tokio_postgres::Config = found.rest.parse().unwrap();
         assert_eq!(config.get_user(), Some("o'brien"));
+    }
+
+    #[test]
+    fn host_lists_survive_in_both_forms() {
+        let found = split(
+            "host=a.example,b.example port=5432,5433 user=u sslmode=require \
+             target_session_attrs=read-write",
+        );
+        assert_eq!(found.sslmode.as_deref(), Some("require"));
+        assert_eq!(found.target_session_attrs.as_deref(), Some("read-write"));
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Tcp("b.example".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
+
+        let found = split(
+            "postgresql://u@a.example:5432,b.example:5433/app?sslmode=verify-full&target_session_attrs=any",
+        );
+        assert_eq!(found.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(found.target_session_attrs.as_deref(), Some("any"));
+        assert_eq!(
+            found.rest,
+            "postgresql://u@a.example:5432,b.example:5433/app"
+        );
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Tcp("b.example".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
+        assert_eq!(config.get_dbname(), Some("app"));
+    }
+
+    #[test]
+    fn a_host_list_in_a_url_parameter_becomes_one_host_each() {
+        let found = split("postgresql:///app?host=a.example,%2Frun%2Fpg&port=5432,5433");
+        assert_eq!(
+            found.rest,
+            "postgresql:///app?host=a.example&host=%2Frun%2Fpg&port=5432,5433"
+        );
+        let config: tokio_postgres::Config = found.rest.parse().unwrap();
+        assert_eq!(
+            config.get_hosts(),
+            &[Host::Tcp("a.example".into()), Host::Unix("/run/pg".into())]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5433]);
+    }
+
+    #[test]
+    fn a_url_with_one_host_and_no_port_leaves_the_port_unset_as_libpq_does() {
+        for (url, rest, host) in [
+            (
+                "postgres://u:p@db.example/app?application_name=x",
+                "postgres://u:p@/app?host=db.example&application_name=x",
+                Host::Tcp("db.example".into()),
+            ),
+            (
+                "postgresql://[::1]/app",
+                "postgresql:///app?host=::1",
+                Host::Tcp("::1".into()),
+            ),
+            (
+                "postgresql://%2Frun%2Fpg",
+                "postgresql://?host=%2Frun%2Fpg",
+                Host::Unix("/run/pg".into()),
+            ),
+        ] {
+            let found = split(url);
+            assert_eq!(found.rest, rest);
+            let config: tokio_postgres::Config = found.rest.parse().unwrap();
+            assert_eq!(config.get_hosts(), &[host], "{url}");
+            assert!(config.get_ports().is_empty(), "{url}: PGPORT may fill it");
+        }
+        for url in [
+            "postgres://db.example:6543/app",
+            "postgres://[::1]:6543/app",
+            "postgres://a.example,b.example/app",
+            "postgres:///app",
+        ] {
+            assert_eq!(split(url).rest, url, "left alone");
+        }
     }
 
     #[test]

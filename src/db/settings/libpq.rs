@@ -1,6 +1,7 @@
 //! What libpq would take for the settings a connection string leaves unset: first its
 //! environment variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`,
-//! `PGCONNECT_TIMEOUT`), then its defaults (the Unix socket in `/var/run/postgresql` or `/tmp`
+//! `PGCONNECT_TIMEOUT`; `PGHOST` and `PGPORT` may be comma-separated lists, as in libpq, an
+//! empty port meaning 5432), then its defaults (the Unix socket in `/var/run/postgresql` or `/tmp`
 //! when one is there, else `localhost`; the operating-system user, from the password database
 //! as libpq does). Port 5432 and a database named like the user are tokio-postgres's own
 //! defaults already.
@@ -154,6 +155,28 @@ mod tests {
         let config = with_env("", &[("PGHOST", "/run/pg"), ("PGPORT", "5433")]);
         assert_eq!(config.get_hosts(), &[Host::Unix("/run/pg".into())]);
         assert_eq!(config.get_ports(), &[5433]);
+    }
+
+    #[test]
+    fn environment_host_and_port_lists_name_several_servers_in_order() {
+        let config = with_env(
+            "user=u target_session_attrs=read-write",
+            &[
+                ("PGHOST", "a.example,/run/pg,b.example"),
+                ("PGPORT", "5432,,5434"),
+            ],
+        );
+        assert_eq!(
+            config.get_hosts(),
+            &[
+                Host::Tcp("a.example".into()),
+                Host::Unix("/run/pg".into()),
+                Host::Tcp("b.example".into())
+            ]
+        );
+        assert_eq!(config.get_ports(), &[5432, 5432, 5434]);
+        let config = with_env("host=a.example,b.example", &[("PGPORT", "6000,6001")]);
+        assert_eq!(config.get_ports(), &[6000, 6001]);
     }
 
     #[test]

@@ -6,7 +6,15 @@
 //! `PGTASKD_DATABASE_URL`, then an empty string ([`conninfo`] reads it). Whatever that string
 //! leaves unset is taken from the libpq environment variables and then libpq's defaults
 //! (`libpq.rs`); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
-//! `PGSSLROOTCERT`, else `prefer` and the default roots.
+//! `PGSSLROOTCERT`, else `prefer` and the default roots; `target_session_attrs` from the
+//! string, else `PGTARGETSESSIONATTRS`, else `any`.
+//!
+//! A string may name several servers (`host=a,b port=5432,5433`, or
+//! `postgresql://a:5432,b:5433/db`; `PGHOST` and `PGPORT` take the same lists): every session
+//! is opened by trying them in order, the first that accepts it wins, and with
+//! `target_session_attrs=read-write` one whose sessions are read-only (a standby) is passed
+//! over. So the pool, the LISTEN connection and the one-shot commands all follow a primary
+//! that a failover manager moved. The connect timeout holds for each server tried.
 //!
 //! Every session gets `application_name = pgtaskd/<instance id>`, TCP keepalives and a
 //! user timeout, so that a dead peer is noticed in seconds. Daemon sessions also get
@@ -18,6 +26,7 @@ mod libpq;
 use std::str::FromStr;
 use std::time::Duration;
 
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::Config;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -44,7 +53,9 @@ pub struct ConnectSettings {
     pub(in crate::db) tls: MakeRustlsConnect,
     ssl_mode: SslMode,
     pub(in crate::db) pool_size: usize,
-    pub(in crate::db) connect_timeout: Duration,
+    /// The deadline of opening one session: the connect timeout for each server that may be
+    /// tried.
+    pub(in crate::db) connect_deadline: Duration,
     pub(in crate::db) query_deadline: Duration,
 }
 
@@ -66,6 +77,16 @@ pub enum BadConnectionString {
     Parse(#[source] tokio_postgres::Error),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(
+        "could not match {ports} port numbers to {hosts} hosts: give one port for all, \
+         or one per host"
+    )]
+    Ports { hosts: usize, ports: usize },
+    #[error(
+        "unsupported target_session_attrs {0:?}: pgtaskd writes, so use \"read-write\" \
+         (skip servers that do not accept writes) or \"any\""
+    )]
+    TargetSessionAttrs(String),
 }
 
 impl ConnectSettings {
@@ -96,6 +117,16 @@ impl ConnectSettings {
             .map(std::path::PathBuf::from);
         let tls = tls::connector(ssl_mode, root_cert.as_deref())?;
         config.ssl_mode(ssl_mode.negotiation());
+        let attrs = split
+            .target_session_attrs
+            .or_else(|| std::env::var("PGTARGETSESSIONATTRS").ok())
+            .unwrap_or_else(|| "any".to_string());
+        config.target_session_attrs(session_attrs(&attrs)?);
+        let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+        let ports = config.get_ports().len();
+        if ports > 1 && ports != hosts {
+            return Err(BadConnectionString::Ports { hosts, ports });
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(database.connect_timeout);
         }
@@ -106,12 +137,13 @@ impl ConnectSettings {
             .keepalives_interval(KEEPALIVE_INTERVAL)
             .tcp_user_timeout(TCP_USER_TIMEOUT);
         let connect_timeout = *config.get_connect_timeout().expect("set above");
+        let tries = u32::try_from(hosts.max(1)).unwrap_or(u32::MAX);
         let mut settings = ConnectSettings {
             config,
             tls,
             ssl_mode,
             pool_size: database.pool_size,
-            connect_timeout,
+            connect_deadline: connect_timeout.saturating_mul(tries),
             query_deadline: query_deadline(database.statement_timeout),
         };
         settings.add_session_timeouts(database.statement_timeout);
@@ -133,6 +165,12 @@ impl ConnectSettings {
         self.ssl_mode
     }
 
+    /// Whether sessions must accept writes (`target_session_attrs=read-write`): then a
+    /// session whose server turns read-only is to be replaced.
+    pub fn requires_writes(&self) -> bool {
+        self.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
+    }
+
     /// Deadlines for the daemon's sessions, passed as startup options so that they hold
     /// from the first statement on and survive a pool's connection reuse.
     fn add_session_timeouts(&mut self, statement_timeout: Duration) {
@@ -151,6 +189,18 @@ impl ConnectSettings {
             options.push_str(&format!("-c {name}={}", value.as_millis()));
         }
         self.config.options(&options);
+    }
+}
+
+/// libpq's `target_session_attrs` values that a daemon can use: `any` takes the first server
+/// that accepts the session, `read-write` the first whose sessions accept writes. The others
+/// (`read-only`, `primary`, `standby`, `prefer-standby`) would either choose servers where
+/// the daemon cannot work or differ from `read-write` only in ways that do not help it.
+fn session_attrs(text: &str) -> Result<TargetSessionAttrs, BadConnectionString> {
+    match text {
+        "any" => Ok(TargetSessionAttrs::Any),
+        "read-write" => Ok(TargetSessionAttrs::ReadWrite),
+        other => Err(BadConnectionString::TargetSessionAttrs(other.to_string())),
     }
 }
 
@@ -216,6 +266,84 @@ mod tests {
             options.contains("-c idle_in_transaction_session_timeout=60000"),
             "{options}"
         );
+    }
+
+    fn database(url: &str) -> DatabaseConfig {
+        DatabaseConfig {
+            url: Some(url.into()),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_host_list_survives_with_its_ports_and_read_write() {
+        use tokio_postgres::config::Host;
+        for url in [
+            "host=a.example,b.example port=5432,5433 user=u dbname=d \
+             sslmode=disable target_session_attrs=read-write",
+            "postgresql://u@a.example:5432,b.example:5433/d?sslmode=disable&target_session_attrs=read-write",
+        ] {
+            let settings = ConnectSettings::new(&database(url), "x").unwrap();
+            let config = settings.config();
+            assert_eq!(
+                config.get_hosts(),
+                &[Host::Tcp("a.example".into()), Host::Tcp("b.example".into())],
+                "{url}"
+            );
+            assert_eq!(config.get_ports(), &[5432, 5433], "{url}");
+            assert_eq!(
+                config.get_target_session_attrs(),
+                TargetSessionAttrs::ReadWrite
+            );
+            assert!(settings.requires_writes());
+            assert_eq!(settings.ssl_mode(), SslMode::Disable);
+            assert_eq!(
+                settings.connect_deadline,
+                Duration::from_secs(4),
+                "the connect timeout holds for each host"
+            );
+        }
+    }
+
+    #[test]
+    fn target_session_attrs_is_any_unless_given() {
+        let settings =
+            ConnectSettings::new(&database("host=a.example,b.example user=u"), "x").unwrap();
+        assert_eq!(
+            settings.config().get_target_session_attrs(),
+            TargetSessionAttrs::Any
+        );
+        assert!(!settings.requires_writes());
+    }
+
+    #[test]
+    fn a_target_session_attrs_the_daemon_cannot_use_is_refused_with_a_reason() {
+        for value in ["standby", "read-only", "primary", "sometimes"] {
+            let url = format!("host=a.example user=u target_session_attrs={value}");
+            let err = ConnectSettings::new(&database(&url), "x").unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(value) && text.contains("read-write"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn ports_that_do_not_match_the_hosts_are_refused() {
+        let err = ConnectSettings::new(
+            &database("host=a.example,b.example,c.example port=5432,5433 user=u"),
+            "x",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "could not match 2 port numbers to 3 hosts: give one port for all, or one per host"
+        );
+        let one_port_for_all = database("host=a.example,b.example port=6543 user=u");
+        assert!(ConnectSettings::new(&one_port_for_all, "x").is_ok());
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! A throwaway PostgreSQL cluster: `initdb` into a fresh directory, then `postgres` as a
 //! child of this process on a free loopback port, stoppable and restartable by fault tests.
 //!
+//! For failover tests, [`Cluster::start_primary`] starts one ready to stream its WAL and
+//! [`Cluster::start_standby_of`] a hot standby made from it with `pg_basebackup -R`; the
+//! test crashes the primary with [`Cluster::stop_server`] and promotes the standby with
+//! [`Cluster::promote`].
+//!
 //! The server runs as the `postgres` user when this process is root. It gets SIGINT (a fast
 //! shutdown) when the thread that started it dies, which for the shared cluster is only at
 //! process exit; directories left by earlier runs whose process is gone are removed at start.
@@ -48,18 +53,93 @@ impl Cluster {
     /// A cluster of its own with extra server settings, and files written into its data
     /// directory first (owned by the server's user, mode 0600): e.g. a certificate and key.
     pub fn start_with(settings: &[(&str, &str)], files: &[(&str, &str)]) -> Cluster {
-        let bindir = find_bindir().unwrap_or_else(|| panic!("{}", how_to_get_one()));
-        let user = server_user();
-        let dir = std::env::temp_dir().join(format!(
-            "{DIR_PREFIX}{}-{}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::create_dir_all(&dir).expect("create the cluster directory");
+        let cluster = Cluster::init(settings, files);
+        cluster.start_server();
+        cluster
+    }
+
+    /// A primary that streams its WAL to standbys: `wal_level=replica`, WAL senders, and a
+    /// `pg_hba.conf` line that lets replication connections in from the loopback address.
+    pub fn start_primary() -> Cluster {
+        let cluster = Cluster::init(
+            &[
+                ("wal_level", "replica"),
+                ("max_wal_senders", "4"),
+                ("wal_keep_size", "256MB"),
+            ],
+            &[],
+        );
+        let hba = cluster.dir.join("data").join("pg_hba.conf");
+        let mut lines = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+        lines.push_str("\nhost replication all 127.0.0.1/32 trust\n");
+        std::fs::write(&hba, lines).expect("write pg_hba.conf");
+        cluster.start_server();
+        cluster
+    }
+
+    /// A hot standby of `primary`, streaming from it: `pg_basebackup -R` (which writes
+    /// `primary_conninfo` and `standby.signal`) into a directory of its own, then started on
+    /// a port of its own.
+    pub fn start_standby_of(primary: &Cluster) -> Cluster {
+        let (dir, bindir, user) = new_dir();
+        let mut basebackup = Command::new(bindir.join("pg_basebackup"));
+        basebackup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-D", &dir.join("data").to_string_lossy()])
+            .args(["-R", "-X", "stream", "--checkpoint=fast", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
-                .expect("chown the cluster directory");
+            basebackup.uid(uid).gid(gid);
         }
+        let output = basebackup.output().expect("run pg_basebackup");
+        let cluster = Cluster {
+            settings: vec![("hot_standby".to_string(), "on".to_string())],
+            port: free_port(),
+            dir,
+            bindir,
+            user,
+            child: Mutex::new(None),
+        };
+        assert!(
+            output.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster.start_server();
+        cluster
+    }
+
+    /// End this standby's recovery, waiting until it is a primary (`pg_ctl promote -w`).
+    pub fn promote(&self) {
+        let mut promote = Command::new(self.bindir.join("pg_ctl"));
+        promote
+            .args(["promote", "-w", "-t", "60", "-D"])
+            .arg(self.dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = self.user {
+            promote.uid(uid).gid(gid);
+        }
+        let output = promote.output().expect("run pg_ctl promote");
+        assert!(
+            output.status.success(),
+            "pg_ctl promote failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.server_log()
+        );
+    }
+
+    /// `initdb` into a fresh directory; the server is not started.
+    fn init(settings: &[(&str, &str)], files: &[(&str, &str)]) -> Cluster {
+        let (dir, bindir, user) = new_dir();
         let mut initdb = Command::new(bindir.join("initdb"));
         initdb
             .args(["-D", &dir.join("data").to_string_lossy()])
@@ -105,7 +185,6 @@ impl Cluster {
             user,
             child: Mutex::new(None),
         };
-        cluster.start_server();
         cluster
     }
 
@@ -224,6 +303,23 @@ impl Drop for Cluster {
         self.stop_server(true);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A fresh cluster directory, owned by the server's user; with the server binaries' directory
+/// and that user.
+fn new_dir() -> (PathBuf, PathBuf, Option<(u32, u32)>) {
+    let bindir = find_bindir().unwrap_or_else(|| panic!("{}", how_to_get_one()));
+    let user = server_user();
+    let dir = std::env::temp_dir().join(format!(
+        "{DIR_PREFIX}{}-{}",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the cluster directory");
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown the cluster directory");
+    }
+    (dir, bindir, user)
 }
 
 fn find_bindir() -> Option<PathBuf> {

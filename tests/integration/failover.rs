@@ -1,0 +1,278 @@
+//! Failover: daemons given a list of servers follow the primary, as libpq clients do.
+//!
+//! A primary and a streaming standby of its own run on this machine ([`Cluster`]). The daemons
+//! get both in one string with `target_session_attrs=read-write`, so every session they open
+//! goes to whichever of the two accepts writes. The primary is crashed mid-drain and the
+//! standby promoted; with synchronous replication no acknowledged commit is lost, and what was
+//! in flight is settled by the daemons' own rules (a finish whose commit outcome was lost is
+//! re-read, a claim whose answer was lost is given back), so every task ends once, with its
+//! counts. Also: a daemon whose list starts with a standby works on the primary, and a write
+//! that a read-only server refuses discards its session like any outage.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgtaskd::events::ANALYZER_RUN;
+use pgtaskd::queue::TaskStatus;
+use tokio_postgres::Client;
+
+use crate::support::daemon::{pgtaskd, wait_listening};
+use crate::support::{
+    assert_all_succeeded, audit, connect, conninfo, count, enqueue, eventually, insert_payloads,
+    wait_status, within, Cluster, DaemonProcess, TestDb, WAIT,
+};
+
+const TASKS: usize = 20_000;
+const CONFIG: &str = "[worker]\nconcurrency = 8\nlease = \"10s\"\npoll_interval = \"200ms\"\n\
+                      [database]\nconnect_timeout = \"2s\"\n";
+const TERMINAL: &str =
+    "SELECT count(*) FROM pgtaskd.tasks WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
+
+/// Make every commit on the primary wait for the standby (`synchronous_standby_names`, with
+/// the default `synchronous_commit = on`), and wait until the standby replicates that way.
+/// Set after the base backup, so that the standby, once promoted, does not wait for a standby
+/// of its own.
+async fn replicate_synchronously(primary: &Client) {
+    primary
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        .await
+        .unwrap();
+    primary
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    wait_streaming(primary, "sync").await;
+}
+
+/// Wait until one standby streams from `primary` with this `sync_state`.
+async fn wait_streaming(primary: &Client, sync_state: &'static str) {
+    eventually(WAIT, "the standby to stream", || async move {
+        let streaming: i64 = primary
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication
+                  WHERE state = 'streaming' AND sync_state = $1",
+                &[&sync_state],
+            )
+            .await
+            .ok()?
+            .get(0);
+        (streaming == 1).then_some(())
+    })
+    .await;
+}
+
+/// A client of database `dbname` on `cluster`.
+async fn client_on(cluster: &Cluster, dbname: &str) -> Client {
+    connect(&conninfo(&cluster.config("postgres"), dbname)).await
+}
+
+/// Every `(id, attempt)` in an [`ANALYZER_RUN`] debug line.
+fn analyzer_runs(log: &str) -> Vec<(i64, i32)> {
+    log.lines()
+        .filter(|line| line.contains(ANALYZER_RUN))
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix(name))
+                    .and_then(|value| value.parse::<i64>().ok())
+            };
+            Some((field("id=")?, field("attempt=")? as i32))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_task_and_finish_none_twice(
+) {
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    let standby = Cluster::start_standby_of(&primary);
+    within(
+        WAIT,
+        "synchronous replication",
+        replicate_synchronously(&client),
+    )
+    .await;
+    within(WAIT, "the backlog", insert_payloads(&client, TASKS)).await;
+
+    let url = format!(
+        "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=read-write",
+        primary.port, standby.port, db.name
+    );
+    let standby_client = client_on(&standby, &db.name).await;
+    let mut daemons = [
+        DaemonProcess::start_url(&url, CONFIG, &[]),
+        DaemonProcess::start_url(&url, CONFIG, &[]),
+    ];
+    eventually(WAIT, "a fifth of the backlog to finish", || {
+        let client = &client;
+        async move { (count(client, TERMINAL).await >= (TASKS / 5) as i64).then_some(()) }
+    })
+    .await;
+
+    // The crash, timed by the server's clock, which the new primary's finished_at shares.
+    let crashed_at: String = within(
+        WAIT,
+        "the clock",
+        standby_client.query_one("SELECT clock_timestamp()::text", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    primary.stop_server(false);
+    let crashed = Instant::now();
+    standby.promote();
+    let promoted = crashed.elapsed();
+
+    let new_primary = standby_client;
+    let at_promotion = within(WAIT, "a count", count(&new_primary, TERMINAL)).await;
+    assert!(
+        at_promotion < TASKS as i64,
+        "the crash came after the drain: every task was already terminal"
+    );
+    eventually(WAIT, "every task to be terminal on the new primary", || {
+        let client = &new_primary;
+        async move { (count(client, TERMINAL).await == TASKS as i64).then_some(()) }
+    })
+    .await;
+    let drained = crashed.elapsed();
+    let first_finish_ms: f64 = within(
+        WAIT,
+        "the first finish",
+        new_primary.query_one(
+            "SELECT (extract(epoch FROM min(finished_at) - $1::text::timestamptz) * 1000)::float8
+               FROM pgtaskd.tasks WHERE finished_at > $1::text::timestamptz",
+            &[&crashed_at],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    println!(
+        "failover: {at_promotion} of {TASKS} tasks terminal at the crash; standby promoted \
+         {} ms after it; first finish on the new primary {first_finish_ms:.0} ms after it; \
+         all terminal after {} ms",
+        promoted.as_millis(),
+        drained.as_millis()
+    );
+
+    assert_eq!(assert_all_succeeded(&new_primary, None).await, TASKS);
+    assert_eq!(audit::transitions_out_of_terminal(&new_primary).await, 0);
+    assert_eq!(audit::tasks_finished_twice(&new_primary).await, 0);
+    let attempts: HashMap<i64, i32> = new_primary
+        .query("SELECT id, attempt FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    println!(
+        "failover: {} tasks needed more than one claim",
+        attempts.values().filter(|a| **a > 1).count()
+    );
+
+    for daemon in &mut daemons {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    }
+    let mut runs: HashMap<(i64, i32), usize> = HashMap::new();
+    for daemon in &daemons {
+        for run in analyzer_runs(&daemon.log_text()) {
+            *runs.entry(run).or_default() += 1;
+        }
+    }
+    for ((id, attempt), n) in &runs {
+        assert_eq!(
+            *n, 1,
+            "task {id} attempt {attempt}: the analyzer ran {n} times for one claim"
+        );
+        assert!(
+            attempt <= &attempts[id],
+            "task {id}: a run for attempt {attempt} beyond its claims"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_whose_host_list_starts_with_a_standby_works_on_the_primary() {
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    let standby = Cluster::start_standby_of(&primary);
+    wait_streaming(&client, "async").await;
+
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={} \
+         target_session_attrs=read-write",
+        standby.port, primary.port, db.name
+    );
+    let mut daemon = DaemonProcess::start_url(&url, CONFIG, &[]);
+    wait_listening(&db, 1).await;
+    let id = within(
+        WAIT,
+        "enqueue",
+        enqueue(&client, "the standby comes first in the list"),
+    )
+    .await;
+    wait_status(&client, id, TaskStatus::Succeeded).await;
+
+    let standby_client = client_on(&standby, &db.name).await;
+    eventually(
+        Duration::from_secs(10),
+        "no pgtaskd session on the standby",
+        || {
+            let client = &standby_client;
+            async move {
+                let sessions = count(
+                    client,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgtaskd/%'",
+                )
+                .await;
+                (sessions == 0).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // The one-shot commands take the same list.
+    let (status, stdout, stderr) = pgtaskd(Some(&url), &["status", &id.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("SUCCEEDED"), "{stdout}");
+
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
+
+#[tokio::test]
+async fn a_write_refused_as_read_only_is_unavailability_and_its_session_is_discarded() {
+    let db = TestDb::new().await;
+    let pool = db.pool(2);
+    let session = within(WAIT, "a pooled session", pool.get()).await.unwrap();
+    within(
+        WAIT,
+        "SET",
+        session.batch_execute("SET default_transaction_read_only = on"),
+    )
+    .await
+    .unwrap();
+    let err = session
+        .bounded(pgtaskd::queue::enqueue(&session, "default", "refused"))
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+    );
+    drop(session);
+    assert_eq!(pool.status(), (0, 0), "the read-only session was discarded");
+
+    let session = within(WAIT, "a pooled session", pool.get()).await.unwrap();
+    let id = session
+        .bounded(pgtaskd::queue::enqueue(&session, "default", "accepted"))
+        .await
+        .unwrap();
+    assert!(id > 0);
+}
