@@ -4,7 +4,7 @@
 //! come out in the order the files were given, whatever order they finish in. A deadline
 //! cancels the work still running and skips what has not started; every analyzer that was
 //! started is waited for until it has returned before its file is reported, so "canceled" is
-//! never said of work that is still going on.
+//! never said of work that is still going on. The path `-` is standard input.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,9 +74,13 @@ async fn analyze_file(
     }
     let token = deadline.child_token();
     let work = tokio::task::spawn_blocking(move || {
-        let mut file = std::fs::File::open(&path).map_err(FileError::Read)?;
+        let mut input: Box<dyn std::io::Read> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdin().lock())
+        } else {
+            Box::new(std::fs::File::open(&path).map_err(FileError::Read)?)
+        };
         analyzer
-            .analyze_reader(&mut file, &token)
+            .analyze_reader(&mut input, &token)
             .map_err(|err| match err {
                 StreamError::Read(err) => FileError::Read(err),
                 StreamError::NotUtf8 => FileError::NotUtf8,

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::queue::RunAt;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "pgtaskd",
@@ -41,6 +43,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Wait until every task is finished, then print each as `status` does; exit 0 when all
+    /// SUCCEEDED, 1 when any FAILED or was CANCELED, 3 for an unknown id, 75 at the timeout
+    Wait(WaitArgs),
     /// Request cancellation of a task and print the resulting status
     Cancel {
         /// Task id
@@ -55,7 +60,7 @@ pub enum Command {
         /// Cancel the work still running after this long, e.g. "10s"
         #[arg(long, value_parser = parse_timeout)]
         timeout: Option<Duration>,
-        /// The files
+        /// The files; `-` reads standard input
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
@@ -107,4 +112,48 @@ pub struct EnqueueArgs {
     /// The queue to put it in
     #[arg(long, default_value = crate::config::DEFAULT_QUEUE)]
     pub queue: String,
+    /// Higher is claimed first (default 0)
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i16>,
+    /// Not claimed before this: an RFC 3339 time ("2026-12-01T08:00:00Z") or a delay ("10m")
+    #[arg(long, value_name = "TIME|DELAY", value_parser = parse_run_at)]
+    pub run_at: Option<RunAt>,
+    /// Lost leases allowed before the task fails (default 3)
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: Option<i32>,
+    /// Idempotency key, unique per queue: enqueueing again with it prints the first task's id
+    #[arg(long, value_name = "K")]
+    pub key: Option<String>,
+    /// Then wait until the task is finished, as `pgtaskd wait` does
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this long (exit 75), e.g. "30s"
+    #[arg(long, requires = "wait", value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// With --wait: print the finished row as JSON
+    #[arg(long, requires = "wait")]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Task ids
+    #[arg(required = true, value_name = "ID")]
+    pub ids: Vec<i64>,
+    /// Give up after this long (exit 75), e.g. "30s"; default: wait as long as it takes
+    #[arg(long, value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// Print each row as one line of JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// An RFC 3339 time, or a delay such as "10m" counted from the database's clock.
+fn parse_run_at(text: &str) -> Result<RunAt, String> {
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(RunAt::At(at.with_timezone(&chrono::Utc)));
+    }
+    humantime::parse_duration(text)
+        .map(RunAt::After)
+        .map_err(|_| format!("{text:?} is neither an RFC 3339 time nor a delay such as \"10m\""))
 }

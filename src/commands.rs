@@ -1,7 +1,8 @@
 //! What each subcommand does, and the exit code it ends with (docs/design.md, "Command line").
 //!
 //! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
-//! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"),
+//! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"), 75 a wait
+//! that timed out (EX_TEMPFAIL: try again later),
 //! 78 configuration error (bad settings, settings the database refuses, a schema that is
 //! missing or not this binary's), 1 anything else. Usage errors (2) are clap's.
 
@@ -26,6 +27,7 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_TERMINAL: u8 = 4;
 pub const EXIT_UNAVAILABLE: u8 = 69;
+pub const EXIT_TEMPFAIL: u8 = 75;
 pub const EXIT_CONFIG: u8 = 78;
 
 /// Why a command failed; [`CommandError::exit_code`] says how the process ends.
@@ -62,15 +64,23 @@ pub enum CommandError {
     Json(#[from] serde_json::Error),
     #[error("{failures} of {files} files could not be analyzed")]
     Analyze { failures: usize, files: usize },
+    #[error("{failed} of {tasks} tasks did not succeed")]
+    NotSucceeded { failed: usize, tasks: usize },
+    #[error("timed out: {pending} of {tasks} tasks are not finished yet")]
+    TimedOut { pending: usize, tasks: usize },
+    #[error("idempotency key {key:?} already names task {id}, whose payload is another")]
+    KeyConflict { key: String, id: i64 },
 }
 
 impl CommandError {
     /// The exit code: 2 usage, 3 no such task, 4 already terminal, 69 database unavailable,
-    /// 78 configuration, 1 anything else.
+    /// 75 a wait that timed out, 78 configuration, 1 anything else (a task that did not
+    /// succeed, for `wait`).
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Usage(_) => EXIT_USAGE,
             CommandError::NotFound(_) => EXIT_NOT_FOUND,
+            CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
             CommandError::Terminal { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
             CommandError::Settings(_)
@@ -83,7 +93,9 @@ impl CommandError {
             | CommandError::Input { .. }
             | CommandError::Signals(_)
             | CommandError::Json(_)
-            | CommandError::Analyze { .. } => EXIT_RUNTIME,
+            | CommandError::Analyze { .. }
+            | CommandError::NotSucceeded { .. }
+            | CommandError::KeyConflict { .. } => EXIT_RUNTIME,
         }
     }
 }
@@ -158,9 +170,33 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         }
         Command::Enqueue(args) => {
             let payload = read_payload(&args)?;
+            let task = queue::NewTask {
+                priority: args.priority,
+                run_at: args.run_at.unwrap_or(queue::RunAt::Now),
+                max_attempts: args.max_attempts,
+                idempotency_key: args.key.clone(),
+                ..queue::NewTask::new(&args.queue, &payload)
+            };
+            if args.wait {
+                let mut waiter = Waiter::open(&config).await?;
+                let id = enqueued(
+                    &args,
+                    checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
+                )?;
+                return waiter.wait(&config, &[id], args.timeout, args.json).await;
+            }
             let client = connect(&config).await?;
-            let id = checked(&client, queue::enqueue(&client, &args.queue, &payload)).await?;
+            let id = enqueued(
+                &args,
+                checked(&client, queue::enqueue(&client, &task)).await?,
+            )?;
             println!("{id}");
+        }
+        Command::Wait(args) => {
+            let mut waiter = Waiter::open(&config).await?;
+            return waiter
+                .wait(&config, &args.ids, args.timeout, args.json)
+                .await;
         }
         Command::Status { id, json } => {
             let client = connect(&config).await?;
@@ -272,6 +308,97 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The id an enqueue names; a key held by a task with another payload is an error.
+fn enqueued(args: &EnqueueArgs, enqueued: queue::Enqueued) -> Result<i64, CommandError> {
+    match enqueued {
+        queue::Enqueued::Created(id) | queue::Enqueued::Existing(id) => Ok(id),
+        queue::Enqueued::KeyConflict(id) => Err(CommandError::KeyConflict {
+            key: args.key.clone().unwrap_or_default(),
+            id,
+        }),
+    }
+}
+
+/// A session that LISTENs on `pgtaskd_done`, for `wait` and `enqueue --wait`.
+struct Waiter {
+    client: tokio_postgres::Client,
+    messages: tokio::sync::mpsc::Receiver<tokio_postgres::AsyncMessage>,
+    _driver: tokio::task::JoinHandle<()>,
+}
+
+/// Notifications a waiting command holds unread; past this they are dropped (they are hints).
+const WAIT_MESSAGES: usize = 1024;
+
+impl Waiter {
+    /// Connect and LISTEN, before any row is read (docs/design.md, "Completion notifications").
+    async fn open(config: &Config) -> Result<Waiter, CommandError> {
+        let settings = ConnectSettings::new(&config.database, "cli")?;
+        let (sender, messages) = tokio::sync::mpsc::channel(WAIT_MESSAGES);
+        let (client, driver) = settings.open(Some(sender)).await?;
+        let listen = format!("LISTEN {}", crate::db::listen::DONE_CHANNEL);
+        checked(&client, async {
+            client.batch_execute(&listen).await.map_err(DbError::from)
+        })
+        .await?;
+        Ok(Waiter {
+            client,
+            messages,
+            _driver: driver,
+        })
+    }
+
+    /// Wait for `ids`, print them as `status` does, and say how it ended: 0 all SUCCEEDED,
+    /// 1 any FAILED or CANCELED, 3 an unknown id, 75 the timeout.
+    async fn wait(
+        &mut self,
+        config: &Config,
+        ids: &[i64],
+        timeout: Option<std::time::Duration>,
+        json: bool,
+    ) -> Result<ExitCode, CommandError> {
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        let waited = checked(
+            &self.client,
+            queue::wait::until_terminal(
+                &self.client,
+                &mut self.messages,
+                ids,
+                config.worker.poll_interval,
+                deadline,
+            ),
+        )
+        .await?;
+        if let Some(&id) = waited.missing.first() {
+            return Err(CommandError::NotFound(id));
+        }
+        for task in &waited.tasks {
+            if json {
+                println!("{}", serde_json::to_string(task)?);
+            } else {
+                print!("{}", describe_task(task));
+            }
+        }
+        let tasks = waited.tasks.len();
+        if waited.timed_out {
+            let pending = waited
+                .tasks
+                .iter()
+                .filter(|task| !task.status.is_terminal())
+                .count();
+            return Err(CommandError::TimedOut { pending, tasks });
+        }
+        let failed = waited
+            .tasks
+            .iter()
+            .filter(|task| task.status != TaskStatus::Succeeded)
+            .count();
+        if failed > 0 {
+            return Err(CommandError::NotSucceeded { failed, tasks });
+        }
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 /// One session for a one-shot command.
@@ -410,6 +537,20 @@ mod tests {
                     files: 2,
                 },
                 EXIT_RUNTIME,
+            ),
+            (
+                CommandError::NotSucceeded {
+                    failed: 1,
+                    tasks: 2,
+                },
+                EXIT_RUNTIME,
+            ),
+            (
+                CommandError::TimedOut {
+                    pending: 1,
+                    tasks: 1,
+                },
+                EXIT_TEMPFAIL,
             ),
         ];
         for (err, code) in cases {

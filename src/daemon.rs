@@ -111,6 +111,8 @@ pub async fn run(
     // The HTTP server starts before the database is waited for: it answers `/healthz`, and
     // `/readyz` says what the daemon waits for. The pool opens sessions only when asked.
     let pool = settings.pool();
+    // The HTTP waiters, fed by the listener; `None` without an HTTP server.
+    let completions = config.http.listen.map(|_| http::Completions::new());
     if let Some(addr) = config.http.listen {
         let token = match &config.http.token_file {
             Some(path) => Some(http::read_token(path).map_err(DaemonError::Token)?),
@@ -122,6 +124,7 @@ pub async fn run(
             metrics: Arc::clone(&metrics),
             health: Arc::clone(&health),
             token,
+            completions: completions.clone().expect("made when http.listen is set"),
         };
         let router = http::router(state, config.http.max_body);
         tokio::spawn(http::serve(
@@ -152,9 +155,18 @@ pub async fn run(
             health: Arc::clone(&health),
             metrics: Arc::clone(&metrics),
             connects: AtomicU64::new(0),
+            completions: completions.clone(),
         },
         background.clone(),
     ));
+    if let Some(completions) = &completions {
+        // The safety net of the HTTP waiters: one read per tick for all of them.
+        tokio::spawn(Arc::clone(completions).poll(
+            pool.clone(),
+            config.worker.poll_interval,
+            background.clone(),
+        ));
+    }
     tokio::spawn(rescuer::run(
         pool.clone(),
         worker.instance().to_string(),
@@ -243,6 +255,8 @@ struct DaemonEvents {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     connects: AtomicU64,
+    /// The HTTP waiters, when there is an HTTP server.
+    completions: Option<Arc<http::Completions>>,
 }
 
 impl ListenEvents for DaemonEvents {
@@ -252,6 +266,10 @@ impl ListenEvents for DaemonEvents {
         }
         self.health.listener_connected();
         self.worker.wake();
+        // Completions may have been announced while nobody listened.
+        if let Some(completions) = &self.completions {
+            completions.wake_all();
+        }
     }
 
     fn disconnected(&self, why: Option<&DbError>) {
@@ -275,5 +293,15 @@ impl ListenEvents for DaemonEvents {
 
     fn cancel_requested(&self, id: i64) {
         self.worker.cancel_running(id);
+    }
+
+    fn wants_completions(&self) -> bool {
+        self.completions.is_some()
+    }
+
+    fn completed(&self, ids: &mut dyn Iterator<Item = i64>) {
+        if let Some(completions) = &self.completions {
+            completions.completed(ids);
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The dedicated LISTEN connection: one per daemon, outside the pool, never in a transaction.
 //!
-//! It turns `NOTIFY pgtaskd_tasks` into a wake-up and `NOTIFY pgtaskd_cancel, '<id>'` into a
-//! cancel hint, through [`ListenEvents`]. Any role may send a notification, so none changes
+//! It turns `NOTIFY pgtaskd_tasks` into a wake-up, `NOTIFY pgtaskd_cancel, '<id>'` into a
+//! cancel hint and, when the daemon has waiters to serve, `NOTIFY pgtaskd_done, '<id>,<id>...'`
+//! into completion hints, through [`ListenEvents`]. Any role may send a notification, so none changes
 //! anything by itself: a wake-up leads to a claim, which finds what the table holds; a cancel
 //! hint is confirmed in the row before an analyzer is stopped; and the worker's poll tick is
 //! the safety net for a notification lost (docs/design.md, "Nothing lost").
@@ -29,6 +30,8 @@ use crate::backoff::Backoff;
 pub const TASKS_CHANNEL: &str = "pgtaskd_tasks";
 /// The channel `pgtaskd.cancel` notifies, with the task id as payload.
 pub const CANCEL_CHANNEL: &str = "pgtaskd_cancel";
+/// The channel every commit that ends tasks notifies, with their ids, comma-separated.
+pub const DONE_CHANNEL: &str = "pgtaskd_done";
 
 /// Messages received and not yet handled; past this, notifications are dropped (they are
 /// hints: a wake-up is coalesced anyway, and the heartbeat reads cancel requests).
@@ -97,6 +100,10 @@ pub trait ListenEvents: Send + Sync + 'static {
     fn work_available(&self);
     /// A running task's cancellation was requested.
     fn cancel_requested(&self, id: i64);
+    /// Whether to LISTEN on [`DONE_CHANNEL`] too (the daemon serves waiters).
+    fn wants_completions(&self) -> bool;
+    /// These tasks were ended by a commit (a hint: read the rows).
+    fn completed(&self, ids: &mut dyn Iterator<Item = i64>);
 }
 
 /// Listen until `stop` fires, reconnecting as often as needed.
@@ -129,9 +136,11 @@ async fn listen_once(
     let (client, driver) = settings.open(Some(sender)).await?;
     let _driver = AbortOnDrop(driver);
 
-    client
-        .batch_execute(&format!("LISTEN {TASKS_CHANNEL}; LISTEN {CANCEL_CHANNEL};"))
-        .await?;
+    let mut listen = format!("LISTEN {TASKS_CHANNEL}; LISTEN {CANCEL_CHANNEL};");
+    if events.wants_completions() {
+        listen.push_str(&format!(" LISTEN {DONE_CHANNEL};"));
+    }
+    client.batch_execute(&listen).await?;
     tracing::info!("listening for notifications");
     backoff.reset();
     events.connected();
@@ -149,6 +158,7 @@ async fn listen_once(
                         Ok(id) => events.cancel_requested(id),
                         Err(_) => ignored.add(n.payload()),
                     },
+                    DONE_CHANNEL => events.completed(&mut crate::queue::wait::done_ids(n.payload())),
                     other => tracing::debug!(channel = other, "ignoring a notification"),
                 },
                 Some(AsyncMessage::Notice(notice)) => {

@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_hardening",
         sql: include_str!("../../sql/0004_hardening.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_completions",
+        sql: include_str!("../../sql/0005_completions.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -28,6 +28,8 @@ pub(crate) enum ApiError {
     NoSuchRoute,
     #[error("task is already {0}")]
     AlreadyFinished(TaskStatus),
+    #[error("the Idempotency-Key is already used by task {id}, with another payload")]
+    KeyConflict { id: i64 },
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
     UnsupportedMediaType,
     #[error("request body over {max} bytes")]
@@ -49,6 +51,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NoSuchTask | ApiError::NoSuchRoute => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) => StatusCode::CONFLICT,
+            ApiError::KeyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -73,6 +76,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::AlreadyFinished(status) => {
                 serde_json::json!({ "error": self.to_string(), "status": status })
+            }
+            ApiError::KeyConflict { id } => {
+                serde_json::json!({ "error": self.to_string(), "id": id })
             }
             other => serde_json::json!({ "error": other.to_string() }),
         };

@@ -3,6 +3,7 @@
 //! | route | file |
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | `tasks.rs` |
+//! | `GET /tasks/{id}?wait=30s`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
 //!
 //! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
@@ -15,13 +16,16 @@
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
+mod completions;
 mod connections;
 mod error;
 mod extract;
 mod ops;
 mod server;
 mod tasks;
+mod wait;
 
+pub use completions::Completions;
 pub use server::Limits;
 
 use std::net::SocketAddr;
@@ -36,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokio_util::sync::CancellationToken;
-use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use self::error::ApiError;
 use crate::db::Pool;
@@ -53,6 +57,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub token: Option<Arc<str>>,
+    /// The waiters of `GET /tasks/{id}?wait=`, fed by the daemon's listener.
+    pub completions: Arc<Completions>,
 }
 
 /// Why the HTTP server could not start.
@@ -105,10 +111,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
-        ))
+        .layer(middleware::from_fn(wait::deadline))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             reject_declared_oversize(max_body, request, next)
         }))

@@ -1,7 +1,8 @@
-//! The task routes: submit, read, cancel. The database is the truth.
+//! The task routes: submit (with an optional `Idempotency-Key`), read (with an optional
+//! `wait`), cancel. The database is the truth.
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
@@ -10,7 +11,7 @@ use serde::Deserialize;
 use super::error::ApiError;
 use super::extract::{Db, TaskId};
 use super::AppState;
-use crate::queue::{self, CancelOutcome};
+use crate::queue::{self, CancelOutcome, Enqueued, TaskStatus};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,8 +25,13 @@ fn default_queue() -> String {
     crate::config::DEFAULT_QUEUE.to_string()
 }
 
+/// The longest `Idempotency-Key` accepted.
+const MAX_KEY: usize = 255;
+
 /// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue": "..."}`. 202 means
-/// accepted (committed to the table), not done.
+/// accepted (committed to the table), not done. With an `Idempotency-Key` header already used
+/// in the queue: 200 with that task's id and current status when the payload is the same, 422
+/// when it is another.
 pub(super) async fn submit(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -33,19 +39,47 @@ pub(super) async fn submit(
 ) -> Result<impl IntoResponse, ApiError> {
     // The body is judged before a session is taken: a bad request is 400 even in an outage.
     let submission = parse_submission(&headers, &body)?;
+    let key = idempotency_key(&headers)?;
     let session = state.pool.get().await?;
-    let id = session
-        .bounded(queue::enqueue(
-            &session,
-            &submission.queue,
-            &submission.payload,
-        ))
-        .await?;
+    let task = queue::NewTask {
+        idempotency_key: key,
+        ..queue::NewTask::new(&submission.queue, &submission.payload)
+    };
+    let (code, id, status) = match session.bounded(queue::enqueue(&session, &task)).await? {
+        Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
+        Enqueued::Existing(id) => {
+            let status = session
+                .bounded(queue::get(&session, id))
+                .await?
+                .map_or(TaskStatus::Queued, |task| task.status);
+            (StatusCode::OK, id, status)
+        }
+        Enqueued::KeyConflict(id) => return Err(ApiError::KeyConflict { id }),
+    };
     Ok((
-        StatusCode::ACCEPTED,
+        code,
         [(header::LOCATION, format!("/tasks/{id}"))],
-        Json(serde_json::json!({ "id": id, "status": "QUEUED" })),
+        Json(serde_json::json!({ "id": id, "status": status })),
     ))
+}
+
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|key| {
+            !key.is_empty() && key.len() <= MAX_KEY && key.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "the Idempotency-Key must be 1 to {MAX_KEY} visible ASCII characters"
+            ))
+        })?;
+    Ok(Some(key.to_string()))
 }
 
 fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiError> {
@@ -81,14 +115,37 @@ fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiE
     Ok(submission)
 }
 
-/// `GET /tasks/{id}`: the row, read now.
+/// `GET /tasks/{id}`: the row, read now. With `?wait=D` (at most a minute): as soon as the
+/// task is terminal, or at the end of the wait with the row as it is then. A waiter holds no
+/// session while it waits: it registers with the daemon's [`Completions`](super::Completions)
+/// first, then reads the row, and reads it again each time it is woken (a `pgtaskd_done`
+/// notification naming the task, the poll tick, a listener reconnect).
 pub(super) async fn read(
     TaskId(id): TaskId,
-    Db(session): Db,
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
 ) -> Result<impl IntoResponse, ApiError> {
-    match session.bounded(queue::get(&session, id)).await? {
-        Some(task) => Ok(Json(task)),
-        None => Err(ApiError::NoSuchTask),
+    let wait = super::wait::requested(query.as_deref())?;
+    let deadline = tokio::time::Instant::now() + wait.unwrap_or_default();
+    let mut watch = wait.map(|_| state.completions.watch(id));
+    loop {
+        let task = {
+            let session = state.pool.get().await?;
+            session.bounded(queue::get(&session, id)).await?
+        };
+        let Some(task) = task else {
+            return Err(ApiError::NoSuchTask);
+        };
+        let Some(watch) = watch.as_mut() else {
+            return Ok(Json(task));
+        };
+        if task.status.is_terminal() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(task));
+        }
+        tokio::select! {
+            _ = watch.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
     }
 }
 

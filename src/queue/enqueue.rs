@@ -1,21 +1,137 @@
-//! Inserting a task, as the CLI and the HTTP API do. Producers may equally `INSERT` directly.
+//! Inserting a task, as the CLI and the HTTP API do. Producers may equally `INSERT` directly,
+//! or call `pgtaskd.enqueue`.
+//!
+//! With an idempotency key the insert is `ON CONFLICT DO NOTHING` on the key's partial unique
+//! index (`tasks_idempotency_key_idx`, unique per queue): a producer that does not know whether
+//! its first enqueue committed (its connection dropped) sends it again with the same key and
+//! gets the same task, never a second one (docs/design.md, "Idempotent enqueue").
 
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
 
-/// Insert a task with the table's defaults for everything but `payload` and `queue`; returns
-/// its id. The insert trigger wakes the daemons at commit.
+/// When a task may first be claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAt {
+    /// At once (the column's default, the database's `now()`).
+    Now,
+    /// At this instant.
+    At(DateTime<Utc>),
+    /// This long after the database's `now()`.
+    After(std::time::Duration),
+}
+
+/// A task to insert. [`NewTask::new`] leaves everything but the payload and queue to the
+/// table's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    pub queue: String,
+    pub payload: String,
+    /// Higher is claimed first; `None` is the column's default, 0.
+    pub priority: Option<i16>,
+    pub run_at: RunAt,
+    /// `None` is the column's default, 3.
+    pub max_attempts: Option<i32>,
+    /// Unique per queue: a second enqueue with it answers the first task.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewTask {
+    pub fn new(queue: &str, payload: &str) -> NewTask {
+        NewTask {
+            queue: queue.to_string(),
+            payload: payload.to_string(),
+            priority: None,
+            run_at: RunAt::Now,
+            max_attempts: None,
+            idempotency_key: None,
+        }
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new task.
+    Created(i64),
+    /// The idempotency key was taken by this task, with the same payload: a repeat.
+    Existing(i64),
+    /// The idempotency key was taken by this task, with another payload: nothing inserted.
+    KeyConflict(i64),
+}
+
+impl Enqueued {
+    /// The id of the task the key (or the insert) names.
+    pub fn id(self) -> i64 {
+        match self {
+            Enqueued::Created(id) | Enqueued::Existing(id) | Enqueued::KeyConflict(id) => id,
+        }
+    }
+}
+
+/// Insert or, for a key already taken, find. The defaults written here are the columns' own
+/// (sql/0001_tasks.sql). The read of a taken key is a second part of the same statement, which
+/// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
+/// again, with a fresh snapshot.
+const ENQUEUE: &str = "
+WITH inserted AS (
+    INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key)
+    VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
+            coalesce($6, 3), $7)
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id
+)
+SELECT id, true, true FROM inserted
+UNION ALL
+SELECT t.id, false, t.payload = $2
+  FROM pgtaskd.tasks AS t
+ WHERE $7 IS NOT NULL AND t.queue = $1 AND t.idempotency_key = $7
+   AND NOT EXISTS (SELECT FROM inserted)";
+
+/// How many times a keyed enqueue asks again when the key's holder was not visible to it.
+const KEY_ROUNDS: usize = 5;
+
+/// Insert `task`; the insert trigger wakes the daemons at commit. With an idempotency key
+/// already taken in the queue, nothing is inserted and the holder's id comes back, as a
+/// repeat when its payload is the same.
 ///
 /// # Errors
 ///
 /// Database failures.
-pub async fn enqueue(client: &Client, queue: &str, payload: &str) -> Result<i64, DbError> {
-    let row = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2) RETURNING id",
-            &[&queue, &payload],
-        )
-        .await?;
-    Ok(row.get(0))
+pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbError> {
+    let (at, delay_ms) = match task.run_at {
+        RunAt::Now => (None, None),
+        RunAt::At(at) => (Some(at), None),
+        RunAt::After(delay) => (None, Some(delay.as_secs_f64() * 1000.0)),
+    };
+    let priority = task.priority;
+    for _ in 0..KEY_ROUNDS {
+        let rows = client
+            .query_typed(
+                ENQUEUE,
+                &[
+                    (&task.queue, Type::TEXT),
+                    (&task.payload, Type::TEXT),
+                    (&priority, Type::INT2),
+                    (&at, Type::TIMESTAMPTZ),
+                    (&delay_ms, Type::FLOAT8),
+                    (&task.max_attempts, Type::INT4),
+                    (&task.idempotency_key, Type::TEXT),
+                ],
+            )
+            .await?;
+        if let Some(row) = rows.first() {
+            let id: i64 = row.get(0);
+            return Ok(match (row.get::<_, bool>(1), row.get::<_, bool>(2)) {
+                (true, _) => Enqueued::Created(id),
+                (false, true) => Enqueued::Existing(id),
+                (false, false) => Enqueued::KeyConflict(id),
+            });
+        }
+    }
+    Err(DbError::unavailable(
+        "the idempotency key is held by a task that could not be read",
+    ))
 }

@@ -9,6 +9,10 @@
 //!
 //! A finish also reads `cancel_requested` in the same `UPDATE`: a task whose cancellation was
 //! requested while it ran is committed CANCELED with zero counts, whatever the analyzer said.
+//!
+//! Both tell the waiters of the tasks they end with `NOTIFY pgtaskd_done` (one per statement,
+//! through `pgtaskd.notify_done`), committed with the change (docs/design.md, "Completion
+//! notifications").
 
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -67,7 +71,8 @@ impl From<tokio_postgres::Error> for FinishError {
     }
 }
 
-/// The statement lives in `pgtaskd.finish` (sql/0003_plans.sql), planned once per session.
+/// The statement lives in `pgtaskd.finish` (sql/0005_completions.sql), planned once per
+/// session; it also sends `NOTIFY pgtaskd_done` with the ids it ended, in the same transaction.
 const FINISH_MANY: &str =
     "SELECT task_id, written, current FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";
 
@@ -179,9 +184,13 @@ WITH done AS (
            lease_owner = NULL,
            lease_expires_at = NULL
      WHERE id = $1 AND status = 'RUNNING' AND attempt = $2 AND lease_owner = $3
-    RETURNING status
+    RETURNING id, status
+), notified AS (
+    -- A release that ends the task (CANCELED) tells the waiters, in the same transaction.
+    SELECT pgtaskd.notify_done(array_agg(id)) AS sent FROM done WHERE status = 'CANCELED'
 )
-SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1)";
+SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1),
+       (SELECT count(*) FROM notified)";
 
 /// Give claim (`id`, `attempt`) back without a result, as a shutdown does: the task becomes
 /// QUEUED for any daemon to take at once, and the claim does not count as an attempt, so

@@ -13,6 +13,7 @@
 //! | [`mod@prune`] | deleting old finished rows (retention) |
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
+//! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
 
 pub mod cancel;
 pub mod claim;
@@ -22,12 +23,13 @@ pub mod heartbeat;
 pub mod prune;
 pub mod rescue;
 pub mod task;
+pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
 pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload};
-pub use enqueue::enqueue;
+pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
-pub use task::{get, Task, TaskStatus};
+pub use task::{get, get_many, Task, TaskStatus};

@@ -4,7 +4,8 @@
 //!
 //! Rows are picked with `FOR UPDATE SKIP LOCKED` and re-checked by the outer `UPDATE`
 //! (still RUNNING, same attempt, lease still expired), so that concurrent rescuers in many
-//! daemons never fight and a lease extended meanwhile is left alone.
+//! daemons never fight and a lease extended meanwhile is left alone. The tasks it ends
+//! (FAILED, CANCELED) are announced with `NOTIFY pgtaskd_done` in the same statement.
 
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -32,7 +33,7 @@ WITH expired AS MATERIALIZED (
      ORDER BY lease_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
-)
+), rescued AS (
 UPDATE pgtaskd.tasks AS t
    SET status = CASE
            WHEN t.cancel_requested THEN 'CANCELED'
@@ -59,7 +60,13 @@ UPDATE pgtaskd.tasks AS t
    AND t.status = 'RUNNING'
    AND t.attempt = expired.attempt
    AND t.lease_expires_at < now()
-RETURNING t.id, expired.attempt, expired.lease_owner, t.status";
+RETURNING t.id, expired.attempt, expired.lease_owner, t.status
+), notified AS (
+    -- The tasks this ended (FAILED, CANCELED) are announced in the same transaction.
+    SELECT pgtaskd.notify_done(array_agg(id)) AS sent FROM rescued WHERE status <> 'QUEUED'
+)
+SELECT rescued.id, rescued.attempt, rescued.lease_owner, rescued.status
+  FROM rescued CROSS JOIN notified";
 
 /// Take back up to `limit` expired leases.
 ///

@@ -77,6 +77,8 @@ pub(crate) fn status_column(text: &str) -> TaskStatus {
 pub struct Task {
     pub id: i64,
     pub queue: String,
+    /// Unique per queue where set: a repeated enqueue with it answers this task.
+    pub idempotency_key: Option<String>,
     pub payload: String,
     pub status: TaskStatus,
     pub priority: i16,
@@ -95,7 +97,8 @@ pub struct Task {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str = "id, queue, payload, status, priority, run_at, attempt, max_attempts, \
+const COLUMNS: &str =
+    "id, queue, idempotency_key, payload, status, priority, run_at, attempt, max_attempts, \
     cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, created_at, \
     started_at, finished_at";
 
@@ -104,6 +107,7 @@ impl Task {
         Task {
             id: row.get("id"),
             queue: row.get("queue"),
+            idempotency_key: row.get("idempotency_key"),
             payload: row.get("payload"),
             status: status_column(row.get("status")),
             priority: row.get("priority"),
@@ -133,4 +137,18 @@ pub async fn get(client: &Client, id: i64) -> Result<Option<Task>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
     let row = client.query_opt(&sql, &[&id]).await?;
     Ok(row.as_ref().map(Task::from_row))
+}
+
+/// Read many tasks, in the order of `ids`; ids with no row are left out.
+///
+/// # Errors
+///
+/// [`DbError::Unavailable`] when the database cannot be asked.
+pub async fn get_many(client: &Client, ids: &[i64]) -> Result<Vec<Task>, DbError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) \
+           JOIN pgtaskd.tasks USING (id) ORDER BY w.n"
+    );
+    let rows = client.query(&sql, &[&ids]).await?;
+    Ok(rows.iter().map(Task::from_row).collect())
 }

@@ -120,3 +120,26 @@ async fn the_timeout_does_not_report_an_analyzer_that_ignores_it_until_it_return
     let failures = within(WAIT, "analyze_files to return", run).await.unwrap();
     assert_eq!(failures, 0);
 }
+
+#[tokio::test]
+async fn analyze_reads_standard_input_for_a_dash() {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(crate::support::daemon::binary())
+        .args(["analyze", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all("naïve 日本語 text".as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let output =
+        crate::support::within(crate::support::WAIT, "analyze -", child.wait_with_output())
+            .await
+            .unwrap();
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "3 21 14 -\n");
+}

@@ -258,7 +258,10 @@ async fn a_write_refused_as_read_only_is_unavailability_and_its_session_is_disca
     .await
     .unwrap();
     let err = session
-        .bounded(pgtaskd::queue::enqueue(&session, "default", "refused"))
+        .bounded(pgtaskd::queue::enqueue(
+            &session,
+            &pgtaskd::queue::NewTask::new("default", "refused"),
+        ))
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err}");
@@ -270,9 +273,12 @@ async fn a_write_refused_as_read_only_is_unavailability_and_its_session_is_disca
     assert_eq!(pool.status(), (0, 0), "the read-only session was discarded");
 
     let session = within(WAIT, "a pooled session", pool.get()).await.unwrap();
-    let id = session
-        .bounded(pgtaskd::queue::enqueue(&session, "default", "accepted"))
+    let enqueued = session
+        .bounded(pgtaskd::queue::enqueue(
+            &session,
+            &pgtaskd::queue::NewTask::new("default", "accepted"),
+        ))
         .await
         .unwrap();
-    assert!(id > 0);
+    assert!(matches!(enqueued, pgtaskd::queue::Enqueued::Created(id) if id > 0));
 }
