@@ -63,11 +63,8 @@ impl Worker {
                     break 'claims;
                 }
                 let need = needed.load(Ordering::Acquire);
-                if let Some(room) = self.inner.intake.reserve(MAX_CLAIM_BATCH) {
-                    if room.take_one || room.bytes >= need {
-                        break room;
-                    }
-                    self.inner.intake.unreserve(room);
+                if let Some(room) = self.inner.intake.reserve(MAX_CLAIM_BATCH, need) {
+                    break room;
                 }
                 tokio::select! {
                     _ = stop.cancelled() => break 'claims,

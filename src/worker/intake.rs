@@ -137,10 +137,11 @@ impl Intake {
         self.lock().target(self.concurrency)
     }
 
-    /// Reserve room for a claim of at most `most` tasks; `None` when the intake is full, of
-    /// tasks or of bytes. The reservation is settled with [`Intake::claimed`] or
-    /// [`Intake::unreserve`].
-    pub fn reserve(&self, most: usize) -> Option<Room> {
+    /// Reserve room for a claim of at most `most` tasks and at least `need` bytes (the size
+    /// of a task a claim left out; 0 for none); `None` when the intake is full, of tasks or of
+    /// bytes. A claim that may take one task of any size always has room for it. The
+    /// reservation is settled with [`Intake::claimed`] or [`Intake::unreserve`].
+    pub fn reserve(&self, most: usize, need: u64) -> Option<Room> {
         let mut state = self.lock();
         let target = state.target(self.concurrency);
         let tasks = target.saturating_sub(state.outstanding).min(most);
@@ -149,7 +150,7 @@ impl Intake {
             .max_bytes
             .saturating_sub(state.bytes_held + state.bytes_reserved)
             .min((self.max_bytes / CLAIMS_SHARING_THE_BUDGET).max(1));
-        if tasks == 0 || (bytes == 0 && !take_one) {
+        if tasks == 0 || (!take_one && (bytes == 0 || bytes < need)) {
             return None;
         }
         state.outstanding += tasks;
@@ -269,7 +270,7 @@ mod tests {
     /// Reserve `most` tasks and settle the reservation as a claim of all of them, with no
     /// payload bytes.
     fn claim_all(intake: &Intake, most: usize) -> usize {
-        let Some(room) = intake.reserve(most) else {
+        let Some(room) = intake.reserve(most, 0) else {
             return 0;
         };
         intake.claimed(room, room.tasks, 0, Duration::from_millis(1));
@@ -280,20 +281,20 @@ mod tests {
     fn claims_only_for_free_workers_until_measured() {
         let intake = Intake::new(8, MIB);
         assert_eq!(intake.target(), 8);
-        assert_eq!(tasks(intake.reserve(100)), 8);
-        assert_eq!(tasks(intake.reserve(100)), 0);
+        assert_eq!(tasks(intake.reserve(100, 0)), 8);
+        assert_eq!(tasks(intake.reserve(100, 0)), 0);
     }
 
     #[test]
     fn a_claim_gives_back_the_room_it_did_not_use() {
         let intake = Intake::new(8, MIB);
-        let room = intake.reserve(100).unwrap();
+        let room = intake.reserve(100, 0).unwrap();
         intake.claimed(room, 5, 0, Duration::from_secs(1));
-        assert_eq!(tasks(intake.reserve(100)), 3);
+        assert_eq!(tasks(intake.reserve(100, 0)), 3);
         for _ in 0..3 {
             intake.done(0);
         }
-        assert_eq!(tasks(intake.reserve(100)), 3);
+        assert_eq!(tasks(intake.reserve(100, 0)), 3);
     }
 
     #[test]
@@ -337,11 +338,11 @@ mod tests {
     fn a_claim_that_brought_much_text_is_not_timed() {
         let intake = Intake::new(4, 1 << 40);
         intake.task_took(Duration::from_micros(100));
-        let room = intake.reserve(4).unwrap();
+        let room = intake.reserve(4, 0).unwrap();
         // A second for 200 MiB: the transfer, not the round trip.
         intake.claimed(room, 1, 200 * MIB, Duration::from_secs(1));
         assert_eq!(intake.target(), 4);
-        let room = intake.reserve(1).unwrap();
+        let room = intake.reserve(1, 0).unwrap();
         intake.claimed(room, 1, 1000, Duration::from_millis(1));
         assert_eq!(intake.target(), 4 + 40);
     }
@@ -349,41 +350,52 @@ mod tests {
     #[test]
     fn reserve_never_exceeds_the_asked_for_batch() {
         let intake = Intake::new(8, MIB);
-        assert_eq!(tasks(intake.reserve(5)), 5);
-        assert_eq!(tasks(intake.reserve(5)), 3);
+        assert_eq!(tasks(intake.reserve(5, 0)), 5);
+        assert_eq!(tasks(intake.reserve(5, 0)), 3);
     }
 
     #[test]
     fn a_claim_may_use_half_the_byte_budget_and_take_one_only_when_nothing_is_held() {
         let intake = Intake::new(8, 100 * MIB);
-        let first = intake.reserve(1).unwrap();
+        let first = intake.reserve(1, 0).unwrap();
         assert_eq!(first.bytes, 50 * MIB);
         assert!(first.take_one);
         // A second claim on its way at once: the other half, and no task of any size.
-        let second = intake.reserve(1).unwrap();
+        let second = intake.reserve(1, 0).unwrap();
         assert_eq!(second.bytes, 50 * MIB);
         assert!(!second.take_one);
-        assert_eq!(intake.reserve(1), None, "the budget is reserved");
+        assert_eq!(intake.reserve(1, 0), None, "the budget is reserved");
         // The first took one payload of 200 MiB, larger than the whole budget.
         intake.claimed(first, 1, 200 * MIB, Duration::from_millis(1));
         intake.unreserve(second);
         assert_eq!(intake.bytes(), (200 * MIB, 0));
         assert_eq!(
-            intake.reserve(1),
+            intake.reserve(1, 0),
             None,
             "over budget: nothing more is claimed"
         );
         intake.done(200 * MIB);
         assert_eq!(intake.bytes(), (0, 0));
-        assert!(intake.reserve(1).unwrap().take_one);
+        assert!(intake.reserve(1, 0).unwrap().take_one);
+    }
+
+    #[test]
+    fn no_room_is_reserved_for_a_task_larger_than_the_bytes_left() {
+        let intake = Intake::new(8, 100 * MIB);
+        let room = intake.reserve(1, 0).unwrap();
+        intake.claimed(room, 1, 80 * MIB, Duration::from_millis(1));
+        // 20 MiB are left: a claim for a task of 30 MiB would find nothing to take.
+        assert_eq!(intake.reserve(1, 30 * MIB), None);
+        assert_eq!(intake.bytes(), (80 * MIB, 0), "nothing stays reserved");
+        assert_eq!(intake.reserve(1, 20 * MIB).unwrap().bytes, 20 * MIB);
     }
 
     #[test]
     fn bytes_held_leave_only_the_rest_of_the_budget() {
         let intake = Intake::new(8, 100 * MIB);
-        let room = intake.reserve(1).unwrap();
+        let room = intake.reserve(1, 0).unwrap();
         intake.claimed(room, 1, 80 * MIB, Duration::from_millis(1));
-        let room = intake.reserve(1).unwrap();
+        let room = intake.reserve(1, 0).unwrap();
         assert_eq!(room.bytes, 20 * MIB);
         assert!(!room.take_one);
     }
@@ -396,7 +408,7 @@ mod tests {
             let intake = std::sync::Arc::clone(&intake);
             tokio::spawn(async move {
                 intake.freed().await;
-                tasks(intake.reserve(1))
+                tasks(intake.reserve(1, 0))
             })
         };
         intake.done(0);

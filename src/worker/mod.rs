@@ -195,7 +195,7 @@ impl Worker {
     /// Database failures; nothing was claimed.
     pub async fn run_once(&self) -> Result<usize, DbError> {
         let free = self.inner.permits.available_permits().min(MAX_CLAIM_BATCH);
-        let Some(room) = self.inner.intake.reserve(free) else {
+        let Some(room) = self.inner.intake.reserve(free, 0) else {
             return Ok(0);
         };
         Ok(self.claim_and_start(room).await?.claimed)

@@ -6,7 +6,9 @@
 use pgtaskd::queue::{self, TaskStatus};
 
 use crate::support::daemon::wait_listening;
-use crate::support::{count, wait_count, wait_status, GatedAnalyzer, InProcessDaemon, TestDb};
+use crate::support::{
+    count, wait_count, wait_status, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon() {
@@ -96,4 +98,44 @@ async fn a_payload_over_max_payload_bytes_fails_without_reaching_the_analyzer() 
     let task = queue::get(&client, large).await.unwrap().unwrap();
     assert_eq!(task.attempt, 1, "failed once, not retried");
     daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_with_less_room_than_the_next_payload_waits_for_it_and_drains_everything() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // A budget of 3 MiB: after one payload of 2 MiB, 1 MiB is left, less than the next one
+    // needs. The real binary runs its worker on one thread: a claim loop that spun there would
+    // starve the analysis it waits for.
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+               SELECT 'BIG ' || repeat('w ', 1048576) FROM generate_series(1, 4);
+             INSERT INTO pgtaskd.tasks (payload)
+               SELECT 'small ' || i FROM generate_series(1, 10) i;",
+        )
+        .await
+        .unwrap();
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 4\nmax_inflight_bytes = \"3MiB\"\npoll_interval = \"1h\"\n",
+        &[],
+    );
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        14,
+        "every task, each large one claimed as soon as the bytes it needs were free",
+    )
+    .await;
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE words = 1048577 AND attempt = 1"
+        )
+        .await,
+        4
+    );
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
 }
