@@ -19,6 +19,8 @@ use toml::Spanned;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
+/// The environment variable that, when set, overrides `log.format` (`text` or `json`).
+pub const LOG_FORMAT_ENV: &str = "PGTASKD_LOG_FORMAT";
 
 pub const DEFAULT_POOL_SIZE: usize = 10;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -139,16 +141,26 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
+    #[error("{name}: {message}")]
+    Env { name: &'static str, message: String },
 }
 
 impl Config {
     /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
-    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults.
+    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_LOG_FORMAT`,
+    /// when set, overrides `log.format`.
     ///
     /// # Errors
     ///
-    /// A named file that cannot be read, or a file that does not validate.
+    /// A named file that cannot be read, a file that does not validate, or a
+    /// `PGTASKD_LOG_FORMAT` that is neither `text` nor `json`.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut config = Config::load_file(path)?;
+        config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
+        Ok(config)
+    }
+
+    fn load_file(path: Option<&Path>) -> Result<Config, ConfigError> {
         let named = path
             .map(Path::to_path_buf)
             .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
@@ -196,6 +208,24 @@ impl Config {
                 message,
             }
         })
+    }
+}
+
+/// The log format: `value` of `PGTASKD_LOG_FORMAT` when it is set and not empty, else the
+/// file's.
+fn log_format(
+    file: LogFormat,
+    value: Option<std::ffi::OsString>,
+) -> Result<LogFormat, ConfigError> {
+    let Some(value) = value else { return Ok(file) };
+    match value.to_str() {
+        Some("") => Ok(file),
+        Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        _ => Err(ConfigError::Env {
+            name: LOG_FORMAT_ENV,
+            message: format!("{value:?} is not a log format (write \"text\" or \"json\")"),
+        }),
     }
 }
 
@@ -665,5 +695,28 @@ mod tests {
         assert_eq!(line_column("ab\ncd", 0), (1, 1));
         assert_eq!(line_column("ab\ncd", 4), (2, 2));
         assert_eq!(line_column("ab\ncd", 99), (2, 3));
+    }
+
+    #[test]
+    fn log_format_variable_overrides_the_file_and_refuses_other_values() {
+        let var = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(log_format(LogFormat::Text, None).unwrap(), LogFormat::Text);
+        assert_eq!(
+            log_format(LogFormat::Json, var("")).unwrap(),
+            LogFormat::Json
+        );
+        assert_eq!(
+            log_format(LogFormat::Text, var("json")).unwrap(),
+            LogFormat::Json
+        );
+        assert_eq!(
+            log_format(LogFormat::Json, var("text")).unwrap(),
+            LogFormat::Text
+        );
+        let err = log_format(LogFormat::Text, var("JSON")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "PGTASKD_LOG_FORMAT: \"JSON\" is not a log format (write \"text\" or \"json\")"
+        );
     }
 }
