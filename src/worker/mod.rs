@@ -175,6 +175,16 @@ impl Worker {
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
         tokio::spawn(self.clone().confirm_cancels());
+        // A claim sent just before the stop may still bring tasks back after it: they are
+        // given back unanalyzed (the first phase of the stop starts with the stop itself), so
+        // nothing is started once the stop fired.
+        tokio::spawn({
+            let (stop, draining) = (stop.clone(), self.inner.draining.clone());
+            async move {
+                stop.cancelled().await;
+                draining.cancel();
+            }
+        });
         loop {
             self.fill(&stop).await;
             self.inner.scans.send_modify(|n| *n += 1);
