@@ -1,0 +1,278 @@
+//! What each subcommand does, and the exit code it ends with (docs/design.md, "Command line").
+//!
+//! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
+//! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"), 75 a wait
+//! that timed out (EX_TEMPFAIL: try again later),
+//! 78 configuration error (bad settings, settings the database refuses, a schema that is
+//! missing or not this binary's), 1 anything else. Usage errors (2) are clap's.
+//!
+//! This module owns [`dispatch`], which `main` calls with the parsed command line and the
+//! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
+//! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
+//! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
+//! `analyze.rs` and `bench.rs`.
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use crate::bench::BenchError;
+use crate::cli::{Cli, Command};
+use crate::config::Config;
+use crate::daemon::DaemonError;
+use crate::db::migrate::{self, SchemaError};
+use crate::db::{BadConnectionString, ConnectSettings, DbError};
+use crate::queue::TaskStatus;
+
+mod analyze;
+mod bench;
+mod service;
+mod task;
+mod wait;
+
+pub use task::describe_task;
+
+pub const EXIT_RUNTIME: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+pub const EXIT_NOT_FOUND: u8 = 3;
+pub const EXIT_TERMINAL: u8 = 4;
+pub const EXIT_UNAVAILABLE: u8 = 69;
+pub const EXIT_TEMPFAIL: u8 = 75;
+pub const EXIT_CONFIG: u8 = 78;
+
+/// Why a command failed; [`CommandError::exit_code`] says how the process ends.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("no such task: {0}")]
+    NotFound(i64),
+    #[error("task {id} is already {status}; nothing changed")]
+    Terminal { id: i64, status: TaskStatus },
+    /// The database failed: 69 when unavailable, 78 when it refused the settings, else 1.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// The connection settings cannot be used.
+    #[error("configuration error")]
+    Settings(#[from] BadConnectionString),
+    /// The database is not one this binary can work with.
+    #[error("configuration error")]
+    Schema(#[source] SchemaError),
+    #[error(transparent)]
+    Daemon(DaemonError),
+    #[error(transparent)]
+    Bench(BenchError),
+    #[error("cannot read {what}")]
+    Input {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot handle signals")]
+    Signals(#[source] std::io::Error),
+    #[error("cannot write JSON")]
+    Json(#[from] serde_json::Error),
+    #[error("{failures} of {files} files could not be analyzed")]
+    Analyze { failures: usize, files: usize },
+    #[error("{failed} of {tasks} tasks did not succeed")]
+    NotSucceeded { failed: usize, tasks: usize },
+    #[error("timed out: {pending} of {tasks} tasks are not finished yet")]
+    TimedOut { pending: usize, tasks: usize },
+    #[error("idempotency key {key:?} already names task {id}, whose payload is another")]
+    KeyConflict { key: String, id: i64 },
+}
+
+impl CommandError {
+    /// The exit code: 2 usage, 3 no such task, 4 already terminal, 69 database unavailable,
+    /// 75 a wait that timed out, 78 configuration, 1 anything else (a task that did not
+    /// succeed, for `wait`).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CommandError::Usage(_) => EXIT_USAGE,
+            CommandError::NotFound(_) => EXIT_NOT_FOUND,
+            CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
+            CommandError::Terminal { .. } => EXIT_TERMINAL,
+            CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
+            CommandError::Settings(_)
+            | CommandError::Schema(_)
+            | CommandError::Daemon(
+                DaemonError::Settings(_) | DaemonError::Token(_) | DaemonError::Schema(_),
+            ) => EXIT_CONFIG,
+            CommandError::Daemon(DaemonError::Bind(_))
+            | CommandError::Bench(_)
+            | CommandError::Input { .. }
+            | CommandError::Signals(_)
+            | CommandError::Json(_)
+            | CommandError::Analyze { .. }
+            | CommandError::NotSucceeded { .. }
+            | CommandError::KeyConflict { .. } => EXIT_RUNTIME,
+        }
+    }
+}
+
+/// An outage is 69, never "not found"; settings the database refuses (a wrong password, an
+/// unknown role, no such database) are a configuration error, 78; any other database error
+/// is a runtime failure.
+fn db_exit_code(err: &DbError) -> u8 {
+    if err.is_unavailable() {
+        EXIT_UNAVAILABLE
+    } else if err.is_rejected() {
+        EXIT_CONFIG
+    } else {
+        EXIT_RUNTIME
+    }
+}
+
+impl From<SchemaError> for CommandError {
+    fn from(err: SchemaError) -> Self {
+        match err {
+            SchemaError::Db(err) => CommandError::Db(err),
+            other => CommandError::Schema(other),
+        }
+    }
+}
+
+impl From<DaemonError> for CommandError {
+    fn from(err: DaemonError) -> Self {
+        CommandError::Daemon(err)
+    }
+}
+
+/// The bench's database and schema failures end the process as the other commands' do.
+impl From<BenchError> for CommandError {
+    fn from(err: BenchError) -> Self {
+        match err {
+            BenchError::Db(err) => CommandError::Db(err),
+            BenchError::Schema(err) => CommandError::from(err),
+            other => CommandError::Bench(other),
+        }
+    }
+}
+
+/// Run the command `cli` names with the loaded `config`.
+///
+/// # Errors
+///
+/// A [`CommandError`] that maps to the command's exit code.
+pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError> {
+    match cli.command {
+        Command::Run { migrate } => service::run(&config, migrate).await,
+        Command::Migrate => service::migrate(&config).await,
+        Command::Enqueue(args) => task::enqueue(&config, &args).await,
+        Command::Wait(args) => wait::wait(&config, &args).await,
+        Command::Status { id, json } => task::status(&config, id, json).await,
+        Command::Cancel { id } => task::cancel(&config, id).await,
+        Command::Analyze {
+            workers,
+            timeout,
+            files,
+        } => analyze::analyze(workers, timeout, &files).await,
+        Command::Bench {
+            mode,
+            tasks,
+            concurrency,
+            json,
+        } => bench::bench(&config, mode, tasks, concurrency, json).await,
+        Command::CheckConfig => service::check_config(&config),
+    }
+}
+
+/// One session for a one-shot command.
+async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError> {
+    let settings = ConnectSettings::new(&config.database, "cli")?;
+    Ok(settings.connect().await?)
+}
+
+/// Await one statement of a one-shot command. When the server answers it with an error,
+/// ask whether the schema is the reason (missing, or not this binary's version): that is a
+/// configuration error with the "run `pgtaskd migrate`" hint, as `run` reports it, not a raw
+/// SQL error. Costs a query only when the statement failed.
+async fn checked<T>(
+    client: &tokio_postgres::Client,
+    statement: impl Future<Output = Result<T, DbError>>,
+) -> Result<T, CommandError> {
+    let err = match statement.await {
+        Ok(value) => return Ok(value),
+        Err(err) => err,
+    };
+    if err.is_transient() {
+        return Err(err.into());
+    }
+    match migrate::check(client).await {
+        Err(SchemaError::Db(_)) | Ok(_) => Err(err.into()),
+        Err(schema) => Err(CommandError::Schema(schema)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_from_the_error_type() {
+        let outage = || DbError::unavailable("connection refused");
+        let refused = || DbError::rejected("password authentication failed", "check it");
+        let cases: Vec<(CommandError, u8)> = vec![
+            (CommandError::Usage("x".into()), EXIT_USAGE),
+            (CommandError::NotFound(7), EXIT_NOT_FOUND),
+            (
+                CommandError::Terminal {
+                    id: 7,
+                    status: TaskStatus::Succeeded,
+                },
+                EXIT_TERMINAL,
+            ),
+            (outage().into(), EXIT_UNAVAILABLE),
+            (SchemaError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (SchemaError::Missing.into(), EXIT_CONFIG),
+            (DaemonError::from(SchemaError::Missing).into(), EXIT_CONFIG),
+            (
+                DaemonError::from(SchemaError::Db(outage())).into(),
+                EXIT_UNAVAILABLE,
+            ),
+            (BenchError::Db(outage()).into(), EXIT_UNAVAILABLE),
+            (
+                BenchError::Schema(SchemaError::Ahead { found: 99 }).into(),
+                EXIT_CONFIG,
+            ),
+            (BenchError::NoNotification.into(), EXIT_RUNTIME),
+            (refused().into(), EXIT_CONFIG),
+            (SchemaError::Db(refused()).into(), EXIT_CONFIG),
+            (
+                DaemonError::from(SchemaError::Db(refused())).into(),
+                EXIT_CONFIG,
+            ),
+            (
+                CommandError::Analyze {
+                    failures: 1,
+                    files: 2,
+                },
+                EXIT_RUNTIME,
+            ),
+            (
+                CommandError::NotSucceeded {
+                    failed: 1,
+                    tasks: 2,
+                },
+                EXIT_RUNTIME,
+            ),
+            (
+                CommandError::TimedOut {
+                    pending: 1,
+                    tasks: 1,
+                },
+                EXIT_TEMPFAIL,
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.exit_code(), code, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_schema_error_is_reported_as_a_configuration_error_with_its_reason() {
+        let err = CommandError::from(SchemaError::Missing);
+        assert_eq!(err.to_string(), "configuration error");
+        let reason = std::error::Error::source(&err).expect("the reason is the source");
+        assert!(reason.to_string().contains("pgtaskd migrate"), "{reason}");
+    }
+}

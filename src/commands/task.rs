@@ -1,0 +1,148 @@
+//! `pgtaskd enqueue`, `pgtaskd status` and `pgtaskd cancel`: one statement each on the task
+//! table, through `queue`. Called by `dispatch`; `enqueue --wait` hands over to `wait.rs`.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use crate::cli::EnqueueArgs;
+use crate::config::Config;
+use crate::queue::{self, CancelOutcome, Task, TaskStatus};
+
+use super::wait::Waiter;
+use super::{checked, connect, CommandError};
+
+/// Insert the task `args` describe and print its id; with `--wait`, wait for it as `wait`
+/// does.
+pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitCode, CommandError> {
+    let payload = read_payload(args)?;
+    let task = queue::NewTask {
+        priority: args.priority,
+        run_at: args.run_at.unwrap_or(queue::RunAt::Now),
+        max_attempts: args.max_attempts,
+        idempotency_key: args.key.clone(),
+        ..queue::NewTask::new(&args.queue, &payload)
+    };
+    if args.wait {
+        let mut waiter = Waiter::open(config).await?;
+        let id = enqueued(
+            args,
+            checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
+        )?;
+        return waiter.wait(config, &[id], args.timeout, args.json).await;
+    }
+    let client = connect(config).await?;
+    let id = enqueued(
+        args,
+        checked(&client, queue::enqueue(&client, &task)).await?,
+    )?;
+    println!("{id}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print task `id`, for people or as JSON.
+pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    let task = checked(&client, queue::get(&client, id))
+        .await?
+        .ok_or(CommandError::NotFound(id))?;
+    if json {
+        let text = serde_json::to_string_pretty(&task)?;
+        println!("{text}");
+    } else {
+        print!("{}", describe_task(&task));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cancel task `id`, or ask its worker to stop it.
+pub(super) async fn cancel(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    match checked(&client, queue::cancel(&client, id)).await? {
+        CancelOutcome::Canceled => println!("CANCELED"),
+        CancelOutcome::Requested => {
+            println!("RUNNING (cancel requested; it becomes CANCELED once its analyzer returns)")
+        }
+        CancelOutcome::AlreadyFinished(status) => {
+            return Err(CommandError::Terminal { id, status })
+        }
+        CancelOutcome::NotFound => return Err(CommandError::NotFound(id)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The id an enqueue names; a key held by a task with another payload is an error.
+fn enqueued(args: &EnqueueArgs, enqueued: queue::Enqueued) -> Result<i64, CommandError> {
+    match enqueued {
+        queue::Enqueued::Created(id) | queue::Enqueued::Existing(id) => Ok(id),
+        queue::Enqueued::KeyConflict(id) => Err(CommandError::KeyConflict {
+            key: args.key.clone().unwrap_or_default(),
+            id,
+        }),
+    }
+}
+
+/// The payload `args` name: the text itself, a file, or standard input.
+fn read_payload(args: &EnqueueArgs) -> Result<String, CommandError> {
+    let read = |result: std::io::Result<String>, what: &str| {
+        result.map_err(|source| CommandError::Input {
+            what: what.to_string(),
+            source,
+        })
+    };
+    match (&args.text, &args.file) {
+        (Some(text), None) if text == "-" => {
+            let mut payload = String::new();
+            read(
+                std::io::stdin()
+                    .read_to_string(&mut payload)
+                    .map(|_| payload),
+                "standard input",
+            )
+        }
+        (Some(text), None) => Ok(text.clone()),
+        (None, Some(path)) => read(std::fs::read_to_string(path), &path.display().to_string()),
+        _ => Err(CommandError::Usage(
+            "enqueue takes TEXT, --file FILE or - (standard input)".into(),
+        )),
+    }
+}
+
+/// The human form of `status`.
+pub fn describe_task(task: &Task) -> String {
+    let mut text = format!("task {}: {}", task.id, task.status);
+    if task.status == TaskStatus::Succeeded {
+        text.push_str(&format!(
+            " words={} bytes={} runes={}",
+            task.words, task.bytes, task.runes
+        ));
+    }
+    text.push('\n');
+    text.push_str(&format!(
+        "  queue: {}  priority: {}  attempt: {}/{}\n",
+        task.queue, task.priority, task.attempt, task.max_attempts
+    ));
+    if let Some(error) = &task.error {
+        text.push_str(&format!("  error: {error}\n"));
+    }
+    if task.cancel_requested {
+        text.push_str("  cancel requested\n");
+    }
+    if let (Some(owner), Some(expires)) = (&task.lease_owner, &task.lease_expires_at) {
+        text.push_str(&format!(
+            "  lease: {owner} until {}\n",
+            expires.to_rfc3339()
+        ));
+    }
+    text.push_str(&format!("  created: {}", task.created_at.to_rfc3339()));
+    if task.run_at > task.created_at {
+        text.push_str(&format!("  run at: {}", task.run_at.to_rfc3339()));
+    }
+    if let Some(started) = task.started_at {
+        text.push_str(&format!("  started: {}", started.to_rfc3339()));
+    }
+    if let Some(finished) = task.finished_at {
+        text.push_str(&format!("  finished: {}", finished.to_rfc3339()));
+    }
+    text.push('\n');
+    text
+}

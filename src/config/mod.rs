@@ -1,0 +1,242 @@
+//! Configuration: the TOML file of docs/design.md, "Configuration", read and validated.
+//!
+//! Reading is split in two, so that parsing is unit-tested without files: [`Config::load`]
+//! finds and reads the file, [`Config::from_toml`] parses a string. The raw structs mirror the
+//! file (`deny_unknown_fields`, so a misspelt key is an error naming the key and its line); the
+//! validated [`Config`] carries every default, each a named constant below.
+//!
+//! This module owns the validated [`Config`], its sections, the defaults and [`ConfigError`];
+//! `main` loads it once and hands its sections to the daemon, the database settings, the worker
+//! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
+//! validation; `location.rs`, the line, column and key an error points at.
+//!
+//! Where the database connection comes from (`database.url`, `PGTASKD_DATABASE_URL`, the libpq
+//! variables) is decided in [`crate::db::settings`], not here.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use location::{key_at, line_column};
+use raw::RawConfig;
+
+mod location;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+/// The file read when neither `--config` nor `PGTASKD_CONFIG` names one, if it exists.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
+/// The environment variable that names the configuration file.
+pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
+/// The environment variable that, when set, overrides `log.format` (`text` or `json`).
+pub const LOG_FORMAT_ENV: &str = "PGTASKD_LOG_FORMAT";
+
+pub const DEFAULT_POOL_SIZE: usize = 10;
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_CONCURRENCY: usize = 8;
+pub const DEFAULT_QUEUE: &str = "default";
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Payload bytes one daemon holds at most (claimed and not yet analyzed, or being analyzed),
+/// a single larger payload aside.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+pub const DEFAULT_HTTP_MAX_BODY: usize = 1 << 20;
+/// Half of the 1,024 descriptors a systemd service gets by default: the rest is left for the
+/// database sessions, the log and the listener.
+pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 512;
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+
+/// A configuration that was read and validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub worker: WorkerConfig,
+    pub shutdown: ShutdownConfig,
+    pub retention: RetentionConfig,
+    pub http: HttpConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatabaseConfig {
+    /// A libpq URL or key=value string; `None` falls back to the environment.
+    pub url: Option<String>,
+    /// Most worker connections one daemon holds; the listener's connection is extra.
+    pub pool_size: usize,
+    pub connect_timeout: Duration,
+    /// `statement_timeout` of the daemon's sessions; zero turns it off.
+    pub statement_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Tasks analyzed at once.
+    pub concurrency: usize,
+    /// Queues served.
+    pub queues: Vec<String>,
+    /// The safety-net scan when no notification came.
+    pub poll_interval: Duration,
+    /// How long a claim lives without a heartbeat.
+    pub lease: Duration,
+    /// The payload bytes this daemon holds at most; a claim stops adding tasks at this
+    /// budget, but always takes one task when the daemon holds none.
+    pub max_inflight_bytes: u64,
+    /// Payloads longer than this end FAILED without being loaded; `None`: no limit.
+    pub max_payload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShutdownConfig {
+    /// How long running tasks may finish after the first SIGTERM or SIGINT.
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionConfig {
+    /// Prune finished rows older than this; `None` keeps them forever.
+    pub finished_after: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpConfig {
+    /// Where the optional HTTP server listens; `None` turns it off.
+    pub listen: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// Most connections open at once; at the cap a new one takes the place of the oldest idle
+    /// one, or is closed at once when every one is answering a request.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (the whole head, not each
+    /// byte); an idle keep-alive connection is closed after as long.
+    pub header_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A tracing filter directive such as `info` or `pgtaskd=debug`.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_toml("", "defaults").expect("the empty configuration is valid")
+    }
+}
+
+/// Why a configuration could not be used (exit 78).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: line {line}, column {column}: {message}")]
+    Invalid {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{name}: {message}")]
+    Env { name: &'static str, message: String },
+}
+
+impl Config {
+    /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
+    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_LOG_FORMAT`,
+    /// when set, overrides `log.format`.
+    ///
+    /// # Errors
+    ///
+    /// A named file that cannot be read, a file that does not validate, or a
+    /// `PGTASKD_LOG_FORMAT` that is neither `text` nor `json`.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut config = Config::load_file(path)?;
+        config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
+        Ok(config)
+    }
+
+    fn load_file(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let named = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
+        let path = match named {
+            Some(path) => path,
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => PathBuf::from(DEFAULT_CONFIG_PATH),
+            None => return Ok(Config::default()),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Config::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate a configuration. `origin` names the text in error messages.
+    ///
+    /// # Errors
+    ///
+    /// Unknown keys, values of the wrong type, and values out of range, each with its line.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|err| {
+            let (line, column) = err
+                .span()
+                .map(|span| line_column(text, span.start))
+                .unwrap_or((1, 1));
+            let message = err.message().trim_end();
+            let message = match err.span().and_then(|span| key_at(text, span.start)) {
+                Some(key) if !message.contains(&key) => format!("{key}: {message}"),
+                _ => message.to_string(),
+            };
+            ConfigError::Invalid {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
+        })?;
+        raw.validate().map_err(|(span, message)| {
+            let (line, column) = line_column(text, span.start);
+            ConfigError::Invalid {
+                origin: origin.to_string(),
+                line,
+                column,
+                message,
+            }
+        })
+    }
+}
+
+/// The log format: `value` of `PGTASKD_LOG_FORMAT` when it is set and not empty, else the
+/// file's.
+fn log_format(
+    file: LogFormat,
+    value: Option<std::ffi::OsString>,
+) -> Result<LogFormat, ConfigError> {
+    let Some(value) = value else { return Ok(file) };
+    match value.to_str() {
+        Some("") => Ok(file),
+        Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        _ => Err(ConfigError::Env {
+            name: LOG_FORMAT_ENV,
+            message: format!("{value:?} is not a log format (write \"text\" or \"json\")"),
+        }),
+    }
+}

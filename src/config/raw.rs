@@ -1,0 +1,269 @@
+//! The configuration file as written: serde structs that mirror it (`deny_unknown_fields`, so a
+//! misspelt key is an error), the duration and size deserializers, and `validate`, which checks
+//! each value's range and fills in the defaults to make a `Config`. Called only by
+//! `Config::from_toml`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+use super::{
+    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
+    WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT,
+    DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL,
+    DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
+};
+
+type Invalid = (std::ops::Range<usize>, String);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    database: RawDatabase,
+    #[serde(default)]
+    worker: RawWorker,
+    #[serde(default)]
+    shutdown: RawShutdown,
+    #[serde(default)]
+    retention: RawRetention,
+    #[serde(default)]
+    http: RawHttp,
+    #[serde(default)]
+    log: RawLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDatabase {
+    url: Option<String>,
+    pool_size: Option<Spanned<usize>>,
+    #[serde(default, deserialize_with = "duration")]
+    connect_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "duration")]
+    statement_timeout: Option<Spanned<Duration>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    concurrency: Option<Spanned<usize>>,
+    queues: Option<Spanned<Vec<String>>>,
+    #[serde(default, deserialize_with = "duration")]
+    poll_interval: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "duration")]
+    lease: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "size")]
+    max_inflight_bytes: Option<Spanned<u64>>,
+    #[serde(default, deserialize_with = "size")]
+    max_payload_bytes: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShutdown {
+    #[serde(default, deserialize_with = "duration")]
+    grace: Option<Spanned<Duration>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    #[serde(default, deserialize_with = "duration")]
+    finished_after: Option<Spanned<Duration>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    listen: Option<SocketAddr>,
+    token_file: Option<PathBuf>,
+    max_body: Option<Spanned<usize>>,
+    max_connections: Option<Spanned<usize>>,
+    #[serde(default, deserialize_with = "duration")]
+    header_timeout: Option<Spanned<Duration>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    format: Option<LogFormat>,
+    level: Option<Spanned<String>>,
+}
+
+/// Deserialize a duration string such as `"250ms"` or `"30s"`.
+fn duration<'de, D>(deserializer: D) -> Result<Option<Spanned<Duration>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let text = Spanned::<String>::deserialize(deserializer)?;
+    let span = text.span();
+    humantime::parse_duration(text.get_ref())
+        .map(|d| Some(Spanned::new(span, d)))
+        .map_err(|err| {
+            serde::de::Error::custom(format!(
+                "invalid duration {:?}: {err} (write e.g. \"250ms\", \"30s\", \"5m\")",
+                text.get_ref()
+            ))
+        })
+}
+
+/// Deserialize a size: a number of bytes, or a string such as `"256MiB"` or `"1GB"`.
+fn size<'de, D>(deserializer: D) -> Result<Option<Spanned<u64>>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    let value = Spanned::<Size>::deserialize(deserializer)?;
+    let span = value.span();
+    let bytes = match value.into_inner() {
+        Size::Bytes(bytes) => bytes,
+        Size::Text(text) => text
+            .parse::<bytesize::ByteSize>()
+            .map(|size| size.as_u64())
+            .map_err(|err| {
+                serde::de::Error::custom(format!(
+                    "invalid size {text:?}: {err} (write e.g. \"256MiB\", \"1GB\", or a number of bytes)"
+                ))
+            })?,
+    };
+    Ok(Some(Spanned::new(span, bytes)))
+}
+
+fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
+    match *value.get_ref() {
+        0 => Err((value.span(), format!("{key} must be at least 1 byte"))),
+        n => Ok(n),
+    }
+}
+
+fn positive(key: &str, value: &Spanned<usize>) -> Result<usize, Invalid> {
+    match *value.get_ref() {
+        0 => Err((value.span(), format!("{key} must be at least 1"))),
+        n => Ok(n),
+    }
+}
+
+fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
+    if value.get_ref().is_zero() {
+        Err((value.span(), format!("{key} must be longer than zero")))
+    } else {
+        Ok(*value.get_ref())
+    }
+}
+
+impl RawConfig {
+    pub(super) fn validate(self) -> Result<Config, Invalid> {
+        let database = DatabaseConfig {
+            url: self.database.url,
+            pool_size: match &self.database.pool_size {
+                Some(v) => positive("database.pool_size", v)?,
+                None => DEFAULT_POOL_SIZE,
+            },
+            connect_timeout: match &self.database.connect_timeout {
+                Some(v) => nonzero("database.connect_timeout", v)?,
+                None => DEFAULT_CONNECT_TIMEOUT,
+            },
+            statement_timeout: self
+                .database
+                .statement_timeout
+                .map_or(DEFAULT_STATEMENT_TIMEOUT, Spanned::into_inner),
+        };
+        let queues = match self.worker.queues {
+            None => vec![DEFAULT_QUEUE.to_string()],
+            Some(queues) => {
+                let span = queues.span();
+                let queues = queues.into_inner();
+                if queues.is_empty() {
+                    return Err((span, "worker.queues must name at least one queue".into()));
+                }
+                if queues.iter().any(|q| q.trim().is_empty()) {
+                    return Err((span, "worker.queues has an empty queue name".into()));
+                }
+                queues
+            }
+        };
+        let worker = WorkerConfig {
+            concurrency: match &self.worker.concurrency {
+                Some(v) => positive("worker.concurrency", v)?,
+                None => DEFAULT_CONCURRENCY,
+            },
+            queues,
+            poll_interval: match &self.worker.poll_interval {
+                Some(v) => nonzero("worker.poll_interval", v)?,
+                None => DEFAULT_POLL_INTERVAL,
+            },
+            lease: match &self.worker.lease {
+                Some(v) => nonzero("worker.lease", v)?,
+                None => DEFAULT_LEASE,
+            },
+            max_inflight_bytes: match &self.worker.max_inflight_bytes {
+                Some(v) => positive_size("worker.max_inflight_bytes", v)?,
+                None => DEFAULT_MAX_INFLIGHT_BYTES,
+            },
+            max_payload_bytes: match &self.worker.max_payload_bytes {
+                Some(v) => Some(positive_size("worker.max_payload_bytes", v)?),
+                None => None,
+            },
+        };
+        let retention = RetentionConfig {
+            finished_after: match &self.retention.finished_after {
+                Some(v) => Some(nonzero("retention.finished_after", v)?),
+                None => None,
+            },
+        };
+        let http = HttpConfig {
+            listen: self.http.listen,
+            token_file: self.http.token_file,
+            max_body: match &self.http.max_body {
+                Some(v) => positive("http.max_body", v)?,
+                None => DEFAULT_HTTP_MAX_BODY,
+            },
+            max_connections: match &self.http.max_connections {
+                Some(v) => positive("http.max_connections", v)?,
+                None => DEFAULT_HTTP_MAX_CONNECTIONS,
+            },
+            header_timeout: match &self.http.header_timeout {
+                Some(v) => nonzero("http.header_timeout", v)?,
+                None => DEFAULT_HTTP_HEADER_TIMEOUT,
+            },
+        };
+        let level = match self.log.level {
+            None => DEFAULT_LOG_LEVEL.to_string(),
+            Some(level) => {
+                if let Err(err) = tracing_subscriber::EnvFilter::try_new(level.get_ref()) {
+                    return Err((
+                        level.span(),
+                        format!("log.level {:?} is not a filter: {err}", level.get_ref()),
+                    ));
+                }
+                level.into_inner()
+            }
+        };
+        Ok(Config {
+            database,
+            worker,
+            shutdown: ShutdownConfig {
+                grace: self
+                    .shutdown
+                    .grace
+                    .map_or(DEFAULT_SHUTDOWN_GRACE, Spanned::into_inner),
+            },
+            retention,
+            http,
+            log: LogConfig {
+                format: self.log.format.unwrap_or(LogFormat::Text),
+                level,
+            },
+        })
+    }
+}

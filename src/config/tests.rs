@@ -1,0 +1,194 @@
+//! Tests of loading a configuration: `Config::from_toml` end to end (the defaults, every key,
+//! the errors that name a key and its line), a named file that is missing, and the
+//! `PGTASKD_LOG_FORMAT` override.
+
+use super::*;
+
+fn invalid(text: &str) -> (usize, String) {
+    match Config::from_toml(text, "test.toml") {
+        Err(ConfigError::Invalid { line, message, .. }) => (line, message),
+        other => panic!("expected an invalid config, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_file_gives_every_default() {
+    let config = Config::from_toml("", "test.toml").unwrap();
+    assert_eq!(config.database.url, None);
+    assert_eq!(config.database.pool_size, DEFAULT_POOL_SIZE);
+    assert_eq!(config.worker.concurrency, DEFAULT_CONCURRENCY);
+    assert_eq!(config.worker.queues, vec!["default".to_string()]);
+    assert_eq!(config.worker.poll_interval, DEFAULT_POLL_INTERVAL);
+    assert_eq!(config.worker.lease, DEFAULT_LEASE);
+    assert_eq!(config.worker.max_inflight_bytes, 256 * 1024 * 1024);
+    assert_eq!(config.worker.max_payload_bytes, None);
+    assert_eq!(config.shutdown.grace, DEFAULT_SHUTDOWN_GRACE);
+    assert_eq!(config.retention.finished_after, None);
+    assert_eq!(config.http.listen, None);
+    assert_eq!(config.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
+    assert_eq!(config.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
+    assert_eq!(config.log.format, LogFormat::Text);
+    assert_eq!(config.log.level, "info");
+}
+
+#[test]
+fn every_key_is_read() {
+    let text = r#"
+        [database]
+        url = "postgres://u@db/app"
+        pool_size = 4
+        connect_timeout = "2s"
+        statement_timeout = "0s"
+        [worker]
+        concurrency = 32
+        queues = ["default", "mail"]
+        poll_interval = "250ms"
+        lease = "1m"
+        max_inflight_bytes = "64MiB"
+        max_payload_bytes = 1000000
+        [shutdown]
+        grace = "5s"
+        [retention]
+        finished_after = "7days"
+        [http]
+        listen = "127.0.0.1:8080"
+        token_file = "/etc/pgtaskd/token"
+        max_body = 4096
+        max_connections = 64
+        header_timeout = "3s"
+        [log]
+        format = "json"
+        level = "pgtaskd=debug"
+    "#;
+    let config = Config::from_toml(text, "test.toml").unwrap();
+    assert_eq!(config.database.url.as_deref(), Some("postgres://u@db/app"));
+    assert_eq!(config.database.pool_size, 4);
+    assert_eq!(config.database.connect_timeout, Duration::from_secs(2));
+    assert_eq!(config.database.statement_timeout, Duration::ZERO);
+    assert_eq!(config.worker.concurrency, 32);
+    assert_eq!(config.worker.queues, vec!["default", "mail"]);
+    assert_eq!(config.worker.poll_interval, Duration::from_millis(250));
+    assert_eq!(config.worker.lease, Duration::from_secs(60));
+    assert_eq!(config.worker.max_inflight_bytes, 64 << 20);
+    assert_eq!(config.worker.max_payload_bytes, Some(1_000_000));
+    assert_eq!(config.shutdown.grace, Duration::from_secs(5));
+    assert_eq!(
+        config.retention.finished_after,
+        Some(Duration::from_secs(7 * 86400))
+    );
+    assert_eq!(config.http.listen, Some("127.0.0.1:8080".parse().unwrap()));
+    assert_eq!(
+        config.http.token_file,
+        Some(PathBuf::from("/etc/pgtaskd/token"))
+    );
+    assert_eq!(config.http.max_body, 4096);
+    assert_eq!(config.http.max_connections, 64);
+    assert_eq!(config.http.header_timeout, Duration::from_secs(3));
+    assert_eq!(config.log.format, LogFormat::Json);
+    assert_eq!(config.log.level, "pgtaskd=debug");
+}
+
+#[test]
+fn unknown_keys_are_named_with_their_line() {
+    let cases = [
+        (
+            "[worker]\nconcurrency = 2\nconcurency = 3\n",
+            3,
+            "concurency",
+        ),
+        ("[databse]\nurl = \"x\"\n", 1, "databse"),
+        ("\n\n[log]\nformat = \"text\"\ncolour = true\n", 5, "colour"),
+    ];
+    for (text, want_line, key) in cases {
+        let (line, message) = invalid(text);
+        assert_eq!(line, want_line, "{text:?}: {message}");
+        assert!(message.contains(key), "{text:?}: {message}");
+    }
+}
+
+#[test]
+fn bad_values_are_named_with_their_line() {
+    let cases = [
+        (
+            "[worker]\npoll_interval = \"soon\"\n",
+            2,
+            "invalid duration",
+        ),
+        ("[worker]\nlease = 30\n", 2, "worker.lease"),
+        ("[worker]\nconcurrency = 0\n", 2, "worker.concurrency"),
+        ("[worker]\n\nqueues = []\n", 3, "worker.queues"),
+        (
+            "[worker]\npoll_interval = \"0s\"\n",
+            2,
+            "worker.poll_interval",
+        ),
+        ("[database]\npool_size = -1\n", 2, "pool_size"),
+        (
+            "[worker]\nmax_inflight_bytes = \"lots\"\n",
+            2,
+            "invalid size",
+        ),
+        (
+            "[worker]\n\nmax_payload_bytes = 0\n",
+            3,
+            "worker.max_payload_bytes",
+        ),
+        ("[log]\nformat = \"xml\"\n", 2, "xml"),
+        ("[log]\nlevel = \"[[[\"\n", 2, "log.level"),
+        ("[http]\nlisten = \"nowhere\"\n", 2, "address"),
+        ("[worker\n", 1, "expected `]`"),
+    ];
+    for (text, want_line, needle) in cases {
+        let (line, message) = invalid(text);
+        assert_eq!(line, want_line, "{text:?}: {message}");
+        assert!(
+            message.to_lowercase().contains(needle),
+            "{text:?}: {message:?} lacks {needle:?}"
+        );
+    }
+}
+
+#[test]
+fn sizes_take_iec_and_si_units() {
+    for (text, bytes) in [
+        ("\"256MiB\"", 256 << 20),
+        ("\"1 GiB\"", 1 << 30),
+        ("\"1GB\"", 1_000_000_000),
+        ("\"512KiB\"", 512 << 10),
+        ("4096", 4096),
+    ] {
+        let config =
+            Config::from_toml(&format!("[worker]\nmax_inflight_bytes = {text}\n"), "t").unwrap();
+        assert_eq!(config.worker.max_inflight_bytes, bytes, "{text}");
+    }
+}
+
+#[test]
+fn a_named_file_that_does_not_exist_is_an_error() {
+    let err = Config::load(Some(Path::new("/nonexistent/pgtaskd.toml"))).unwrap_err();
+    assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    assert!(err.to_string().contains("/nonexistent/pgtaskd.toml"));
+}
+
+#[test]
+fn log_format_variable_overrides_the_file_and_refuses_other_values() {
+    let var = |v: &str| Some(std::ffi::OsString::from(v));
+    assert_eq!(log_format(LogFormat::Text, None).unwrap(), LogFormat::Text);
+    assert_eq!(
+        log_format(LogFormat::Json, var("")).unwrap(),
+        LogFormat::Json
+    );
+    assert_eq!(
+        log_format(LogFormat::Text, var("json")).unwrap(),
+        LogFormat::Json
+    );
+    assert_eq!(
+        log_format(LogFormat::Json, var("text")).unwrap(),
+        LogFormat::Text
+    );
+    let err = log_format(LogFormat::Text, var("JSON")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "PGTASKD_LOG_FORMAT: \"JSON\" is not a log format (write \"text\" or \"json\")"
+    );
+}
