@@ -63,6 +63,7 @@ impl Worker {
         let analysis = inner.intake.analysis();
         // The analyzer takes the payload and lets go of it when it returns.
         let action = self.analyze(id, attempt, payload, &cancel).await;
+        inner.running.analyzed(id);
         inner.intake.done(bytes);
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next

@@ -47,7 +47,7 @@ impl Worker {
                 let Some(task) = self.inner.running.get(id) else {
                     continue;
                 };
-                match verdict(&extended, id, task.cancel.is_cancelled()) {
+                match verdict(&extended, id, task.cancel.is_cancelled(), task.analyzed) {
                     Verdict::Keep => {}
                     Verdict::CancelRequested => {
                         tracing::info!(
@@ -82,10 +82,13 @@ enum Verdict {
     LeaseLost,
 }
 
-/// The verdict for task `id`, given the leases the heartbeat `extended` and whether the
-/// task's analyzer was already told to stop.
-fn verdict(extended: &[Extended], id: i64, already_cancelled: bool) -> Verdict {
+/// The verdict for task `id`, given the leases the heartbeat `extended`, whether the task's
+/// analyzer was already told to stop, and whether it has returned. A task whose analyzer has
+/// returned is being written: its row may have just been finished (so no lease was extended)
+/// and its write is fenced anyway, so there is nothing to stop and nothing to warn of.
+fn verdict(extended: &[Extended], id: i64, already_cancelled: bool, analyzed: bool) -> Verdict {
     match extended.iter().find(|e| e.id == id) {
+        _ if analyzed => Verdict::Keep,
         Some(e) if e.cancel_requested && !already_cancelled => Verdict::CancelRequested,
         Some(_) => Verdict::Keep,
         None => Verdict::LeaseLost,
@@ -107,20 +110,23 @@ mod tests {
     fn a_heartbeat_answer_keeps_cancels_or_drops_each_task() {
         let answer = [extended(1, false), extended(2, true)];
         let cases = [
-            // (task, already told to stop, verdict)
-            (1, false, Verdict::Keep),
-            (1, true, Verdict::Keep),
-            (2, false, Verdict::CancelRequested),
-            (2, true, Verdict::Keep),
-            (3, false, Verdict::LeaseLost),
+            // (task, already told to stop, analyzer returned, verdict)
+            (1, false, false, Verdict::Keep),
+            (1, true, false, Verdict::Keep),
+            (2, false, false, Verdict::CancelRequested),
+            (2, true, false, Verdict::Keep),
+            (3, false, false, Verdict::LeaseLost),
             // A lost lease stops the analyzer again: cancelling twice is harmless.
-            (3, true, Verdict::LeaseLost),
+            (3, true, false, Verdict::LeaseLost),
+            // Analyzed: its finish may have just committed; the fence decides the write.
+            (3, false, true, Verdict::Keep),
+            (2, false, true, Verdict::Keep),
         ];
-        for (id, already_cancelled, expected) in cases {
+        for (id, already_cancelled, analyzed, expected) in cases {
             assert_eq!(
-                verdict(&answer, id, already_cancelled),
+                verdict(&answer, id, already_cancelled, analyzed),
                 expected,
-                "task {id}, already cancelled: {already_cancelled}"
+                "task {id}, already cancelled: {already_cancelled}, analyzed: {analyzed}"
             );
         }
     }

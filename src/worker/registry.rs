@@ -16,6 +16,8 @@ pub(super) struct Running {
     pub(super) attempt: i32,
     /// Stops the analyzer; a child of the worker's abort token.
     pub(super) cancel: CancellationToken,
+    /// The analyzer has returned: what is left is the write, which its fence decides.
+    pub(super) analyzed: bool,
 }
 
 /// The claims this worker holds, by task id.
@@ -27,7 +29,21 @@ pub(super) struct Registry {
 impl Registry {
     /// Task `id` was claimed at `attempt`; `cancel` stops its analyzer.
     pub(super) fn insert(&self, id: i64, attempt: i32, cancel: CancellationToken) {
-        self.lock().insert(id, Running { attempt, cancel });
+        self.lock().insert(
+            id,
+            Running {
+                attempt,
+                cancel,
+                analyzed: false,
+            },
+        );
+    }
+
+    /// Task `id`'s analyzer has returned.
+    pub(super) fn analyzed(&self, id: i64) {
+        if let Some(task) = self.lock().get_mut(&id) {
+            task.analyzed = true;
+        }
     }
 
     /// Task `id` is settled.
@@ -83,6 +99,17 @@ mod tests {
         assert!(!registry.contains(7));
         assert!(registry.get(7).is_none());
         assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn a_claim_is_marked_analyzed_once_its_analyzer_returned() {
+        let registry = Registry::default();
+        registry.insert(4, 1, CancellationToken::new());
+        assert!(!registry.get(4).unwrap().analyzed);
+        registry.analyzed(4);
+        assert!(registry.get(4).unwrap().analyzed);
+        registry.analyzed(5);
+        assert!(registry.get(5).is_none());
     }
 
     #[test]
