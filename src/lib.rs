@@ -49,3 +49,15 @@ pub mod rescuer;
 pub mod retention;
 pub mod shutdown;
 pub mod worker;
+
+/// An error and its sources, joined by ": ": the one line a log or standard error shows.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}

@@ -1,7 +1,6 @@
 //! The `pgtaskd` binary: parse the command line, load the configuration, set up logging, run
 //! the command, and map its result to an exit code. Nothing else lives here.
 
-use std::error::Error;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
@@ -17,7 +16,7 @@ fn main() -> ExitCode {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
-            report(format_args!("configuration error: {}", chain(&err)));
+            report(format_args!("configuration error: {}", pgtaskd::error_chain(&err)));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -38,23 +37,12 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            report(format_args!("{}", chain(&err)));
+            report(format_args!("{}", pgtaskd::error_chain(&err)));
             ExitCode::from(err.exit_code())
         }
     }
 }
 
-/// An error and its sources, joined by ": ", for the one line on standard error.
-fn chain(err: &dyn Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
-}
 
 /// Print `pgtaskd: MESSAGE` on standard error, if it can be written at all.
 ///

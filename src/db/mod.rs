@@ -88,7 +88,7 @@ impl From<&tokio_postgres::Error> for Cause {
                 detail: db.detail().map(str::to_string),
                 hint: db.hint().map(str::to_string),
             },
-            None => Cause::message(chain(err)),
+            None => Cause::message(crate::error_chain(err)),
         }
     }
 }
@@ -230,7 +230,7 @@ impl From<PoolError> for DbError {
             PoolError::Timeout(TimeoutType::Recycle) => {
                 DbError::unavailable("timed out checking a pooled session")
             }
-            other => DbError::unavailable(chain(&other)),
+            other => DbError::unavailable(crate::error_chain(&other)),
         }
     }
 }
@@ -259,17 +259,6 @@ fn is_connection_error(err: &tokio_postgres::Error) -> bool {
     }
 }
 
-/// An error and its sources, joined by ": ".
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
-}
 
 #[cfg(test)]
 mod tests {
