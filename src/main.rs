@@ -16,7 +16,10 @@ fn main() -> ExitCode {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
-            report(format_args!("configuration error: {}", pgtaskd::error_chain(&err)));
+            report(format_args!(
+                "configuration error: {}",
+                pgtaskd::error_chain(&err)
+            ));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -42,7 +45,6 @@ fn main() -> ExitCode {
         }
     }
 }
-
 
 /// Print `pgtaskd: MESSAGE` on standard error, if it can be written at all.
 ///

@@ -259,7 +259,6 @@ fn is_connection_error(err: &tokio_postgres::Error) -> bool {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
