@@ -9,6 +9,9 @@
 //! - paused: `pgtaskd.paused_queues`;
 //! - the daemons connected: the sessions of `pg_stat_activity` named `pgtaskd/<instance>`
 //!   (every daemon session carries its instance id; the one-shot commands are `pgtaskd/cli`).
+//!
+//! [`backlog`] is the part `/metrics` reads at every scrape: the QUEUED and RUNNING figures
+//! and the pauses, without the finished rows.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -112,6 +115,69 @@ SELECT substr(application_name, 9) AS instance, count(*) AS sessions
    AND application_name <> 'pgtaskd/cli'
  GROUP BY application_name
  ORDER BY application_name";
+
+/// The figures of one queue that `/metrics` shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    pub queue: String,
+    pub paused: bool,
+    pub queued: i64,
+    pub due: i64,
+    pub oldest_due_age_s: Option<f64>,
+    pub running: i64,
+}
+
+const BACKLOG: &str = "
+WITH queued AS (
+    SELECT queue,
+           count(*) AS queued,
+           count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(greatest(created_at, run_at)) FILTER (WHERE run_at <= now()) AS oldest_due
+      FROM pgtaskd.tasks
+     WHERE status = 'QUEUED'
+     GROUP BY queue
+), running AS (
+    SELECT queue, count(*) AS running
+      FROM pgtaskd.tasks
+     WHERE status = 'RUNNING'
+     GROUP BY queue
+), names AS (
+    SELECT queue FROM queued
+    UNION SELECT queue FROM running
+    UNION SELECT queue FROM pgtaskd.paused_queues
+)
+SELECT n.queue,
+       p.queue IS NOT NULL AS paused,
+       coalesce(q.queued, 0) AS queued,
+       coalesce(q.due, 0) AS due,
+       extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
+       coalesce(r.running, 0) AS running
+  FROM names AS n
+  LEFT JOIN queued AS q USING (queue)
+  LEFT JOIN running AS r USING (queue)
+  LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
+ ORDER BY n.queue";
+
+/// Every queue with a QUEUED or RUNNING task or a pause: its backlog, from the partial
+/// indexes only.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
+    let rows = client.query(BACKLOG, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| Backlog {
+            queue: row.get("queue"),
+            paused: row.get("paused"),
+            queued: row.get("queued"),
+            due: row.get("due"),
+            oldest_due_age_s: row.get("oldest_due_age_s"),
+            running: row.get("running"),
+        })
+        .collect())
+}
 
 /// Read every queue's figures and the daemons connected.
 ///

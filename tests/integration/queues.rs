@@ -480,7 +480,7 @@ fn free_port() -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_pauses_and_resumes_a_queue() {
+async fn http_pauses_and_resumes_a_queue_and_metrics_show_it_per_queue() {
     let db = TestDb::new().await;
     let client = db.client().await;
     let port = free_port();
@@ -518,6 +518,19 @@ async fn http_pauses_and_resumes_a_queue() {
         "INSERT INTO pgtaskd.tasks (payload) VALUES ('held')",
     )
     .await;
+    let metrics = get_text(&http, port, "/metrics").await;
+    for line in [
+        "pgtaskd_queue_paused{queue=\"default\"} 1",
+        "pgtaskd_queue_paused{queue=\"with space\"} 1",
+        "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 1",
+        "pgtaskd_queue_due_tasks{queue=\"default\"} 1",
+        "pgtaskd_tasks{status=\"QUEUED\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
     let resumed_at = db_now(&client).await;
     let (status, body) = post("/queues/default/resume").await;
     assert_eq!(status, 200, "{body}");
@@ -533,5 +546,22 @@ async fn http_pauses_and_resumes_a_queue() {
     )
     .await;
     assert!(first_start(&client, "default").await >= resumed_at);
+    let metrics = get_text(&http, port, "/metrics").await;
+    for line in [
+        "pgtaskd_queue_paused{queue=\"default\"} 0",
+        "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
     daemon.stop().await;
+}
+
+async fn get_text(http: &reqwest::Client, port: u16, path: &str) -> String {
+    let request = http.get(format!("http://127.0.0.1:{port}{path}")).send();
+    let response = within(WAIT, "an HTTP response", request).await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    within(WAIT, "an HTTP body", response.text()).await.unwrap()
 }
