@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::queue::RunAt;
+use crate::queue::{RunAt, TaskStatus};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -82,6 +82,54 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Stop daemons claiming from a queue (running tasks finish; enqueueing goes on)
+    Pause {
+        /// The queue
+        queue: String,
+    },
+    /// Let daemons claim from a paused queue again, at once
+    Resume {
+        /// The queue
+        queue: String,
+    },
+    /// Put a FAILED or CANCELED task back to QUEUED, as if new (attempt 0); exit 3 for an
+    /// unknown id, 4 for a task that is not FAILED or CANCELED
+    Retry {
+        /// Task id
+        id: i64,
+    },
+    /// Print the latest tasks, newest first
+    List(ListArgs),
+    /// Print per-queue figures and the daemons connected
+    Stats {
+        /// Print one JSON object
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this queue
+    #[arg(long, value_name = "Q")]
+    pub queue: Option<String>,
+    /// Only this status: queued, running, succeeded, failed or canceled
+    #[arg(long, value_name = "S", value_parser = parse_status)]
+    pub status: Option<TaskStatus>,
+    /// At most this many tasks
+    #[arg(long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub limit: i64,
+    /// Print one JSON object per line
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A task status, in any case.
+fn parse_status(text: &str) -> Result<TaskStatus, String> {
+    text.to_ascii_uppercase().parse().map_err(|_| {
+        format!("{text:?} is not a status: queued, running, succeeded, failed or canceled")
+    })
 }
 
 /// `pgtaskd bench --mode`; [`crate::commands`] turns it into the bench's own mode.

@@ -3,7 +3,13 @@
 //! Counters and histograms are updated where things happen (the worker, the listener's
 //! events, the rescuer); gauges that describe the table and the pool are read at scrape
 //! time: QUEUED and RUNNING counts from their partial indexes (cheap, never a full scan), and
-//! the pool's sessions in use.
+//! the pool's sessions in use; per queue (a `queue` label), QUEUED, due and RUNNING tasks, the
+//! age of the oldest due task and whether the queue is paused. A queue that has nothing left
+//! keeps its series, at zero.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,10 +18,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::queue::TaskStatus;
+use crate::queue::{Backlog, TaskStatus};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueStatusLabel {
+    queue: String,
     status: &'static str,
 }
 
@@ -33,6 +50,12 @@ pub struct Metrics {
     tasks: Family<StatusLabel, Gauge>,
     pool_in_use: Gauge,
     pool_open: Gauge,
+    queue_tasks: Family<QueueStatusLabel, Gauge>,
+    queue_due: Family<QueueLabel, Gauge>,
+    queue_oldest_due: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    queue_paused: Family<QueueLabel, Gauge>,
+    /// Every queue given a series so far: those absent from a scrape are set to zero.
+    queues_seen: Mutex<BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -110,6 +133,30 @@ impl Metrics {
             "Worker sessions open in the pool",
             pool_open.clone(),
         );
+        let queue_tasks = Family::<QueueStatusLabel, Gauge>::default();
+        registry.register(
+            "queue_tasks",
+            "Tasks of a queue by status (QUEUED and RUNNING only: counted from partial indexes)",
+            queue_tasks.clone(),
+        );
+        let queue_due = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_due_tasks",
+            "QUEUED tasks of a queue whose run_at has come",
+            queue_due.clone(),
+        );
+        let queue_oldest_due = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "queue_oldest_due_seconds",
+            "How long the oldest due task of a queue has waited (0 when none is due)",
+            queue_oldest_due.clone(),
+        );
+        let queue_paused = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_paused",
+            "1 while a queue is paused (pgtaskd pause), else 0",
+            queue_paused.clone(),
+        );
         Metrics {
             registry,
             claimed,
@@ -123,6 +170,11 @@ impl Metrics {
             tasks,
             pool_in_use,
             pool_open,
+            queue_tasks,
+            queue_due,
+            queue_oldest_due,
+            queue_paused,
+            queues_seen: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -154,6 +206,52 @@ impl Metrics {
 
     pub fn rescued(&self, n: usize) {
         self.rescued.inc_by(n as u64);
+    }
+
+    /// Set the per-queue gauges of a scrape from `backlog`; the queues seen before and not
+    /// in it now are set to zero.
+    pub fn observe_queues(&self, backlog: &[Backlog]) {
+        let mut seen = self
+            .queues_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let zero = |queue: &str| Backlog {
+            queue: queue.to_string(),
+            paused: false,
+            queued: 0,
+            due: 0,
+            oldest_due_age_s: None,
+            running: 0,
+        };
+        let absent: Vec<Backlog> = seen
+            .iter()
+            .filter(|queue| !backlog.iter().any(|b| &b.queue == *queue))
+            .map(|queue| zero(queue))
+            .collect();
+        for figures in backlog.iter().chain(&absent) {
+            let queue = QueueLabel {
+                queue: figures.queue.clone(),
+            };
+            for (status, n) in [
+                (TaskStatus::Queued, figures.queued),
+                (TaskStatus::Running, figures.running),
+            ] {
+                self.queue_tasks
+                    .get_or_create(&QueueStatusLabel {
+                        queue: figures.queue.clone(),
+                        status: status.as_str(),
+                    })
+                    .set(n);
+            }
+            self.queue_due.get_or_create(&queue).set(figures.due);
+            self.queue_oldest_due
+                .get_or_create(&queue)
+                .set(figures.oldest_due_age_s.unwrap_or(0.0).max(0.0));
+            self.queue_paused
+                .get_or_create(&queue)
+                .set(i64::from(figures.paused));
+            seen.insert(figures.queue.clone());
+        }
     }
 
     /// Set the scrape-time gauges.
@@ -192,6 +290,22 @@ mod tests {
         metrics.finished(TaskStatus::Queued, 0.01);
         metrics.rescued(3);
         metrics.observe_table_and_pool(7, 2, (3, 1));
+        metrics.observe_queues(&[Backlog {
+            queue: "gone".into(),
+            paused: false,
+            queued: 1,
+            due: 1,
+            oldest_due_age_s: Some(2.0),
+            running: 0,
+        }]);
+        metrics.observe_queues(&[Backlog {
+            queue: "default".into(),
+            paused: true,
+            queued: 7,
+            due: 5,
+            oldest_due_age_s: Some(1.5),
+            running: 2,
+        }]);
         let text = metrics.encode();
         for line in [
             "pgtaskd_tasks_claimed_total 1",
@@ -202,6 +316,14 @@ mod tests {
             "pgtaskd_tasks{status=\"QUEUED\"} 7",
             "pgtaskd_tasks{status=\"RUNNING\"} 2",
             "pgtaskd_pool_connections_in_use 1",
+            "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 7",
+            "pgtaskd_queue_tasks{queue=\"default\",status=\"RUNNING\"} 2",
+            "pgtaskd_queue_due_tasks{queue=\"default\"} 5",
+            "pgtaskd_queue_oldest_due_seconds{queue=\"default\"} 1.5",
+            "pgtaskd_queue_paused{queue=\"default\"} 1",
+            "pgtaskd_queue_tasks{queue=\"gone\",status=\"QUEUED\"} 0",
+            "pgtaskd_queue_due_tasks{queue=\"gone\"} 0",
+            "pgtaskd_queue_paused{queue=\"gone\"} 0",
             "pgtaskd_claim_to_finish_seconds_count 3",
             "pgtaskd_enqueue_to_start_seconds_count 1",
         ] {

@@ -10,7 +10,7 @@
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
-//! `analyze.rs` and `bench.rs`.
+//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `analyze.rs` and `bench.rs`.
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -25,6 +25,7 @@ use crate::queue::TaskStatus;
 
 mod analyze;
 mod bench;
+mod queues;
 mod service;
 mod task;
 mod wait;
@@ -48,6 +49,10 @@ pub enum CommandError {
     NotFound(i64),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
+    #[error(
+        "task {id} is {status}: only a FAILED or CANCELED task can be retried; nothing changed"
+    )]
+    NotRetryable { id: i64, status: TaskStatus },
     /// The database failed: 69 when unavailable, 78 when it refused the settings, else 1.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -90,7 +95,7 @@ impl CommandError {
             CommandError::Usage(_) => EXIT_USAGE,
             CommandError::NotFound(_) => EXIT_NOT_FOUND,
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
-            CommandError::Terminal { .. } => EXIT_TERMINAL,
+            CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
             CommandError::Settings(_)
             | CommandError::Schema(_)
@@ -173,6 +178,11 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             json,
         } => bench::bench(&config, mode, tasks, concurrency, json).await,
         Command::CheckConfig => service::check_config(&config),
+        Command::Pause { queue } => queues::pause(&config, &queue).await,
+        Command::Resume { queue } => queues::resume(&config, &queue).await,
+        Command::Retry { id } => queues::retry(&config, id).await,
+        Command::List(args) => queues::list(&config, &args).await,
+        Command::Stats { json } => queues::stats(&config, json).await,
     }
 }
 

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_completions",
         sql: include_str!("../../sql/0005_completions.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_queues",
+        sql: include_str!("../../sql/0006_queues.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

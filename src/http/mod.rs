@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | `tasks.rs` |
 //! | `GET /tasks/{id}?wait=30s`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
+//! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume` | `queues.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
 //!
 //! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
@@ -21,6 +22,7 @@ mod connections;
 mod error;
 mod extract;
 mod ops;
+mod queues;
 mod server;
 mod tasks;
 mod wait;
@@ -103,6 +105,8 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/tasks", post(tasks::submit))
         .route("/tasks/{id}", get(tasks::read))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/queues/{queue}/pause", post(queues::pause))
+        .route("/queues/{queue}/resume", post(queues::resume))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))

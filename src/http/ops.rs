@@ -61,26 +61,19 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     Json(serde_json::json!({ "status": "ready" })).into_response()
 }
 
-/// `GET /metrics`: Prometheus text format.
+/// `GET /metrics`: Prometheus text format. The table's figures are read now, per queue,
+/// from the partial indexes (`queue::backlog`); the totals by status are their sums.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(session) = state.pool.get().await {
-        let counts = session
-            .bounded(async {
-                let row = session
-                    .query_one(
-                        "SELECT (SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'),
-                                (SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING')",
-                        &[],
-                    )
-                    .await?;
-                Ok::<_, crate::db::DbError>((row.get::<_, i64>(0), row.get::<_, i64>(1)))
-            })
-            .await;
+        let backlog = session.bounded(crate::queue::backlog(&session)).await;
         drop(session);
-        if let Ok((queued, running)) = counts {
+        if let Ok(backlog) = backlog {
+            let queued = backlog.iter().map(|queue| queue.queued).sum();
+            let running = backlog.iter().map(|queue| queue.running).sum();
             state
                 .metrics
                 .observe_table_and_pool(queued, running, state.pool.status());
+            state.metrics.observe_queues(&backlog);
         }
     }
     (

@@ -13,6 +13,10 @@
 //! | [`mod@prune`] | deleting old finished rows (retention) |
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
+//! | [`mod@pause`] | pausing and resuming a queue |
+//! | [`mod@retry`] | FAILED / CANCELED -> QUEUED, as if new |
+//! | [`mod@list`] | the latest tasks, newest first |
+//! | [`mod@stats`] | per-queue figures from indexes and bounded ranges; the daemons connected |
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
 
 pub mod cancel;
@@ -20,8 +24,12 @@ pub mod claim;
 pub mod enqueue;
 pub mod finish;
 pub mod heartbeat;
+pub mod list;
+pub mod pause;
 pub mod prune;
 pub mod rescue;
+pub mod retry;
+pub mod stats;
 pub mod task;
 pub mod wait;
 
@@ -30,6 +38,10 @@ pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, 
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
+pub use list::{list, ListFilter, Listed};
+pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
+pub use retry::{retry, RetryOutcome};
+pub use stats::{backlog, stats, Backlog, Daemon, Finished, QueueStats, Stats};
 pub use task::{get, get_many, Task, TaskStatus};

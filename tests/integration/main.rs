@@ -25,6 +25,7 @@ mod leases;
 mod migrate;
 mod notifications;
 mod payload_limits;
+mod queues;
 mod roles;
 mod shutdown;
 mod systemd;

@@ -14,6 +14,7 @@ async fn migrate_twice_is_a_no_op() {
     assert!(stdout.contains("applied migration 3"));
     assert!(stdout.contains("applied migration 4"));
     assert!(stdout.contains("applied migration 5"));
+    assert!(stdout.contains("applied migration 6"));
     let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("schema is up to date"), "{stdout}");

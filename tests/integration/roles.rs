@@ -143,7 +143,7 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .unwrap();
     assert_eq!(
         pgtaskd::db::migrate::migrate(&mut owner).await.unwrap(),
-        vec![3, 4, 5]
+        vec![3, 4, 5, 6]
     );
     let finish =
         "pgtaskd.finish(text, bigint[], int[], text[], bigint[], bigint[], bigint[], text[])";

@@ -1,0 +1,149 @@
+//! `pgtaskd pause`, `resume`, `retry`, `list` and `stats`: the operator's view of the queues
+//! and the levers on them, one statement each through `queue`. Called by `dispatch`.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use crate::cli::ListArgs;
+use crate::config::Config;
+use crate::queue::{self, Listed, RetryOutcome, Stats, TaskStatus};
+
+use super::{checked, connect, CommandError};
+
+/// Pause `queue` and say so (also when it was paused already).
+pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    if checked(&client, queue::pause(&client, queue_name)).await? {
+        println!(
+            "queue {queue_name} paused: daemons claim nothing more from it; running tasks finish"
+        );
+    } else {
+        println!("queue {queue_name} was already paused");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resume `queue` and say so (also when it was not paused).
+pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    if checked(&client, queue::resume(&client, queue_name)).await? {
+        println!("queue {queue_name} resumed");
+    } else {
+        println!("queue {queue_name} was not paused");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Put task `id` back to QUEUED: 3 when there is no such task, 4 when it is not FAILED or
+/// CANCELED.
+pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    match checked(&client, queue::retry(&client, id)).await? {
+        RetryOutcome::Requeued(was) => println!("QUEUED (was {was})"),
+        RetryOutcome::Refused(status) => return Err(CommandError::NotRetryable { id, status }),
+        RetryOutcome::NotFound => return Err(CommandError::NotFound(id)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print the latest tasks `args` select, newest first.
+pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    let filter = queue::ListFilter {
+        queue: args.queue.clone(),
+        status: args.status,
+        limit: args.limit,
+    };
+    let tasks = checked(&client, queue::list(&client, &filter)).await?;
+    if args.json {
+        for task in &tasks {
+            println!("{}", serde_json::to_string(task)?);
+        }
+    } else {
+        print!("{}", describe_list(&tasks));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Print every queue's figures and the daemons connected.
+pub(super) async fn stats(config: &Config, json: bool) -> Result<ExitCode, CommandError> {
+    let client = connect(config).await?;
+    let stats = checked(&client, queue::stats(&client)).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+    } else {
+        print!("{}", describe_stats(&stats));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The human form of `list`: one line per task.
+fn describe_list(tasks: &[Listed]) -> String {
+    let mut text = format!(
+        "{:>10}  {:<12} {:<9} {:>7}  {:<20}  {}\n",
+        "ID", "QUEUE", "STATUS", "ATTEMPT", "CREATED", "RESULT"
+    );
+    for task in tasks {
+        let result = match task.status {
+            TaskStatus::Succeeded => format!(
+                "words={} bytes={} runes={}",
+                task.words, task.bytes, task.runes
+            ),
+            TaskStatus::Failed => task.error.clone().unwrap_or_default(),
+            _ => format!("{} bytes", task.payload_bytes),
+        };
+        let _ = writeln!(
+            text,
+            "{:>10}  {:<12} {:<9} {:>7}  {:<20}  {}",
+            task.id,
+            task.queue,
+            task.status.as_str(),
+            format!("{}/{}", task.attempt, task.max_attempts),
+            task.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            result
+        );
+    }
+    text
+}
+
+/// The human form of `stats`: one line per queue, then the daemons.
+fn describe_stats(stats: &Stats) -> String {
+    let mut text = format!(
+        "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}\n",
+        "QUEUE",
+        "STATE",
+        "QUEUED",
+        "DUE",
+        "OLDEST",
+        "RUNNING",
+        "LAST MIN (S/F/C)",
+        "LAST HOUR (S/F/C)"
+    );
+    for queue in &stats.queues {
+        let oldest = queue
+            .oldest_due_age_s
+            .map_or_else(|| "-".to_string(), |age| format!("{age:.1}s"));
+        let window = |f: &queue::Finished| format!("{}/{}/{}", f.succeeded, f.failed, f.canceled);
+        let _ = writeln!(
+            text,
+            "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
+            queue.queue,
+            if queue.paused { "paused" } else { "active" },
+            queue.queued,
+            queue.due,
+            oldest,
+            queue.running,
+            window(&queue.finished_last_minute),
+            window(&queue.finished_last_hour),
+        );
+    }
+    if stats.daemons.is_empty() {
+        text.push_str("daemons: none connected\n");
+    } else {
+        let _ = writeln!(text, "daemons: {}", stats.daemons.len());
+        for daemon in &stats.daemons {
+            let _ = writeln!(text, "  {} ({} sessions)", daemon.instance, daemon.sessions);
+        }
+    }
+    text
+}

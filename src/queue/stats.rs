@@ -1,0 +1,223 @@
+//! Per-queue figures for `pgtaskd stats` (and `/metrics`, the dashboard's JSON), in one
+//! statement whose every part is bounded by an index, never a count of all finished rows:
+//!
+//! - QUEUED, due now and the age of the oldest due task: the partial index of QUEUED rows
+//!   (`tasks_claim_idx`), so the cost follows the backlog;
+//! - RUNNING: the partial index of RUNNING rows (`tasks_lease_idx`);
+//! - finished in the last minute and hour, by status: a range of `tasks_finished_idx` (on
+//!   `finished_at`) reaching one hour back, so the cost follows the last hour's throughput;
+//! - paused: `pgtaskd.paused_queues`;
+//! - the daemons connected: the sessions of `pg_stat_activity` named `pgtaskd/<instance>`
+//!   (every daemon session carries its instance id; the one-shot commands are `pgtaskd/cli`).
+//!
+//! [`backlog`] is the part `/metrics` reads at every scrape: the QUEUED and RUNNING figures
+//! and the pauses, without the finished rows.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use crate::db::DbError;
+
+/// Tasks that ended in a window, by how they ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Finished {
+    pub succeeded: i64,
+    pub failed: i64,
+    pub canceled: i64,
+}
+
+/// The figures of one queue.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueStats {
+    pub queue: String,
+    pub paused: bool,
+    pub paused_at: Option<DateTime<Utc>>,
+    /// QUEUED tasks, due or not.
+    pub queued: i64,
+    /// QUEUED tasks whose `run_at` has come.
+    pub due: i64,
+    /// Seconds the oldest due task has waited since it became due; `None` when none is due.
+    pub oldest_due_age_s: Option<f64>,
+    pub running: i64,
+    pub finished_last_minute: Finished,
+    pub finished_last_hour: Finished,
+}
+
+/// One daemon connected to the database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Daemon {
+    /// Its instance id (`host:pid:random`), as it logs it.
+    pub instance: String,
+    /// Its sessions: the pool's open connections and the LISTEN connection.
+    pub sessions: i64,
+}
+
+/// What `pgtaskd stats` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stats {
+    /// Every queue with a QUEUED or RUNNING task, a task finished in the last hour, or a pause.
+    pub queues: Vec<QueueStats>,
+    pub daemons: Vec<Daemon>,
+}
+
+const QUEUES: &str = "
+WITH queued AS (
+    SELECT queue,
+           count(*) AS queued,
+           count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(greatest(created_at, run_at)) FILTER (WHERE run_at <= now()) AS oldest_due
+      FROM pgtaskd.tasks
+     WHERE status = 'QUEUED'
+     GROUP BY queue
+), running AS (
+    SELECT queue, count(*) AS running
+      FROM pgtaskd.tasks
+     WHERE status = 'RUNNING'
+     GROUP BY queue
+), finished AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'SUCCEEDED' AND finished_at >= now() - interval '1 minute') AS s_m,
+           count(*) FILTER (WHERE status = 'FAILED' AND finished_at >= now() - interval '1 minute') AS f_m,
+           count(*) FILTER (WHERE status = 'CANCELED' AND finished_at >= now() - interval '1 minute') AS c_m,
+           count(*) FILTER (WHERE status = 'SUCCEEDED') AS s_h,
+           count(*) FILTER (WHERE status = 'FAILED') AS f_h,
+           count(*) FILTER (WHERE status = 'CANCELED') AS c_h
+      FROM pgtaskd.tasks
+     WHERE finished_at >= now() - interval '1 hour'
+     GROUP BY queue
+), names AS (
+    SELECT queue FROM queued
+    UNION SELECT queue FROM running
+    UNION SELECT queue FROM finished
+    UNION SELECT queue FROM pgtaskd.paused_queues
+)
+SELECT n.queue,
+       p.paused_at,
+       coalesce(q.queued, 0) AS queued,
+       coalesce(q.due, 0) AS due,
+       extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
+       coalesce(r.running, 0) AS running,
+       coalesce(f.s_m, 0) AS s_m, coalesce(f.f_m, 0) AS f_m, coalesce(f.c_m, 0) AS c_m,
+       coalesce(f.s_h, 0) AS s_h, coalesce(f.f_h, 0) AS f_h, coalesce(f.c_h, 0) AS c_h
+  FROM names AS n
+  LEFT JOIN queued AS q USING (queue)
+  LEFT JOIN running AS r USING (queue)
+  LEFT JOIN finished AS f USING (queue)
+  LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
+ ORDER BY n.queue";
+
+const DAEMONS: &str = "
+SELECT substr(application_name, 9) AS instance, count(*) AS sessions
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND application_name LIKE 'pgtaskd/%'
+   AND application_name <> 'pgtaskd/cli'
+ GROUP BY application_name
+ ORDER BY application_name";
+
+/// The figures of one queue that `/metrics` shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    pub queue: String,
+    pub paused: bool,
+    pub queued: i64,
+    pub due: i64,
+    pub oldest_due_age_s: Option<f64>,
+    pub running: i64,
+}
+
+const BACKLOG: &str = "
+WITH queued AS (
+    SELECT queue,
+           count(*) AS queued,
+           count(*) FILTER (WHERE run_at <= now()) AS due,
+           min(greatest(created_at, run_at)) FILTER (WHERE run_at <= now()) AS oldest_due
+      FROM pgtaskd.tasks
+     WHERE status = 'QUEUED'
+     GROUP BY queue
+), running AS (
+    SELECT queue, count(*) AS running
+      FROM pgtaskd.tasks
+     WHERE status = 'RUNNING'
+     GROUP BY queue
+), names AS (
+    SELECT queue FROM queued
+    UNION SELECT queue FROM running
+    UNION SELECT queue FROM pgtaskd.paused_queues
+)
+SELECT n.queue,
+       p.queue IS NOT NULL AS paused,
+       coalesce(q.queued, 0) AS queued,
+       coalesce(q.due, 0) AS due,
+       extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
+       coalesce(r.running, 0) AS running
+  FROM names AS n
+  LEFT JOIN queued AS q USING (queue)
+  LEFT JOIN running AS r USING (queue)
+  LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
+ ORDER BY n.queue";
+
+/// Every queue with a QUEUED or RUNNING task or a pause: its backlog, from the partial
+/// indexes only.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
+    let rows = client.query(BACKLOG, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| Backlog {
+            queue: row.get("queue"),
+            paused: row.get("paused"),
+            queued: row.get("queued"),
+            due: row.get("due"),
+            oldest_due_age_s: row.get("oldest_due_age_s"),
+            running: row.get("running"),
+        })
+        .collect())
+}
+
+/// Read every queue's figures and the daemons connected.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn stats(client: &Client) -> Result<Stats, DbError> {
+    let rows = client.query(QUEUES, &[]).await?;
+    let queues = rows
+        .iter()
+        .map(|row| {
+            let paused_at: Option<DateTime<Utc>> = row.get("paused_at");
+            QueueStats {
+                queue: row.get("queue"),
+                paused: paused_at.is_some(),
+                paused_at,
+                queued: row.get("queued"),
+                due: row.get("due"),
+                oldest_due_age_s: row.get("oldest_due_age_s"),
+                running: row.get("running"),
+                finished_last_minute: Finished {
+                    succeeded: row.get("s_m"),
+                    failed: row.get("f_m"),
+                    canceled: row.get("c_m"),
+                },
+                finished_last_hour: Finished {
+                    succeeded: row.get("s_h"),
+                    failed: row.get("f_h"),
+                    canceled: row.get("c_h"),
+                },
+            }
+        })
+        .collect();
+    let rows = client.query(DAEMONS, &[]).await?;
+    let daemons = rows
+        .iter()
+        .map(|row| Daemon {
+            instance: row.get("instance"),
+            sessions: row.get("sessions"),
+        })
+        .collect();
+    Ok(Stats { queues, daemons })
+}
