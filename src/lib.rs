@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | [`config`] | the TOML configuration, validated, with its defaults |
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
-//! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read |
+//! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read, wait, pause, retry, list, stats |
 //! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
