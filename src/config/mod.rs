@@ -8,7 +8,7 @@
 //! This module owns the validated [`Config`], its sections, the defaults and [`ConfigError`];
 //! `main` loads it once and hands its sections to the daemon, the database settings, the worker
 //! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
-//! validation; `location.rs`, the line, column and key an error points at.
+//! validation; `filter.rs`, what `log.level` may be; `location.rs`, the line, column and key an error points at.
 //!
 //! Where the database connection comes from (`database.url`, `PGTASKD_DATABASE_URL`, the libpq
 //! variables) is decided in [`crate::db::settings`], not here.
@@ -22,6 +22,7 @@ use serde::Deserialize;
 use location::{key_at, line_column};
 use raw::RawConfig;
 
+mod filter;
 mod location;
 mod raw;
 #[cfg(test)]

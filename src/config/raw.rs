@@ -240,11 +240,8 @@ impl RawConfig {
         let level = match self.log.level {
             None => DEFAULT_LOG_LEVEL.to_string(),
             Some(level) => {
-                if let Err(err) = tracing_subscriber::EnvFilter::try_new(level.get_ref()) {
-                    return Err((
-                        level.span(),
-                        format!("log.level {:?} is not a filter: {err}", level.get_ref()),
-                    ));
+                if let Err(message) = super::filter::check(level.get_ref()) {
+                    return Err((level.span(), message));
                 }
                 level.into_inner()
             }
