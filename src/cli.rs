@@ -19,6 +19,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// Database connection string, a libpq URL (postgresql://...) or key=value list; wins over
+    /// $PGTASKD_DATABASE_URL, which wins over the file's database.url
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -64,8 +69,13 @@ pub enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
-    /// Validate the configuration and exit
-    CheckConfig,
+    /// Check the configuration as `run` would, print every section as it resolves, and exit
+    CheckConfig {
+        /// Also connect and check the schema version (exit 69 when unreachable, 78 when
+        /// refused or the schema is missing or not this binary's)
+        #[arg(long)]
+        connect: bool,
+    },
     /// Run the text-stats benchmark workload against the configured database
     Bench {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it

@@ -10,17 +10,20 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use pgtaskd::cli::Cli;
 use pgtaskd::commands::{self, EXIT_CONFIG};
-use pgtaskd::config::{Config, LogFormat};
+use pgtaskd::config::{Config, LogFormat, UrlSource};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    let mut config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
             report(format_args!("configuration error: {}", chain(&err)));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(url) = cli.database_url.clone() {
+        config.set_database_url(url, UrlSource::Flag);
+    }
     let log = init_tracing(&config);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

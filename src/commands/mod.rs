@@ -172,7 +172,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             json,
         } => bench::bench(&config, mode, tasks, concurrency, json).await,
-        Command::CheckConfig => service::check_config(&config),
+        Command::CheckConfig { connect } => service::check_config(&config, connect).await,
     }
 }
 

@@ -10,8 +10,10 @@
 //! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
 //! validation; `filter.rs`, what `log.level` may be; `location.rs`, the line, column and key an error points at.
 //!
-//! Where the database connection comes from (`database.url`, `PGTASKD_DATABASE_URL`, the libpq
-//! variables) is decided in [`crate::db::settings`], not here.
+//! The connection string is settled here, first match wins: `--database-url` (which `main`
+//! passes to [`Config::set_database_url`]), `PGTASKD_DATABASE_URL` (applied by
+//! [`Config::load`]), `database.url` in the file. What a string leaves unset, or no string at
+//! all, is filled from the libpq variables and defaults in [`crate::db::settings`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,8 @@ mod tests;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
+/// The environment variable that, when set and not empty, overrides `database.url`.
+pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
 /// The environment variable that, when set, overrides `log.format` (`text` or `json`).
 pub const LOG_FORMAT_ENV: &str = "PGTASKD_LOG_FORMAT";
 
@@ -56,6 +60,8 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// A configuration that was read and validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The file this was read from; `None` when none was, and the defaults apply.
+    pub file: Option<PathBuf>,
     pub database: DatabaseConfig,
     pub worker: WorkerConfig,
     pub shutdown: ShutdownConfig,
@@ -68,11 +74,37 @@ pub struct Config {
 pub struct DatabaseConfig {
     /// A libpq URL or key=value string; `None` falls back to the environment.
     pub url: Option<String>,
+    /// Where `url` came from.
+    pub url_source: UrlSource,
     /// Most worker connections one daemon holds; the listener's connection is extra.
     pub pool_size: usize,
     pub connect_timeout: Duration,
     /// `statement_timeout` of the daemon's sessions; zero turns it off.
     pub statement_timeout: Duration,
+}
+
+/// Where the connection string came from, for `check-config` to say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlSource {
+    /// No string: the libpq environment and defaults decide.
+    Unset,
+    /// `database.url` in the configuration file.
+    File,
+    /// `PGTASKD_DATABASE_URL`.
+    Environment,
+    /// The `--database-url` flag.
+    Flag,
+}
+
+impl std::fmt::Display for UrlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UrlSource::Unset => "none (the libpq environment and defaults)",
+            UrlSource::File => "database.url in the configuration file",
+            UrlSource::Environment => DATABASE_URL_ENV,
+            UrlSource::Flag => "--database-url",
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -160,8 +192,9 @@ pub enum ConfigError {
 
 impl Config {
     /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
-    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_LOG_FORMAT`,
-    /// when set, overrides `log.format`.
+    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_DATABASE_URL`,
+    /// when set and not empty, overrides `database.url`, and `PGTASKD_LOG_FORMAT`, when set,
+    /// overrides `log.format`.
     ///
     /// # Errors
     ///
@@ -169,8 +202,21 @@ impl Config {
     /// `PGTASKD_LOG_FORMAT` that is neither `text` nor `json`.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let mut config = Config::load_file(path)?;
+        if let Some(url) = std::env::var(DATABASE_URL_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
+            config.set_database_url(url, UrlSource::Environment);
+        }
         config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
         Ok(config)
+    }
+
+    /// Put `url` in the place of the file's `database.url`: the environment's or the
+    /// command line's, which win over the file.
+    pub fn set_database_url(&mut self, url: String, source: UrlSource) {
+        self.database.url = Some(url);
+        self.database.url_source = source;
     }
 
     fn load_file(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -186,7 +232,9 @@ impl Config {
             path: path.clone(),
             source,
         })?;
-        Config::from_toml(&text, &path.display().to_string())
+        let mut config = Config::from_toml(&text, &path.display().to_string())?;
+        config.file = Some(path);
+        Ok(config)
     }
 
     /// Parse and validate a configuration. `origin` names the text in error messages.

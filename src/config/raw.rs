@@ -12,10 +12,10 @@ use toml::Spanned;
 
 use super::{
     Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
-    WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT,
-    DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL,
-    DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
+    UrlSource, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS,
+    DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
+    DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
 };
 
 type Invalid = (std::ops::Range<usize>, String);
@@ -164,6 +164,11 @@ fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
 impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, Invalid> {
         let database = DatabaseConfig {
+            url_source: if self.database.url.is_some() {
+                UrlSource::File
+            } else {
+                UrlSource::Unset
+            },
             url: self.database.url,
             pool_size: match &self.database.pool_size {
                 Some(v) => positive("database.pool_size", v)?,
@@ -247,6 +252,7 @@ impl RawConfig {
             }
         };
         Ok(Config {
+            file: None,
             database,
             worker,
             shutdown: ShutdownConfig {

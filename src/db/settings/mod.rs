@@ -2,8 +2,10 @@
 //! once into [`ConnectSettings`] as `psql` would resolve them. Opening sessions with them is
 //! `db::open`'s job; verifying the server's certificate is [`super::tls`]'s.
 //!
-//! Where the connection comes from, first match wins: `database.url` in the configuration,
-//! `PGTASKD_DATABASE_URL`, then an empty string ([`conninfo`] reads it). Whatever that string
+//! Where the connection comes from, first match wins: `database.url` in the configuration
+//! (which [`crate::config`] has already replaced with `--database-url` or
+//! `PGTASKD_DATABASE_URL` when one is given), `PGTASKD_DATABASE_URL` for a configuration
+//! built without [`crate::config::Config::load`], then an empty string ([`conninfo`] reads it). Whatever that string
 //! leaves unset is taken from the libpq environment variables and then libpq's defaults
 //! (`libpq.rs`); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
 //! `PGSSLROOTCERT`, else `prefer` and the default roots; `target_session_attrs` from the
@@ -33,8 +35,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::tls::{self, SslMode, TlsError};
 use crate::config::DatabaseConfig;
 
-/// The environment variable read when `database.url` is not set.
-pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
+pub use crate::config::DATABASE_URL_ENV;
 
 /// A session that stays idle inside a transaction this long is ended by the server.
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -222,6 +223,7 @@ mod tests {
     #[test]
     fn verify_full_in_the_string_requires_tls() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost user=u dbname=d sslmode=verify-full".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
@@ -238,6 +240,7 @@ mod tests {
     #[test]
     fn an_unknown_sslmode_is_an_error() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost sslmode=sometimes".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
@@ -250,6 +253,7 @@ mod tests {
     #[test]
     fn settings_carry_application_name_and_session_timeouts() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost user=u dbname=d".into()),
             pool_size: 3,
             connect_timeout: Duration::from_secs(2),
@@ -270,6 +274,7 @@ mod tests {
 
     fn database(url: &str) -> DatabaseConfig {
         DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some(url.into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(2),
@@ -349,6 +354,7 @@ mod tests {
     #[test]
     fn a_bad_connection_string_is_an_error() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("postgres://[broken".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
