@@ -55,6 +55,18 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     if let Some(path) = &config.http.token_file {
         http::read_token(path).map_err(|err| CommandError::Daemon(DaemonError::Token(err)))?;
     }
+    let mut resolved = Vec::new();
+    if let Some(addr) = &config.http.listen {
+        let addrs = tokio::net::lookup_host(addr.as_str())
+            .await
+            .map_err(|source| {
+                CommandError::Daemon(DaemonError::Bind(http::HttpError::Bind {
+                    addr: addr.clone(),
+                    source,
+                }))
+            })?;
+        resolved.extend(addrs.map(|a| a.to_string()));
+    }
     let schema = if connect {
         let client = super::connect(config).await?;
         Some(migrate::check(&client).await?)
@@ -62,7 +74,7 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
         None
     };
     let mut out = String::new();
-    describe(&mut out, config, &settings);
+    describe(&mut out, config, &settings, &resolved);
     out.push_str(&match schema {
         Some(version) => {
             format!("\nconnected: the pgtaskd schema is at version {version}, this binary's\n")
@@ -75,8 +87,9 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every section of `config` in the file's own layout, with the connection as resolved.
-fn describe(out: &mut String, config: &Config, settings: &ConnectSettings) {
+/// Every section of `config` in the file's own layout, with the connection and the HTTP
+/// address (`listen`, its addresses) as resolved.
+fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, listen: &[String]) {
     use std::fmt::Write;
     let duration = |d: Duration| humantime::format_duration(d).to_string();
     let size = |bytes: u64| format!("{bytes} ({})", bytesize::ByteSize::b(bytes).display().iec());
@@ -159,7 +172,11 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings) {
     let _ = writeln!(
         out,
         "listen = {}",
-        or(h.listen.as_ref().map(ToString::to_string), "off")
+        match &h.listen {
+            None => "off".to_string(),
+            Some(addr) if listen.len() == 1 && listen[0] == *addr => addr.clone(),
+            Some(addr) => format!("{addr} (resolves to {})", listen.join(", ")),
+        }
     );
     let _ = writeln!(
         out,

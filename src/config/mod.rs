@@ -15,7 +15,6 @@
 //! [`Config::load`]), `database.url` in the file. What a string leaves unset, or no string at
 //! all, is filled from the libpq variables and defaults in [`crate::db::settings`].
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -138,8 +137,9 @@ pub struct RetentionConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpConfig {
-    /// Where the optional HTTP server listens; `None` turns it off.
-    pub listen: Option<SocketAddr>,
+    /// Where the optional HTTP server listens, `HOST:PORT` (the host an address or a name,
+    /// resolved when the server binds); `None` turns it off.
+    pub listen: Option<String>,
     pub token_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,

@@ -80,7 +80,7 @@ struct RawRetention {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHttp {
-    listen: Option<SocketAddr>,
+    listen: Option<Spanned<String>>,
     token_file: Option<PathBuf>,
     max_body: Option<Spanned<usize>>,
     max_connections: Option<Spanned<usize>>,
@@ -137,6 +137,31 @@ where
             })?,
     };
     Ok(Some(Spanned::new(span, bytes)))
+}
+
+/// `HOST:PORT`, the host an IP address or a name resolved when the server binds (an IPv6
+/// address in brackets: `[::1]:8080`).
+fn listen_address(value: &Spanned<String>) -> Result<String, Invalid> {
+    let text = value.get_ref().trim();
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(text.to_string());
+    }
+    let well_formed = text.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(|c: char| c.is_whitespace() || matches!(c, ':' | '[' | ']' | '/'))
+            && port.parse::<u16>().is_ok()
+    });
+    if well_formed {
+        Ok(text.to_string())
+    } else {
+        Err((
+            value.span(),
+            format!(
+                "http.listen {text:?} is not an address and port: write HOST:PORT, the host an \
+                 IP address or a name (\"127.0.0.1:8080\", \"localhost:8080\", \"[::1]:8080\")"
+            ),
+        ))
+    }
 }
 
 fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
@@ -227,7 +252,10 @@ impl RawConfig {
             },
         };
         let http = HttpConfig {
-            listen: self.http.listen,
+            listen: match self.http.listen {
+                Some(v) => Some(listen_address(&v)?),
+                None => None,
+            },
             token_file: self.http.token_file,
             max_body: match &self.http.max_body {
                 Some(v) => positive("http.max_body", v)?,

@@ -3,7 +3,7 @@
 //! server, plain-word configuration errors, completions and the manual page.
 
 use crate::support::daemon::{pgtaskd, tempfile_path::TempPath};
-use crate::support::TestDb;
+use crate::support::{eventually, DaemonProcess, TestDb, WAIT};
 
 /// Run `pgtaskd ARGS --config FILE` with `toml` as the file.
 async fn with_config(toml: &str, args: &[&str]) -> (Option<i32>, String, String) {
@@ -167,4 +167,37 @@ fn nowhere() -> String {
         .unwrap()
         .port();
     format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=2")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_listen_takes_a_host_name() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = format!("[http]\nlisten = \"localhost:{port}\"\n");
+    let (code, stdout, stderr) = with_config(&toml, &["check-config"]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&format!("listen = localhost:{port} (resolves to ")),
+        "{stdout}"
+    );
+
+    let db = TestDb::new().await;
+    let mut daemon = DaemonProcess::start(&db, &toml, &[]);
+    let client = reqwest::Client::new();
+    let url = format!("http://localhost:{port}/healthz");
+    eventually(WAIT, "/healthz on localhost", || {
+        let request = client.get(&url).send();
+        async move { request.await.ok().filter(|r| r.status().is_success()) }
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+
+    let (code, _, stderr) =
+        with_config("[http]\nlisten = \"localhost\"\n", &["check-config"]).await;
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(stderr.contains("write HOST:PORT"), "{stderr}");
 }
