@@ -201,3 +201,35 @@ async fn http_listen_takes_a_host_name() {
     assert_eq!(code, Some(78), "{stderr}");
     assert!(stderr.contains("write HOST:PORT"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_connection_error_names_the_host_and_port_as_psql_does() {
+    let url = nowhere();
+    let port = url
+        .split("port=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let (status, _, stderr) = pgtaskd(None, &["status", "1", "--database-url", &url]).await;
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "connection to server at \"127.0.0.1\", port {port} failed: Connection refused"
+        )),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_url_of_another_scheme_exits_78_saying_what_is_expected() {
+    let (status, stdout, stderr) =
+        pgtaskd(Some("mysql://app@db.example/app"), &["status", "1"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("mysql://") && stderr.contains("postgresql://"),
+        "{stderr}"
+    );
+}

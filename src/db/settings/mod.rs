@@ -74,8 +74,16 @@ impl std::fmt::Debug for ConnectSettings {
 /// A connection string that could not be used (exit 78).
 #[derive(Debug, thiserror::Error)]
 pub enum BadConnectionString {
-    #[error("invalid database connection string")]
+    #[error(
+        "invalid database connection string (write a postgresql:// or postgres:// URL, or \
+         key=value pairs such as \"host=db user=app\")"
+    )]
     Parse(#[source] tokio_postgres::Error),
+    #[error(
+        "a {0}:// URL is not a PostgreSQL connection string: write postgresql://... or \
+         postgres://..., or key=value pairs such as \"host=db user=app\""
+    )]
+    Scheme(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error(
@@ -102,6 +110,9 @@ impl ConnectSettings {
             .clone()
             .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
             .unwrap_or_default();
+        if let Some(scheme) = foreign_scheme(&url) {
+            return Err(BadConnectionString::Scheme(scheme.to_string()));
+        }
         let split = conninfo::split(&url);
         let mut config = Config::from_str(&split.rest).map_err(BadConnectionString::Parse)?;
         libpq::apply_env(&mut config, |name| std::env::var(name).ok())
@@ -191,6 +202,17 @@ impl ConnectSettings {
         }
         self.config.options(&options);
     }
+}
+
+/// The scheme of a URL that is not PostgreSQL's (`mysql://...`), which would otherwise be
+/// read as a malformed key=value string.
+fn foreign_scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.trim_start().split_once("://")?;
+    let is_scheme = !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (is_scheme && scheme != "postgres" && scheme != "postgresql").then_some(scheme)
 }
 
 /// libpq's `target_session_attrs` values that a daemon can use: `any` takes the first server
@@ -349,6 +371,20 @@ mod tests {
         );
         let one_port_for_all = database("host=a.example,b.example port=6543 user=u");
         assert!(ConnectSettings::new(&one_port_for_all, "x").is_ok());
+    }
+
+    #[test]
+    fn a_url_of_another_scheme_says_what_is_expected() {
+        let err = ConnectSettings::new(&database("mysql://u@db/app"), "x").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("mysql://")
+                && text.contains("postgresql://")
+                && text.contains("key=value"),
+            "{text}"
+        );
+        assert!(ConnectSettings::new(&database("postgresql://u@db/app"), "x").is_ok());
+        assert!(ConnectSettings::new(&database("host=db application_name=a://b"), "x").is_ok());
     }
 
     #[test]
