@@ -8,12 +8,18 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pgtaskd::cli::Cli;
+use pgtaskd::cli::{Cli, Command};
 use pgtaskd::commands::{self, EXIT_CONFIG};
 use pgtaskd::config::{Config, LogFormat, UrlSource};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Neither needs the configuration: a broken file must not stop them.
+    match cli.command {
+        Command::Completions { shell } => return commands::completions(shell),
+        Command::Man => return commands::man(),
+        _ => {}
+    }
     let mut config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {

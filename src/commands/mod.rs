@@ -10,7 +10,7 @@
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
-//! `analyze.rs` and `bench.rs`.
+//! `analyze.rs`, `bench.rs`, and `generate.rs` (`completions`, `man`).
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -25,10 +25,12 @@ use crate::queue::TaskStatus;
 
 mod analyze;
 mod bench;
+mod generate;
 mod service;
 mod task;
 mod wait;
 
+pub use generate::{completions, man};
 pub use task::describe_task;
 
 pub const EXIT_RUNTIME: u8 = 1;
@@ -172,6 +174,8 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             json,
         } => bench::bench(&config, mode, tasks, concurrency, json).await,
+        Command::Completions { shell } => Ok(completions(shell)),
+        Command::Man => Ok(man()),
         Command::CheckConfig { connect } => service::check_config(&config, connect).await,
     }
 }

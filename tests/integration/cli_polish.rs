@@ -233,3 +233,44 @@ async fn a_url_of_another_scheme_exits_78_saying_what_is_expected() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn completions_and_the_manual_page_need_no_configuration() {
+    let broken = TempPath::write("[worker\n");
+    let path = broken.path().to_string_lossy().to_string();
+    for (shell, needle) in [
+        ("bash", "_pgtaskd()"),
+        ("zsh", "#compdef pgtaskd"),
+        ("fish", "complete -c pgtaskd"),
+    ] {
+        let (status, stdout, stderr) =
+            pgtaskd(None, &["completions", shell, "--config", &path]).await;
+        assert!(status.success(), "{shell}: {stderr}");
+        assert!(stdout.contains(needle), "{shell}: {stdout}");
+        assert!(stdout.contains("check-config"), "{shell}");
+    }
+    let (status, stdout, stderr) = pgtaskd(None, &["man"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains(".TH pgtaskd 1"), "{stdout}");
+    assert!(stdout.contains("check\\-config"), "{stdout}");
+    let (status, _, _) = pgtaskd(None, &["completions", "tcsh"]).await;
+    assert_eq!(status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn help_names_the_environment_variables_and_the_exit_codes() {
+    let (status, stdout, stderr) = pgtaskd(None, &["--help"]).await;
+    assert!(status.success(), "{stderr}");
+    for needle in [
+        "PGTASKD_CONFIG",
+        "PGTASKD_DATABASE_URL",
+        "PGTASKD_LOG_FORMAT",
+        "PGHOST",
+        "PGPASSWORD",
+        "--database-url",
+        "69  database unavailable",
+        "78  configuration error",
+    ] {
+        assert!(stdout.contains(needle), "{needle}: {stdout}");
+    }
+}
