@@ -8,7 +8,8 @@
 //! This module owns the validated [`Config`], its sections, the defaults and [`ConfigError`];
 //! `main` loads it once and hands its sections to the daemon, the database settings, the worker
 //! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
-//! validation; `filter.rs`, what `log.level` may be; `location.rs`, the line, column and key an error points at.
+//! validation; `filter.rs`, what `log.level` may be; `wording.rs`, what each key takes in
+//! plain words; `location.rs`, the line, column and key an error points at.
 //!
 //! The connection string is settled here, first match wins: `--database-url` (which `main`
 //! passes to [`Config::set_database_url`]), `PGTASKD_DATABASE_URL` (applied by
@@ -28,6 +29,7 @@ mod location;
 mod raw;
 #[cfg(test)]
 mod tests;
+mod wording;
 
 /// The file read when neither `--config` nor `PGTASKD_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
@@ -249,9 +251,14 @@ impl Config {
                 .map(|span| line_column(text, span.start))
                 .unwrap_or((1, 1));
             let message = err.message().trim_end();
+            let found = err.span().and_then(|span| text.get(span)).unwrap_or("");
             let message = match err.span().and_then(|span| key_at(text, span.start)) {
-                Some(key) if !message.contains(&key) => format!("{key}: {message}"),
-                _ => message.to_string(),
+                Some(key) => match wording::plain(&key, found, message) {
+                    Some(plain) => plain,
+                    None if !message.contains(&key) => format!("{key}: {message}"),
+                    None => message.to_string(),
+                },
+                None => message.to_string(),
             };
             ConfigError::Invalid {
                 origin: origin.to_string(),

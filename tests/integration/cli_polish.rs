@@ -274,3 +274,27 @@ async fn help_names_the_environment_variables_and_the_exit_codes() {
         assert!(stdout.contains(needle), "{needle}: {stdout}");
     }
 }
+
+#[tokio::test]
+async fn a_value_of_the_wrong_kind_is_named_in_plain_words() {
+    for (toml, said) in [
+        (
+            "[worker]\nconcurrency = \"eight\"\n",
+            "worker.concurrency must be a whole number, 1 or more (found \"eight\")",
+        ),
+        (
+            "[worker]\npoll_interval = \"soon\"\n",
+            "worker.poll_interval must be a duration in quotes",
+        ),
+        (
+            "[worker]\nlease = 30\n",
+            "worker.lease must be a duration in quotes",
+        ),
+    ] {
+        let (code, _, stderr) = with_config(toml, &["check-config"]).await;
+        assert_eq!(code, Some(78), "{stderr}");
+        assert!(stderr.contains(said), "{stderr}");
+        assert!(stderr.contains("line 2"), "{stderr}");
+        assert!(!stderr.contains("expected usize") && !stderr.contains("expected number"));
+    }
+}
