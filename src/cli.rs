@@ -8,16 +8,45 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::queue::{RunAt, TaskStatus};
 
+/// The environment variables and exit codes, after every `--help`.
+const AFTER_HELP: &str = "\
+Environment:
+  PGTASKD_CONFIG        the configuration file, when --config is not given
+  PGTASKD_DATABASE_URL  the connection string; --database-url wins over it, it wins over the
+                        file's database.url
+  PGTASKD_LOG_FORMAT    text or json, over the file's log.format
+  RUST_LOG              a tracing filter, over the file's log.level
+  PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT,
+  PGCONNECT_TIMEOUT, PGTARGETSESSIONATTRS
+                        libpq's, for whatever the connection string leaves unset
+
+Exit codes:
+  0   success
+  1   runtime failure (for wait: a task FAILED or was CANCELED)
+  2   usage error
+  3   no such task
+  4   the task is already finished (cancel)
+  69  database unavailable
+  75  wait timed out before every task finished
+  78  configuration error: the file, the connection settings, settings the database refuses,
+      or a schema to migrate";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "pgtaskd",
     version,
-    about = "A PostgreSQL task daemon: INSERT a row into pgtaskd.tasks, get its words, bytes and runes"
+    about = "A PostgreSQL task daemon: INSERT a row into pgtaskd.tasks, get its words, bytes and runes",
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// Configuration file (default: $PGTASKD_CONFIG, else /etc/pgtaskd/pgtaskd.toml if it exists)
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+
+    /// Database connection string, a libpq URL (postgresql://...) or key=value list; wins over
+    /// $PGTASKD_DATABASE_URL, which wins over the file's database.url
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -64,8 +93,21 @@ pub enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
-    /// Validate the configuration and exit
-    CheckConfig,
+    /// Check the configuration as `run` would, print every section as it resolves, and exit
+    CheckConfig {
+        /// Also connect and check the schema version (exit 69 when unreachable, 78 when
+        /// refused or the schema is missing or not this binary's)
+        #[arg(long)]
+        connect: bool,
+    },
+    /// Print a shell completion script, e.g. `pgtaskd completions bash > /etc/bash_completion.d/pgtaskd`
+    Completions {
+        /// bash, elvish, fish, powershell or zsh
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `pgtaskd man > /usr/local/share/man/man1/pgtaskd.1`
+    Man,
     /// Run the text-stats benchmark workload against the configured database
     Bench {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it

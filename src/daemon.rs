@@ -112,8 +112,12 @@ pub async fn run(
     // `/readyz` says what the daemon waits for. The pool opens sessions only when asked.
     let pool = settings.pool();
     // The HTTP waiters, fed by the listener; `None` without an HTTP server.
-    let completions = config.http.listen.map(|_| http::Completions::new());
-    if let Some(addr) = config.http.listen {
+    let completions = config
+        .http
+        .listen
+        .as_ref()
+        .map(|_| http::Completions::new());
+    if let Some(addr) = &config.http.listen {
         let token = match &config.http.token_file {
             Some(path) => Some(http::read_token(path).map_err(DaemonError::Token)?),
             None => None,

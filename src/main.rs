@@ -7,13 +7,19 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use pgtaskd::cli::Cli;
+use pgtaskd::cli::{Cli, Command};
 use pgtaskd::commands::{self, EXIT_CONFIG};
-use pgtaskd::config::{Config, LogFormat};
+use pgtaskd::config::{Config, LogFormat, UrlSource};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    // Neither needs the configuration: a broken file must not stop them.
+    match cli.command {
+        Command::Completions { shell } => return commands::completions(shell),
+        Command::Man => return commands::man(),
+        _ => {}
+    }
+    let mut config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(err) => {
             report(format_args!(
@@ -23,6 +29,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(url) = cli.database_url.clone() {
+        config.set_database_url(url, UrlSource::Flag);
+    }
     let log = init_tracing(&config);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

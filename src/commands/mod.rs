@@ -10,7 +10,8 @@
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
-//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `analyze.rs` and `bench.rs`.
+//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `analyze.rs`, `bench.rs`, and
+//! `generate.rs` (`completions`, `man`).
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -25,11 +26,13 @@ use crate::queue::TaskStatus;
 
 mod analyze;
 mod bench;
+mod generate;
 mod queues;
 mod service;
 mod task;
 mod wait;
 
+pub use generate::{completions, man};
 pub use task::describe_task;
 
 pub const EXIT_RUNTIME: u8 = 1;
@@ -177,7 +180,9 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             json,
         } => bench::bench(&config, mode, tasks, concurrency, json).await,
-        Command::CheckConfig => service::check_config(&config),
+        Command::Completions { shell } => Ok(completions(shell)),
+        Command::Man => Ok(man()),
+        Command::CheckConfig { connect } => service::check_config(&config, connect).await,
         Command::Pause { queue } => queues::pause(&config, &queue).await,
         Command::Resume { queue } => queues::resume(&config, &queue).await,
         Command::Retry { id } => queues::retry(&config, id).await,

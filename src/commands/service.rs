@@ -1,15 +1,20 @@
 //! `pgtaskd run`, `pgtaskd migrate` and `pgtaskd check-config`: start the daemon, bring the
-//! schema up to date, and check the configuration without starting anything. Called by
-//! `dispatch`.
+//! schema up to date, and check the configuration without starting anything (or, with
+//! `--connect`, connecting and checking the schema, and nothing more). Called by `dispatch`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::config::Host;
 
 use crate::analyzer::TextStats;
-use crate::config::Config;
-use crate::daemon::{self, RunOptions};
+use crate::config::{Config, LogFormat, UrlSource, CONFIG_ENV, DEFAULT_CONFIG_PATH};
+use crate::daemon::{self, DaemonError, RunOptions};
 use crate::db::migrate;
+use crate::db::tls::SslMode;
 use crate::db::ConnectSettings;
+use crate::http;
 use crate::shutdown::Shutdown;
 
 use super::{connect, CommandError};
@@ -42,24 +47,189 @@ pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Print what the configuration resolves to: where the database is, and how the worker runs.
-pub(super) fn check_config(config: &Config) -> Result<ExitCode, CommandError> {
+/// Check everything `run` checks before it connects (the file, the log filter, the
+/// connection string, the HTTP token file and address), then print every section as it
+/// resolves; with `connect`, also open a session and check the schema version, as `run` does.
+pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitCode, CommandError> {
     let settings = ConnectSettings::new(&config.database, "check-config")?;
+    if let Some(path) = &config.http.token_file {
+        http::read_token(path).map_err(|err| CommandError::Daemon(DaemonError::Token(err)))?;
+    }
+    let mut resolved = Vec::new();
+    if let Some(addr) = &config.http.listen {
+        let addrs = tokio::net::lookup_host(addr.as_str())
+            .await
+            .map_err(|source| {
+                CommandError::Daemon(DaemonError::Bind(http::HttpError::Bind {
+                    addr: addr.clone(),
+                    source,
+                }))
+            })?;
+        resolved.extend(addrs.map(|a| a.to_string()));
+    }
+    let schema = if connect {
+        let client = super::connect(config).await?;
+        Some(migrate::check(&client).await?)
+    } else {
+        None
+    };
+    let mut out = String::new();
+    describe(&mut out, config, &settings, &resolved);
+    out.push_str(&match schema {
+        Some(version) => {
+            format!("\nconnected: the pgtaskd schema is at version {version}, this binary's\n")
+        }
+        None => {
+            "\nnot connected (add --connect to open a session and check the schema)\n".to_string()
+        }
+    });
+    print!("configuration is valid\n{out}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every section of `config` in the file's own layout, with the connection and the HTTP
+/// address (`listen`, its addresses) as resolved.
+fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, listen: &[String]) {
+    use std::fmt::Write;
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    let size = |bytes: u64| format!("{bytes} ({})", bytesize::ByteSize::b(bytes).display().iec());
+    let or = |value: Option<String>, none: &str| value.unwrap_or_else(|| none.to_string());
+    let file = match &config.file {
+        Some(path) => format!("file: {}", path.display()),
+        None => format!(
+            "file: none (no --config, no {CONFIG_ENV}, no {DEFAULT_CONFIG_PATH}): the defaults apply"
+        ),
+    };
     let pg = settings.config();
-    println!("configuration is valid");
-    println!(
-        "database: hosts={:?} ports={:?} user={} dbname={}",
-        pg.get_hosts(),
-        pg.get_ports(),
-        pg.get_user().unwrap_or(""),
+    let db = &config.database;
+    let w = &config.worker;
+    let h = &config.http;
+    let _ = writeln!(out, "{file}");
+    let _ = writeln!(out, "\n[database]");
+    let _ = match db.url_source {
+        UrlSource::Unset => writeln!(
+            out,
+            "connection string: none; the libpq environment and defaults apply"
+        ),
+        source => writeln!(out, "connection string: from {source}"),
+    };
+    let _ = writeln!(out, "servers = {}", servers(pg));
+    let _ = writeln!(out, "user = {}", pg.get_user().unwrap_or(""));
+    let _ = writeln!(
+        out,
+        "dbname = {}",
         pg.get_dbname().or(pg.get_user()).unwrap_or("")
     );
-    println!(
-        "worker: concurrency={} queues={:?} poll_interval={:?} lease={:?}",
-        config.worker.concurrency,
-        config.worker.queues,
-        config.worker.poll_interval,
-        config.worker.lease
+    let password = if pg.get_password().is_some() {
+        "given"
+    } else {
+        "none"
+    };
+    let _ = writeln!(out, "password = {password}");
+    let _ = writeln!(out, "sslmode = {}", ssl_mode_name(settings.ssl_mode()));
+    let attrs = if settings.requires_writes() {
+        "read-write"
+    } else {
+        "any"
+    };
+    let _ = writeln!(out, "target_session_attrs = {attrs}");
+    let _ = writeln!(out, "pool_size = {}", db.pool_size);
+    let connect_timeout = pg
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(db.connect_timeout);
+    let _ = writeln!(out, "connect_timeout = {}", duration(connect_timeout));
+    let statement_timeout = match db.statement_timeout {
+        d if d.is_zero() => "off".to_string(),
+        d => duration(d),
+    };
+    let _ = writeln!(out, "statement_timeout = {statement_timeout}");
+    let _ = writeln!(out, "\n[worker]");
+    let _ = writeln!(out, "concurrency = {}", w.concurrency);
+    let _ = writeln!(out, "queues = {}", w.queues.join(", "));
+    let _ = writeln!(out, "poll_interval = {}", duration(w.poll_interval));
+    let _ = writeln!(out, "lease = {}", duration(w.lease));
+    let _ = writeln!(out, "max_inflight_bytes = {}", size(w.max_inflight_bytes));
+    let _ = writeln!(
+        out,
+        "max_payload_bytes = {}",
+        or(w.max_payload_bytes.map(size), "no limit")
     );
-    Ok(ExitCode::SUCCESS)
+    let _ = writeln!(
+        out,
+        "\n[shutdown]\ngrace = {}",
+        duration(config.shutdown.grace)
+    );
+    let _ = writeln!(
+        out,
+        "\n[retention]\nfinished_after = {}",
+        or(
+            config.retention.finished_after.map(duration),
+            "never (finished rows are kept)"
+        )
+    );
+    let _ = writeln!(out, "\n[http]");
+    let _ = writeln!(
+        out,
+        "listen = {}",
+        match &h.listen {
+            None => "off".to_string(),
+            Some(addr) if listen.len() == 1 && listen[0] == *addr => addr.clone(),
+            Some(addr) => format!("{addr} (resolves to {})", listen.join(", ")),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "token_file = {}",
+        or(
+            h.token_file
+                .as_ref()
+                .map(|p| format!("{} (readable)", p.display())),
+            "none (no token required)"
+        )
+    );
+    let _ = writeln!(out, "max_body = {}", size(h.max_body as u64));
+    let _ = writeln!(out, "max_connections = {}", h.max_connections);
+    let _ = writeln!(out, "header_timeout = {}", duration(h.header_timeout));
+    let format = match config.log.format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    let _ = writeln!(
+        out,
+        "\n[log]\nformat = {format}\nlevel = {}",
+        config.log.level
+    );
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        let _ = writeln!(out, "RUST_LOG = {filter} (overrides log.level when valid)");
+    }
+}
+
+/// The servers a session tries, in order: `host:port`, or a socket directory and its port.
+fn servers(pg: &tokio_postgres::Config) -> String {
+    let ports = pg.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            Host::Tcp(name) if name.contains(':') => format!("[{name}]:{}", port(i)),
+            Host::Tcp(name) => format!("{name}:{}", port(i)),
+            Host::Unix(dir) => format!("Unix socket in {}, port {}", dir.display(), port(i)),
+        })
+        .collect();
+    hosts.join(", ")
+}
+
+/// libpq's word for `mode`.
+fn ssl_mode_name(mode: SslMode) -> &'static str {
+    match mode {
+        SslMode::Disable => "disable",
+        SslMode::Allow => "allow",
+        SslMode::Prefer => "prefer",
+        SslMode::Require => "require",
+        SslMode::VerifyCa => "verify-ca",
+        SslMode::VerifyFull => "verify-full",
+    }
 }

@@ -8,12 +8,14 @@
 //! This module owns the validated [`Config`], its sections, the defaults and [`ConfigError`];
 //! `main` loads it once and hands its sections to the daemon, the database settings, the worker
 //! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
-//! validation; `location.rs`, the line, column and key an error points at.
+//! validation; `filter.rs`, what `log.level` may be; `wording.rs`, what each key takes in
+//! plain words; `location.rs`, the line, column and key an error points at.
 //!
-//! Where the database connection comes from (`database.url`, `PGTASKD_DATABASE_URL`, the libpq
-//! variables) is decided in [`crate::db::settings`], not here.
+//! The connection string is settled here, first match wins: `--database-url` (which `main`
+//! passes to [`Config::set_database_url`]), `PGTASKD_DATABASE_URL` (applied by
+//! [`Config::load`]), `database.url` in the file. What a string leaves unset, or no string at
+//! all, is filled from the libpq variables and defaults in [`crate::db::settings`].
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,15 +24,19 @@ use serde::Deserialize;
 use location::{key_at, line_column};
 use raw::RawConfig;
 
+mod filter;
 mod location;
 mod raw;
 #[cfg(test)]
 mod tests;
+mod wording;
 
 /// The file read when neither `--config` nor `PGTASKD_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
+/// The environment variable that, when set and not empty, overrides `database.url`.
+pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
 /// The environment variable that, when set, overrides `log.format` (`text` or `json`).
 pub const LOG_FORMAT_ENV: &str = "PGTASKD_LOG_FORMAT";
 
@@ -55,6 +61,8 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// A configuration that was read and validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The file this was read from; `None` when none was, and the defaults apply.
+    pub file: Option<PathBuf>,
     pub database: DatabaseConfig,
     pub worker: WorkerConfig,
     pub shutdown: ShutdownConfig,
@@ -67,11 +75,37 @@ pub struct Config {
 pub struct DatabaseConfig {
     /// A libpq URL or key=value string; `None` falls back to the environment.
     pub url: Option<String>,
+    /// Where `url` came from.
+    pub url_source: UrlSource,
     /// Most worker connections one daemon holds; the listener's connection is extra.
     pub pool_size: usize,
     pub connect_timeout: Duration,
     /// `statement_timeout` of the daemon's sessions; zero turns it off.
     pub statement_timeout: Duration,
+}
+
+/// Where the connection string came from, for `check-config` to say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlSource {
+    /// No string: the libpq environment and defaults decide.
+    Unset,
+    /// `database.url` in the configuration file.
+    File,
+    /// `PGTASKD_DATABASE_URL`.
+    Environment,
+    /// The `--database-url` flag.
+    Flag,
+}
+
+impl std::fmt::Display for UrlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UrlSource::Unset => "none (the libpq environment and defaults)",
+            UrlSource::File => "database.url in the configuration file",
+            UrlSource::Environment => DATABASE_URL_ENV,
+            UrlSource::Flag => "--database-url",
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,8 +139,9 @@ pub struct RetentionConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpConfig {
-    /// Where the optional HTTP server listens; `None` turns it off.
-    pub listen: Option<SocketAddr>,
+    /// Where the optional HTTP server listens, `HOST:PORT` (the host an address or a name,
+    /// resolved when the server binds); `None` turns it off.
+    pub listen: Option<String>,
     pub token_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes.
     pub max_body: usize,
@@ -159,8 +194,9 @@ pub enum ConfigError {
 
 impl Config {
     /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
-    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_LOG_FORMAT`,
-    /// when set, overrides `log.format`.
+    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_DATABASE_URL`,
+    /// when set and not empty, overrides `database.url`, and `PGTASKD_LOG_FORMAT`, when set,
+    /// overrides `log.format`.
     ///
     /// # Errors
     ///
@@ -168,8 +204,21 @@ impl Config {
     /// `PGTASKD_LOG_FORMAT` that is neither `text` nor `json`.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let mut config = Config::load_file(path)?;
+        if let Some(url) = std::env::var(DATABASE_URL_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
+            config.set_database_url(url, UrlSource::Environment);
+        }
         config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
         Ok(config)
+    }
+
+    /// Put `url` in the place of the file's `database.url`: the environment's or the
+    /// command line's, which win over the file.
+    pub fn set_database_url(&mut self, url: String, source: UrlSource) {
+        self.database.url = Some(url);
+        self.database.url_source = source;
     }
 
     fn load_file(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -185,7 +234,9 @@ impl Config {
             path: path.clone(),
             source,
         })?;
-        Config::from_toml(&text, &path.display().to_string())
+        let mut config = Config::from_toml(&text, &path.display().to_string())?;
+        config.file = Some(path);
+        Ok(config)
     }
 
     /// Parse and validate a configuration. `origin` names the text in error messages.
@@ -200,9 +251,14 @@ impl Config {
                 .map(|span| line_column(text, span.start))
                 .unwrap_or((1, 1));
             let message = err.message().trim_end();
+            let found = err.span().and_then(|span| text.get(span)).unwrap_or("");
             let message = match err.span().and_then(|span| key_at(text, span.start)) {
-                Some(key) if !message.contains(&key) => format!("{key}: {message}"),
-                _ => message.to_string(),
+                Some(key) => match wording::plain(&key, found, message) {
+                    Some(plain) => plain,
+                    None if !message.contains(&key) => format!("{key}: {message}"),
+                    None => message.to_string(),
+                },
+                None => message.to_string(),
             };
             ConfigError::Invalid {
                 origin: origin.to_string(),

@@ -12,10 +12,10 @@ use toml::Spanned;
 
 use super::{
     Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
-    WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HTTP_HEADER_TIMEOUT,
-    DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL,
-    DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE,
-    DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
+    UrlSource, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS,
+    DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
+    DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
 };
 
 type Invalid = (std::ops::Range<usize>, String);
@@ -80,7 +80,7 @@ struct RawRetention {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHttp {
-    listen: Option<SocketAddr>,
+    listen: Option<Spanned<String>>,
     token_file: Option<PathBuf>,
     max_body: Option<Spanned<usize>>,
     max_connections: Option<Spanned<usize>>,
@@ -139,6 +139,31 @@ where
     Ok(Some(Spanned::new(span, bytes)))
 }
 
+/// `HOST:PORT`, the host an IP address or a name resolved when the server binds (an IPv6
+/// address in brackets: `[::1]:8080`).
+fn listen_address(value: &Spanned<String>) -> Result<String, Invalid> {
+    let text = value.get_ref().trim();
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(text.to_string());
+    }
+    let well_formed = text.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(|c: char| c.is_whitespace() || matches!(c, ':' | '[' | ']' | '/'))
+            && port.parse::<u16>().is_ok()
+    });
+    if well_formed {
+        Ok(text.to_string())
+    } else {
+        Err((
+            value.span(),
+            format!(
+                "http.listen {text:?} is not an address and port: write HOST:PORT, the host an \
+                 IP address or a name (\"127.0.0.1:8080\", \"localhost:8080\", \"[::1]:8080\")"
+            ),
+        ))
+    }
+}
+
 fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
     match *value.get_ref() {
         0 => Err((value.span(), format!("{key} must be at least 1 byte"))),
@@ -164,6 +189,11 @@ fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
 impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, Invalid> {
         let database = DatabaseConfig {
+            url_source: if self.database.url.is_some() {
+                UrlSource::File
+            } else {
+                UrlSource::Unset
+            },
             url: self.database.url,
             pool_size: match &self.database.pool_size {
                 Some(v) => positive("database.pool_size", v)?,
@@ -222,7 +252,10 @@ impl RawConfig {
             },
         };
         let http = HttpConfig {
-            listen: self.http.listen,
+            listen: match self.http.listen {
+                Some(v) => Some(listen_address(&v)?),
+                None => None,
+            },
             token_file: self.http.token_file,
             max_body: match &self.http.max_body {
                 Some(v) => positive("http.max_body", v)?,
@@ -240,16 +273,14 @@ impl RawConfig {
         let level = match self.log.level {
             None => DEFAULT_LOG_LEVEL.to_string(),
             Some(level) => {
-                if let Err(err) = tracing_subscriber::EnvFilter::try_new(level.get_ref()) {
-                    return Err((
-                        level.span(),
-                        format!("log.level {:?} is not a filter: {err}", level.get_ref()),
-                    ));
+                if let Err(message) = super::filter::check(level.get_ref()) {
+                    return Err((level.span(), message));
                 }
                 level.into_inner()
             }
         };
         Ok(Config {
+            file: None,
             database,
             worker,
             shutdown: ShutdownConfig {

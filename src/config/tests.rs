@@ -112,7 +112,7 @@ fn bad_values_are_named_with_their_line() {
         (
             "[worker]\npoll_interval = \"soon\"\n",
             2,
-            "invalid duration",
+            "worker.poll_interval must be a duration in quotes",
         ),
         ("[worker]\nlease = 30\n", 2, "worker.lease"),
         ("[worker]\nconcurrency = 0\n", 2, "worker.concurrency"),
@@ -126,7 +126,7 @@ fn bad_values_are_named_with_their_line() {
         (
             "[worker]\nmax_inflight_bytes = \"lots\"\n",
             2,
-            "invalid size",
+            "worker.max_inflight_bytes must be a number of bytes, or a size",
         ),
         (
             "[worker]\n\nmax_payload_bytes = 0\n",

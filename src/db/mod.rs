@@ -132,10 +132,28 @@ impl DbError {
         }
     }
 
-    /// A session that could not be opened: refused settings ([`DbError::Rejected`]), else an
-    /// outage, whatever else the server answered.
-    pub(crate) fn connecting(err: tokio_postgres::Error) -> DbError {
-        rejection(&err).unwrap_or_else(|| DbError::Unavailable(Cause::from(&err)))
+    /// A session to the servers of `config` that could not be opened: refused settings
+    /// ([`DbError::Rejected`]), else an outage, whatever else the server answered. When no
+    /// server answered, the message names where it tried as psql does (`connection to server
+    /// at "127.0.0.1", port 5433 failed: Connection refused`).
+    pub(crate) fn connecting(
+        err: tokio_postgres::Error,
+        config: &tokio_postgres::Config,
+    ) -> DbError {
+        if let Some(rejected) = rejection(&err) {
+            return rejected;
+        }
+        if err.code().is_some() {
+            return DbError::Unavailable(Cause::from(&err));
+        }
+        let mut reason = &err as &(dyn std::error::Error + 'static);
+        while let Some(source) = reason.source() {
+            reason = source;
+        }
+        DbError::Unavailable(Cause::message(format!(
+            "{} failed: {reason}",
+            servers(config)
+        )))
     }
 
     /// The SQLSTATE the server answered with, when there is one.
@@ -232,6 +250,38 @@ impl From<PoolError> for DbError {
             }
             other => DbError::unavailable(crate::error_chain(&other)),
         }
+    }
+}
+
+/// Where a session to `config` is opened, in psql's words: `connection to server at "HOST",
+/// port P`, or `on socket "DIR/.s.PGSQL.P"`; several servers are listed in the order tried.
+pub(crate) fn servers(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let hosts: Vec<String> = if config.get_hosts().is_empty() {
+        config
+            .get_hostaddrs()
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| format!("at \"{addr}\", port {}", port(i)))
+            .collect()
+    } else {
+        config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| match host {
+                Host::Tcp(name) => format!("at \"{name}\", port {}", port(i)),
+                Host::Unix(dir) => {
+                    format!("on socket \"{}/.s.PGSQL.{}\"", dir.display(), port(i))
+                }
+            })
+            .collect()
+    };
+    match hosts.as_slice() {
+        [one] => format!("connection to server {one}"),
+        many => format!("connection to every server ({})", many.join("; ")),
     }
 }
 

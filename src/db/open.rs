@@ -51,8 +51,11 @@ impl ConnectSettings {
         let connecting = self.config.connect(self.tls.clone());
         let (client, connection) = tokio::time::timeout(self.connect_deadline, connecting)
             .await
-            .map_err(|_| DbError::unavailable("timed out connecting to the database"))?
-            .map_err(DbError::connecting)?;
+            .map_err(|_| {
+                let servers = super::servers(&self.config);
+                DbError::unavailable(format!("{servers} failed: timed out"))
+            })?
+            .map_err(|err| DbError::connecting(err, &self.config))?;
         Ok((client, drive(connection, messages)))
     }
 

@@ -30,7 +30,6 @@ mod wait;
 pub use completions::Completions;
 pub use server::Limits;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +75,7 @@ pub enum HttpError {
     EmptyToken(String),
     #[error("cannot listen on {addr}")]
     Bind {
-        addr: SocketAddr,
+        addr: String,
         #[source]
         source: std::io::Error,
     },
@@ -162,15 +161,20 @@ async fn json_error_bodies(response: Response) -> Response {
     json
 }
 
-/// Bind `addr` now, so that a busy port fails the start-up.
+/// Bind `addr` (`HOST:PORT`, the host an address or a name) now, so that a busy port fails
+/// the start-up. A name is resolved here, and the first of its addresses that binds is kept
+/// (`localhost` may name both 127.0.0.1 and ::1).
 ///
 /// # Errors
 ///
-/// The address cannot be bound.
-pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, HttpError> {
+/// The name does not resolve, or no address of it can be bound.
+pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, HttpError> {
     tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| HttpError::Bind { addr, source })
+        .map_err(|source| HttpError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
 }
 
 /// Serve until `stop` fires, within `limits`.

@@ -12,6 +12,7 @@ mod chaos;
 mod claim;
 mod claim_budget;
 mod cli;
+mod cli_polish;
 mod credentials;
 mod end_to_end;
 mod failover;

@@ -2,8 +2,10 @@
 //! once into [`ConnectSettings`] as `psql` would resolve them. Opening sessions with them is
 //! `db::open`'s job; verifying the server's certificate is [`super::tls`]'s.
 //!
-//! Where the connection comes from, first match wins: `database.url` in the configuration,
-//! `PGTASKD_DATABASE_URL`, then an empty string ([`conninfo`] reads it). Whatever that string
+//! Where the connection comes from, first match wins: `database.url` in the configuration
+//! (which [`crate::config`] has already replaced with `--database-url` or
+//! `PGTASKD_DATABASE_URL` when one is given), `PGTASKD_DATABASE_URL` for a configuration
+//! built without [`crate::config::Config::load`], then an empty string ([`conninfo`] reads it). Whatever that string
 //! leaves unset is taken from the libpq environment variables and then libpq's defaults
 //! (`libpq.rs`); `sslmode` and `sslrootcert` likewise from the string, else `PGSSLMODE` and
 //! `PGSSLROOTCERT`, else `prefer` and the default roots; `target_session_attrs` from the
@@ -33,8 +35,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::tls::{self, SslMode, TlsError};
 use crate::config::DatabaseConfig;
 
-/// The environment variable read when `database.url` is not set.
-pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
+pub use crate::config::DATABASE_URL_ENV;
 
 /// A session that stays idle inside a transaction this long is ended by the server.
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -73,8 +74,16 @@ impl std::fmt::Debug for ConnectSettings {
 /// A connection string that could not be used (exit 78).
 #[derive(Debug, thiserror::Error)]
 pub enum BadConnectionString {
-    #[error("invalid database connection string")]
+    #[error(
+        "invalid database connection string (write a postgresql:// or postgres:// URL, or \
+         key=value pairs such as \"host=db user=app\")"
+    )]
     Parse(#[source] tokio_postgres::Error),
+    #[error(
+        "a {0}:// URL is not a PostgreSQL connection string: write postgresql://... or \
+         postgres://..., or key=value pairs such as \"host=db user=app\""
+    )]
+    Scheme(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error(
@@ -101,6 +110,9 @@ impl ConnectSettings {
             .clone()
             .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
             .unwrap_or_default();
+        if let Some(scheme) = foreign_scheme(&url) {
+            return Err(BadConnectionString::Scheme(scheme.to_string()));
+        }
         let split = conninfo::split(&url);
         let mut config = Config::from_str(&split.rest).map_err(BadConnectionString::Parse)?;
         libpq::apply_env(&mut config, |name| std::env::var(name).ok())
@@ -192,6 +204,17 @@ impl ConnectSettings {
     }
 }
 
+/// The scheme of a URL that is not PostgreSQL's (`mysql://...`), which would otherwise be
+/// read as a malformed key=value string.
+fn foreign_scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.trim_start().split_once("://")?;
+    let is_scheme = !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (is_scheme && scheme != "postgres" && scheme != "postgresql").then_some(scheme)
+}
+
 /// libpq's `target_session_attrs` values that a daemon can use: `any` takes the first server
 /// that accepts the session, `read-write` the first whose sessions accept writes. The others
 /// (`read-only`, `primary`, `standby`, `prefer-standby`) would either choose servers where
@@ -222,6 +245,7 @@ mod tests {
     #[test]
     fn verify_full_in_the_string_requires_tls() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost user=u dbname=d sslmode=verify-full".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
@@ -238,6 +262,7 @@ mod tests {
     #[test]
     fn an_unknown_sslmode_is_an_error() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost sslmode=sometimes".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
@@ -250,6 +275,7 @@ mod tests {
     #[test]
     fn settings_carry_application_name_and_session_timeouts() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("host=localhost user=u dbname=d".into()),
             pool_size: 3,
             connect_timeout: Duration::from_secs(2),
@@ -270,6 +296,7 @@ mod tests {
 
     fn database(url: &str) -> DatabaseConfig {
         DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some(url.into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(2),
@@ -347,8 +374,23 @@ mod tests {
     }
 
     #[test]
+    fn a_url_of_another_scheme_says_what_is_expected() {
+        let err = ConnectSettings::new(&database("mysql://u@db/app"), "x").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("mysql://")
+                && text.contains("postgresql://")
+                && text.contains("key=value"),
+            "{text}"
+        );
+        assert!(ConnectSettings::new(&database("postgresql://u@db/app"), "x").is_ok());
+        assert!(ConnectSettings::new(&database("host=db application_name=a://b"), "x").is_ok());
+    }
+
+    #[test]
     fn a_bad_connection_string_is_an_error() {
         let database = DatabaseConfig {
+            url_source: crate::config::UrlSource::File,
             url: Some("postgres://[broken".into()),
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
