@@ -30,5 +30,6 @@ mod roles;
 mod shutdown;
 mod systemd;
 mod tls;
+mod ui;
 mod wait;
 mod worker;
