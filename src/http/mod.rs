@@ -6,6 +6,8 @@
 //! | `GET /tasks/{id}?wait=30s`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume` | `queues.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
+//! | `GET /stats`, `GET /stats/throughput`, `GET /tasks?queue=&status=&limit=` | `stats.rs` |
+//! | `GET /ui`, the dashboard (`ui.html`) | `ui.rs` |
 //!
 //! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
 //! one place; the task routes take their id and their pooled session through the extractors
@@ -13,7 +15,8 @@
 //!
 //! Every answer about a task comes from the database, never from daemon memory; an
 //! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
-//! guards every route but `/healthz`. Bodies over `http.max_body` are 413 (at once when the
+//! guards every route but `/healthz` and `/ui` (a page without
+//! data, whose script sends the token). Bodies over `http.max_body` are 413 (at once when the
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
@@ -24,7 +27,9 @@ mod extract;
 mod ops;
 mod queues;
 mod server;
+mod stats;
 mod tasks;
+mod ui;
 mod wait;
 
 pub use completions::Completions;
@@ -101,7 +106,7 @@ pub fn read_token(path: &Path) -> Result<Arc<str>, HttpError> {
 /// The routes, with authentication, body limit and deadlines.
 pub fn router(state: AppState, max_body: usize) -> Router {
     Router::new()
-        .route("/tasks", post(tasks::submit))
+        .route("/tasks", post(tasks::submit).get(stats::list))
         .route("/tasks/{id}", get(tasks::read))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
         .route("/queues/{queue}/pause", post(queues::pause))
@@ -109,8 +114,11 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
+        .route("/stats", get(stats::stats))
+        .route("/stats/throughput", get(stats::throughput))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .route("/healthz", get(ops::healthz))
+        .route("/ui", get(ui::page))
         .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
@@ -190,7 +198,7 @@ pub async fn serve(
     server::run(listener, router, limits, stop).await;
 }
 
-/// Every route but `/healthz` needs `Authorization: Bearer <token>` when a token is set.
+/// Every route but `/healthz` and `/ui` needs `Authorization: Bearer <token>` when a token is set.
 /// A wrong or missing token is 401 and says nothing more.
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(token) = &state.token else {

@@ -31,5 +31,6 @@ mod roles;
 mod shutdown;
 mod systemd;
 mod tls;
+mod ui;
 mod wait;
 mod worker;
