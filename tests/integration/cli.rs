@@ -1,19 +1,7 @@
 //! The command line's outputs and exit codes (docs/design.md, "Command line"), through the real binary.
 
-use std::net::TcpListener;
-
 use crate::support::daemon::{pgtaskd, tempfile_path::TempPath};
-use crate::support::TestDb;
-
-/// A connection string to a loopback port where nothing listens.
-fn nowhere() -> String {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=2")
-}
+use crate::support::{nowhere, TestDb};
 
 #[tokio::test]
 async fn enqueue_then_status_prints_the_row_as_text_and_json() {

@@ -4,7 +4,6 @@
 //! refusal that comes after the daemon has run (a rotated password) is waited out, and
 //! readiness says why.
 
-use std::net::TcpListener;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::daemon::binary;
-use crate::support::{eventually, within, Cluster, DaemonProcess, TestDb, WAIT};
+use crate::support::{eventually, free_port, within, Cluster, DaemonProcess, TestDb, WAIT};
 
 /// The cluster's `pg_hba.conf`: the tests' superuser as before, and, over TCP, a role that
 /// must give a password, a role that does not exist under trust (so that the server says it
@@ -69,14 +68,6 @@ async fn pgtaskd(url: &str, args: &[&str]) -> (ExitStatus, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET path` on the daemon's HTTP port; `None` while nothing answers in time.

@@ -1,23 +1,13 @@
 //! The HTTP API with a real HTTP client against a running daemon (docs/design.md, "HTTP").
 
-use std::net::TcpListener;
-
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::daemon::tempfile_path::TempPath;
 use crate::support::{
-    enqueue, eventually, expected_counts, within, Cluster, GatedAnalyzer, InProcessDaemon, TestDb,
-    WAIT,
+    enqueue, eventually, expected_counts, free_port, within, Cluster, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
 };
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Api {
     base: String,

@@ -3,7 +3,6 @@
 //! JSON error bodies for the answers the routing and the deadlines make.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,15 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::daemon::{binary, tempfile_path::TempPath};
-use crate::support::{eventually, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::{eventually, free_port, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
 
 async fn daemon_with_http(db: &TestDb, extra: &str) -> (InProcessDaemon, u16) {
     let port = free_port();

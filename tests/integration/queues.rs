@@ -1,16 +1,14 @@
 //! Operators steering and reading their queues: pause and resume (SQL, CLI, HTTP), retry,
 //! list and stats, and who may do what.
 
-use std::net::TcpListener;
-
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use crate::support::daemon::{pgtaskd, wait_listening};
 use crate::support::{
-    connect, count, wait_count, within, Cluster, DaemonProcess, GatedAnalyzer, InProcessDaemon,
-    TestDb, WAIT,
+    connect, count, free_port, wait_count, within, Cluster, DaemonProcess, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
 };
 
 async fn exec(client: &Client, sql: &str) {
@@ -426,14 +424,6 @@ async fn pause_resume_and_retry_need_an_operator_or_daemon_role() {
         .await
         .expect_err("an operator does not enqueue");
     assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

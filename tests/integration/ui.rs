@@ -3,26 +3,17 @@
 //! their counts, the latest failure's error as text (a `<script>` or `<b>` in it stays text),
 //! a looked-up task's payload as text; a second run saves the README's screenshot.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use serde_json::Value;
 
 use crate::support::daemon::tempfile_path::TempPath;
-use crate::support::{within, DaemonProcess, TestDb, WAIT};
+use crate::support::{free_port, within, DaemonProcess, TestDb, WAIT};
 
 const TOKEN: &str = "ui-test-token";
 const ERROR: &str = "<script>document.title='pwned'</script>parse error near <b>x</b>";
 const PAYLOAD: &str = "<script>document.title='pwned'</script>hello <i>world</i>";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The `chromium` command, or a failure saying how to install it.
 fn chromium() -> PathBuf {

@@ -3,7 +3,6 @@
 //! served from the daemon's one LISTEN session. Notifications are hints: a waiter whose
 //! notification is lost still returns, on its poll tick.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use pgtaskd::db::listen::{forward_messages, DONE_CHANNEL};
@@ -12,7 +11,8 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use crate::support::daemon::{pgtaskd, tempfile_path::TempPath};
 use crate::support::{
-    count, enqueue, eventually, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
+    count, enqueue, eventually, free_port, nowhere, within, GatedAnalyzer, InProcessDaemon, TestDb,
+    WAIT,
 };
 
 /// A session of the test's own that LISTENs on `pgtaskd_done`, and its notifications.
@@ -151,16 +151,6 @@ async fn ids_over_the_payload_limit_are_split_into_notifications_under_8000_byte
         seen.extend(got);
     }
     assert_eq!(seen, ids);
-}
-
-/// A loopback port where nothing listens.
-fn nowhere() -> String {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=2")
 }
 
 #[tokio::test]
@@ -309,14 +299,6 @@ async fn enqueue_wait_returns_the_finished_row_with_the_options_stored() {
     assert_eq!(at, "2030-01-02 03:04:05");
     let (status, _, _) = pgtaskd(Some(&db.url), &["enqueue", "x", "--run-at", "soon"]).await;
     assert_eq!(status.code(), Some(2));
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> (reqwest::StatusCode, serde_json::Value) {

@@ -361,7 +361,8 @@ fn server_user() -> Option<(u32, u32)> {
     panic!("running as root, but there is no postgres or nobody user to run the test server as")
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on now (for a server or daemon the test starts).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

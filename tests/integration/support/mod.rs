@@ -23,7 +23,13 @@ use std::time::Duration;
 use pgtaskd::config::Config;
 use tokio_postgres::{Client, NoTls};
 
-pub use cluster::Cluster;
+pub use cluster::{free_port, Cluster};
+
+/// A connection string to a loopback port where nothing listens.
+pub fn nowhere() -> String {
+    let port = free_port();
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=2")
+}
 pub use daemon::{DaemonProcess, InProcessDaemon};
 pub use gate::GatedAnalyzer;
 
