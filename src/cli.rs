@@ -111,15 +111,24 @@ pub enum Command {
     /// Run the text-stats benchmark workload against the configured database
     Bench {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it
-        /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart
+        /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart; ceiling: the
+        /// backlog claimed and finished by 4 sessions in batches of 500, no daemon, no
+        /// analyzer; producers: single-row INSERT commits for --duration, with the daemon
+        /// running, with the NOTIFY trigger and then without it
         #[arg(long, value_enum)]
         mode: BenchMode,
-        /// Tasks in the run (latency mode always runs 210)
+        /// Tasks in the run (latency mode always runs 210; producers mode as many as commit)
         #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
         tasks: u32,
         /// The daemon's worker.concurrency
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: u32,
+        /// Producers mode: the connections committing INSERTs
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        producers: u32,
+        /// Producers mode: how long each half (with the trigger, without it) runs, at most 5m
+        #[arg(long, default_value = "10s", value_parser = parse_bench_duration)]
+        duration: Duration,
         /// Print one JSON object
         #[arg(long)]
         json: bool,
@@ -180,6 +189,20 @@ pub enum BenchMode {
     Drain,
     Stream,
     Latency,
+    Ceiling,
+    Producers,
+}
+
+/// The longest `pgtaskd bench --duration`.
+const BENCH_DURATION_MAX: Duration = Duration::from_secs(300);
+
+/// A positive duration of at most [`BENCH_DURATION_MAX`], such as "10s".
+fn parse_bench_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    if duration.is_zero() || duration > BENCH_DURATION_MAX {
+        return Err("the duration must be longer than zero and at most 5m".to_string());
+    }
+    Ok(duration)
 }
 
 /// A positive duration such as "250ms" or "10s".

@@ -12,16 +12,26 @@
 //! that the INSERT's commit and the notification's delivery take, which no daemon woken by
 //! `NOTIFY` goes under.
 //!
+//! Ceiling mode runs no daemon: several sessions of the bench's own claim and finish the
+//! backlog through pgtaskd's claim and finish functions, with counts computed beforehand,
+//! so that drain can be read as a fraction of what the database itself reaches. Producers
+//! mode measures the other side: single-row INSERT commits per second with the daemon
+//! running, with the table's NOTIFY trigger and without it.
+//!
 //! | module | owns |
 //! | --- | --- |
 //! | [`workload`] | the tasks' texts and their check totals |
 //! | `run` | one run: inserts, waits, figures, the totals check |
+//! | `ceiling` | ceiling mode: claim and finish with no daemon |
+//! | `producers` | producers mode: INSERT commits with and without the trigger |
 //! | `daemon` | the daemon under test, a child process |
 //! | `proc` | CPU time and peak RSS from `/proc` |
 //! | `report` | the [`Report`] and its text form |
 
+mod ceiling;
 mod daemon;
 mod proc;
+mod producers;
 mod report;
 mod run;
 pub mod workload;
@@ -32,7 +42,7 @@ use serde::Serialize;
 
 use crate::db::{migrate, DbError};
 
-pub use report::{Latency, Report};
+pub use report::{Enqueue, Latency, Producers, Report};
 pub use run::run;
 
 /// How often the producer looks at the table while it waits.
@@ -49,6 +59,11 @@ const LATENCY_GAP: Duration = Duration::from_millis(20);
 const NOTIFY_WAIT: Duration = Duration::from_secs(5);
 /// Stream mode: statements, each of `tasks / STREAM_STATEMENTS` rows.
 const STREAM_STATEMENTS: usize = 200;
+/// Ceiling mode: the sessions, and the most tasks one claim takes.
+const CEILING_SESSIONS: usize = 4;
+const CEILING_BATCH: usize = 500;
+/// Producers mode: the most tasks one run inserts, both halves together.
+const PRODUCER_LIMIT: u32 = 1_000_000;
 /// How long the idle daemon's CPU use is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(3);
 
@@ -62,6 +77,10 @@ pub enum Mode {
     Stream,
     /// Warm-up tasks, then one at a time, 20 ms apart, each timed to its analyzer's start.
     Latency,
+    /// A backlog claimed and finished by the bench's own sessions, no daemon, no analyzer.
+    Ceiling,
+    /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without.
+    Producers,
 }
 
 /// What to run.
@@ -70,6 +89,10 @@ pub struct BenchOptions {
     pub mode: Mode,
     pub tasks: u32,
     pub concurrency: usize,
+    /// Producers mode: the connections committing INSERTs.
+    pub producers: usize,
+    /// Producers mode: how long each half runs.
+    pub duration: Duration,
 }
 
 /// Why a run has no result.
@@ -94,6 +117,10 @@ pub enum BenchError {
     NoNotification,
     #[error("the daemon logged no analyzer start for task {0}")]
     NoStart(i64),
+    #[error("a bench session failed: {0}")]
+    Session(String),
+    #[error("the ceiling's finish of task {0} matched no claim of its own")]
+    Lost(i64),
 }
 
 impl From<tokio_postgres::Error> for BenchError {

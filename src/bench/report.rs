@@ -1,5 +1,6 @@
 //! The figures of one bench run: the [`Report`] that `pgtaskd bench` prints as text or as
-//! one JSON object, and the [`Latency`] percentiles in it. Filled by [`super::run`].
+//! one JSON object, the [`Latency`] percentiles in it, and producers mode's [`Producers`].
+//! Filled by [`super::run`].
 
 use serde::Serialize;
 
@@ -14,12 +15,38 @@ pub struct Latency {
     pub max: f64,
 }
 
-/// The figures of one run.
+/// One half of producers mode: single-row INSERT commits over its duration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Enqueue {
+    pub commits: u64,
+    pub seconds: f64,
+    pub commits_per_s: f64,
+}
+
+/// Producers mode's figures: the same producers with the NOTIFY trigger as shipped, then
+/// with it disabled, while the daemon runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Producers {
+    pub producers: usize,
+    pub seconds_each: f64,
+    pub with_trigger: Enqueue,
+    pub without_trigger: Enqueue,
+    /// `with_trigger.commits_per_s / without_trigger.commits_per_s`.
+    pub with_over_without: f64,
+}
+
+/// The figures of one run. Without a daemon (ceiling mode) there are no daemon figures; in
+/// producers mode `tasks` is what the producers committed, both halves together, and
+/// `seconds` and `tasks_per_s` cover the whole run, the waits for the daemon included.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub mode: Mode,
     pub tasks: u32,
+    /// The daemon's worker.concurrency; in ceiling mode, the bench's claiming sessions.
     pub concurrency: usize,
+    /// Ceiling mode: the most tasks one claim takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
     pub seconds: f64,
     pub tasks_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -29,9 +56,14 @@ pub struct Report {
     /// daemon woken by `NOTIFY` can go under on this machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notify_floor_ms: Option<Latency>,
-    pub daemon_cpu_s: f64,
-    pub daemon_cpu_s_per_1000_tasks: f64,
-    pub daemon_peak_rss_mib: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub producers: Option<Producers>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu_s_per_1000_tasks: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_peak_rss_mib: Option<f64>,
     /// CPU seconds per second of the idle daemon, sampled before the load (stream, latency).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_idle_cpu_s_per_s: Option<f64>,
@@ -55,11 +87,15 @@ impl Latency {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
+        write!(
             f,
             "pgtaskd bench: mode={:?} tasks={} concurrency={}",
             self.mode, self.tasks, self.concurrency
         )?;
+        match self.batch {
+            Some(batch) => writeln!(f, " batch={batch} (no daemon, no analyzer)")?,
+            None => writeln!(f)?,
+        }
         writeln!(f, "  seconds              {:.3}", self.seconds)?;
         writeln!(f, "  tasks/s              {:.0}", self.tasks_per_s)?;
         if let Some(l) = &self.latency_ms {
@@ -76,16 +112,32 @@ impl std::fmt::Display for Report {
                 l.p50, l.p90, l.p99, l.max
             )?;
         }
-        writeln!(
-            f,
-            "  daemon CPU           {:.3} s ({:.4} s per 1,000 tasks)",
-            self.daemon_cpu_s, self.daemon_cpu_s_per_1000_tasks
-        )?;
-        writeln!(
-            f,
-            "  daemon peak RSS      {:.1} MiB",
-            self.daemon_peak_rss_mib
-        )?;
+        if let Some(p) = &self.producers {
+            for (name, half) in [
+                ("with trigger", &p.with_trigger),
+                ("without trigger", &p.without_trigger),
+            ] {
+                writeln!(
+                    f,
+                    "  {name:<20} {:.0} commits/s ({} commits by {} producers in {:.1} s)",
+                    half.commits_per_s, half.commits, p.producers, half.seconds
+                )?;
+            }
+            writeln!(
+                f,
+                "  with / without       {:.1}%",
+                p.with_over_without * 100.0
+            )?;
+        }
+        if let (Some(cpu), Some(per_1000)) = (self.daemon_cpu_s, self.daemon_cpu_s_per_1000_tasks) {
+            writeln!(
+                f,
+                "  daemon CPU           {cpu:.3} s ({per_1000:.4} s per 1,000 tasks)"
+            )?;
+        }
+        if let Some(rss) = self.daemon_peak_rss_mib {
+            writeln!(f, "  daemon peak RSS      {rss:.1} MiB")?;
+        }
         if let Some(idle) = self.daemon_idle_cpu_s_per_s {
             writeln!(f, "  daemon idle CPU      {idle:.5} s per s")?;
         }

@@ -10,8 +10,8 @@ use tokio_postgres::{AsyncMessage, Client};
 use super::daemon::{AnalyzerStarts, Daemon};
 use super::report::{Latency, Report};
 use super::{
-    workload, BenchError, BenchOptions, Mode, LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL,
-    RUN_LIMIT, STREAM_STATEMENTS, WARM_UP,
+    ceiling, producers, workload, BenchError, BenchOptions, Mode, CEILING_BATCH, CEILING_SESSIONS,
+    LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS, WARM_UP,
 };
 use crate::config::Config;
 use crate::db::{listen, migrate, ConnectSettings, DbError};
@@ -29,20 +29,21 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     migrate::check(&client).await?;
     let queue = format!("bench-{}", std::process::id());
     delete_rows(&client, &queue).await?;
-    let expected = if options.tasks == 20_000 {
-        workload::CHECK_TOTALS_20000
-    } else {
-        workload::check_totals(options.tasks)
-    };
     let result = measure(&settings, &client, config, &queue, options).await;
     delete_rows(&client, &queue).await?;
     let (report, found, succeeded) = result?;
-    if found != expected || succeeded != i64::from(options.tasks) {
+    // Producers mode learns its task count from the run.
+    let expected = if report.tasks == 20_000 {
+        workload::CHECK_TOTALS_20000
+    } else {
+        workload::check_totals(report.tasks)
+    };
+    if found != expected || succeeded != i64::from(report.tasks) {
         return Err(BenchError::Totals {
             found,
             expected,
             succeeded,
-            tasks: options.tasks,
+            tasks: report.tasks,
         });
     }
     Ok(report)
@@ -63,18 +64,43 @@ async fn measure(
     queue: &str,
     options: BenchOptions,
 ) -> Result<(Report, (i64, i64, i64), i64), BenchError> {
-    let n = options.tasks as usize;
-    let texts: Vec<String> = (0..options.tasks).map(workload::gen_text).collect();
+    let mut n = options.tasks as usize;
+    let texts: Vec<String> = match options.mode {
+        Mode::Producers => Vec::new(),
+        _ => (0..options.tasks).map(workload::gen_text).collect(),
+    };
     let mut latency = None;
     let mut floor = None;
     let mut idle_cpu = None;
+    let mut batch = None;
+    let mut producers = None;
+    let mut measured = None;
     let (daemon, started) = match options.mode {
         Mode::Drain => {
             insert(client, queue, &texts).await?;
             let started = chrono::Utc::now();
             let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             wait_done(client, queue, n).await?;
-            (daemon, started)
+            (Some(daemon), started)
+        }
+        Mode::Ceiling => {
+            insert(client, queue, &texts).await?;
+            batch = Some(CEILING_BATCH);
+            let started = chrono::Utc::now();
+            // From the first claim, not from here: the counts are computed first.
+            measured = Some(ceiling::ceiling(settings, client, queue).await?);
+            (None, started)
+        }
+        Mode::Producers => {
+            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
+            daemon.wait_listening(client).await?;
+            let started = chrono::Utc::now();
+            let (figures, inserted) =
+                producers::producers(settings, client, queue, options.producers, options.duration)
+                    .await?;
+            n = inserted as usize;
+            producers = Some(figures);
+            (Some(daemon), started)
         }
         Mode::Stream => {
             let daemon = Daemon::start(config, queue, options.concurrency, false)?;
@@ -86,7 +112,7 @@ async fn measure(
                 insert(client, queue, chunk).await?;
             }
             wait_done(client, queue, n).await?;
-            (daemon, started)
+            (Some(daemon), started)
         }
         Mode::Latency => {
             floor = Some(notify_floor(settings, client, queue, &texts).await?);
@@ -96,12 +122,17 @@ async fn measure(
             let started = chrono::Utc::now();
             // Returns once every task is done.
             latency = Some(latencies(client, queue, &texts, &daemon).await?);
-            (daemon, started)
+            (Some(daemon), started)
         }
     };
-    let seconds = seconds_since(client, queue, started).await?;
-    let usage = daemon.usage();
-    daemon.stop().await;
+    let seconds = match measured {
+        Some(seconds) => seconds,
+        None => seconds_since(client, queue, started).await?,
+    };
+    let usage = daemon.as_ref().map(Daemon::usage);
+    if let Some(daemon) = daemon {
+        daemon.stop().await;
+    }
     let row = client
         .query_one(
             "SELECT coalesce(sum(words), 0)::int8, coalesce(sum(bytes), 0)::int8,
@@ -114,15 +145,20 @@ async fn measure(
     let succeeded: i64 = row.get(3);
     let report = Report {
         mode: options.mode,
-        tasks: options.tasks,
-        concurrency: options.concurrency,
+        tasks: n as u32,
+        concurrency: match options.mode {
+            Mode::Ceiling => CEILING_SESSIONS,
+            _ => options.concurrency,
+        },
+        batch,
         seconds,
         tasks_per_s: n as f64 / seconds,
         latency_ms: latency,
         notify_floor_ms: floor,
-        daemon_cpu_s: usage.cpu_s,
-        daemon_cpu_s_per_1000_tasks: usage.cpu_s / n as f64 * 1000.0,
-        daemon_peak_rss_mib: usage.peak_rss_mib,
+        producers,
+        daemon_cpu_s: usage.as_ref().map(|u| u.cpu_s),
+        daemon_cpu_s_per_1000_tasks: usage.as_ref().map(|u| u.cpu_s / n as f64 * 1000.0),
+        daemon_peak_rss_mib: usage.as_ref().map(|u| u.peak_rss_mib),
         daemon_idle_cpu_s_per_s: idle_cpu,
         check_totals: found,
     };
@@ -141,7 +177,7 @@ async fn insert(client: &Client, queue: &str, texts: &[String]) -> Result<(), Be
 
 /// Wait until no task of `queue` is QUEUED or RUNNING and `n` are SUCCEEDED. The check is an
 /// `EXISTS` on the partial indexes, cheap enough not to slow the run it watches.
-async fn wait_done(client: &Client, queue: &str, n: usize) -> Result<(), BenchError> {
+pub(super) async fn wait_done(client: &Client, queue: &str, n: usize) -> Result<(), BenchError> {
     let deadline = Instant::now() + RUN_LIMIT;
     loop {
         let busy: bool = client

@@ -2,6 +2,7 @@
 //! Called by `dispatch`.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use crate::bench;
 use crate::cli::BenchMode;
@@ -16,12 +17,16 @@ pub(super) async fn bench(
     mode: BenchMode,
     tasks: u32,
     concurrency: u32,
+    producers: u32,
+    duration: Duration,
     json: bool,
 ) -> Result<ExitCode, CommandError> {
     let mode = match mode {
         BenchMode::Drain => bench::Mode::Drain,
         BenchMode::Stream => bench::Mode::Stream,
         BenchMode::Latency => bench::Mode::Latency,
+        BenchMode::Ceiling => bench::Mode::Ceiling,
+        BenchMode::Producers => bench::Mode::Producers,
     };
     let tasks = if mode == bench::Mode::Latency {
         bench::LATENCY_MODE_TASKS
@@ -32,6 +37,8 @@ pub(super) async fn bench(
         mode,
         tasks,
         concurrency: concurrency as usize,
+        producers: producers as usize,
+        duration,
     };
     let report = bench::run(config, options).await?;
     if json {

@@ -78,3 +78,84 @@ async fn latency_mode_times_each_task_until_the_daemon_starts_its_analyzer_and_t
         0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceiling_mode_claims_and_finishes_the_backlog_without_a_daemon_and_leaves_no_rows() {
+    let db = TestDb::new().await;
+    let report = bench(&db, &["--mode", "ceiling", "--tasks", "2000"]).await;
+    assert_eq!(report["mode"], "ceiling");
+    assert_eq!(report["tasks"], 2000);
+    assert_eq!(report["concurrency"], 4, "{report}");
+    assert_eq!(report["batch"], 500, "{report}");
+    let (words, bytes, runes) = workload::check_totals(2000);
+    assert_eq!(
+        report["check_totals"],
+        serde_json::json!([words, bytes, runes]),
+        "every task was finished SUCCEEDED with its counts"
+    );
+    assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["daemon_cpu_s"].is_null(), "no daemon ran: {report}");
+    let client = db.client().await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_mode_reports_commits_with_and_without_the_trigger_and_enables_it_again() {
+    let db = TestDb::new().await;
+    let report = bench(
+        &db,
+        &[
+            "--mode",
+            "producers",
+            "--producers",
+            "2",
+            "--duration",
+            "2s",
+        ],
+    )
+    .await;
+    assert_eq!(report["mode"], "producers");
+    let figures = &report["producers"];
+    assert_eq!(figures["producers"], 2, "{report}");
+    let mut total = 0;
+    for half in ["with_trigger", "without_trigger"] {
+        let commits = figures[half]["commits"].as_u64().unwrap();
+        assert!(commits > 0, "{half}: {report}");
+        assert!(
+            figures[half]["commits_per_s"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
+        total += commits;
+    }
+    assert!(
+        figures["with_over_without"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    // Every commit was a task the daemon finished with the workload's counts.
+    assert_eq!(report["tasks"].as_u64().unwrap(), total, "{report}");
+    let (words, bytes, runes) = workload::check_totals(total as u32);
+    assert_eq!(
+        report["check_totals"],
+        serde_json::json!([words, bytes, runes]),
+        "{report}"
+    );
+    let client = db.client().await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pg_trigger
+              WHERE tgname = 'tasks_notify' AND tgrelid = 'pgtaskd.tasks'::regclass
+                AND tgenabled = 'O'"
+        )
+        .await,
+        1,
+        "the trigger is enabled again"
+    );
+}

@@ -1,0 +1,107 @@
+//! Ceiling mode: what the database reaches through pgtaskd's own claim and finish functions
+//! with no daemon and no analyzer. The backlog is inserted and its counts computed before the
+//! clock starts; then [`CEILING_SESSIONS`] sessions each claim up to [`CEILING_BATCH`] tasks
+//! with [`queue::claim_within`] and finish the same rows SUCCEEDED with
+//! [`queue::finish_many`], until nothing is left to claim. Called by [`super::run`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use super::{BenchError, CEILING_BATCH, CEILING_SESSIONS, RUN_LIMIT};
+use crate::analyzer::{analyze, Counts};
+use crate::db::ConnectSettings;
+use crate::queue::{self, ClaimLimits, Finish, FinishError, Outcome};
+
+/// Every claim's lease: longer than any run.
+const LEASE: Duration = Duration::from_secs(3600);
+
+/// Claim and finish every task of `queue` (already inserted); returns the seconds from the
+/// first claim to the last finish.
+pub(super) async fn ceiling(
+    settings: &ConnectSettings,
+    client: &Client,
+    queue: &str,
+) -> Result<f64, BenchError> {
+    // The counts each finish writes, by id, computed before the clock starts.
+    let rows = client
+        .query(
+            "SELECT id, payload FROM pgtaskd.tasks WHERE queue = $1",
+            &[&queue],
+        )
+        .await?;
+    let counts: Arc<HashMap<i64, Counts>> = Arc::new(
+        rows.iter()
+            .map(|row| (row.get(0), analyze(row.get(1))))
+            .collect(),
+    );
+    let mut sessions = Vec::with_capacity(CEILING_SESSIONS);
+    for _ in 0..CEILING_SESSIONS {
+        sessions.push(settings.connect().await?);
+    }
+    let started = Instant::now();
+    let mut loops = tokio::task::JoinSet::new();
+    for (i, session) in sessions.into_iter().enumerate() {
+        let owner = format!("bench-ceiling-{}-{i}", std::process::id());
+        let queues = vec![queue.to_string()];
+        let counts = Arc::clone(&counts);
+        loops.spawn(async move { claim_and_finish(&session, &owner, &queues, &counts).await });
+    }
+    let all = async {
+        while let Some(done) = loops.join_next().await {
+            done.map_err(|err| BenchError::Session(err.to_string()))??;
+        }
+        Ok::<_, BenchError>(())
+    };
+    tokio::time::timeout(RUN_LIMIT, all)
+        .await
+        .map_err(|_| BenchError::TooLong(RUN_LIMIT))??;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// One session's loop: claim a batch, finish it, until a claim comes back empty.
+async fn claim_and_finish(
+    client: &Client,
+    owner: &str,
+    queues: &[String],
+    counts: &HashMap<i64, Counts>,
+) -> Result<(), BenchError> {
+    let limits = ClaimLimits {
+        tasks: CEILING_BATCH,
+        bytes: u64::MAX,
+        take_one: true,
+        max_payload: None,
+    };
+    loop {
+        let batch = queue::claim_within(client, owner, queues, limits, LEASE).await?;
+        if batch.tasks.is_empty() {
+            return Ok(());
+        }
+        let finishes: Vec<Finish> = batch
+            .tasks
+            .iter()
+            .map(|task| Finish {
+                id: task.id,
+                attempt: task.attempt,
+                outcome: Outcome::Succeeded(counts.get(&task.id).copied().unwrap_or_default()),
+            })
+            .collect();
+        let results = queue::finish_many(client, owner, &finishes)
+            .await
+            .map_err(finish_error)?;
+        for (finish, result) in finishes.iter().zip(results) {
+            result.map_err(|_| BenchError::Lost(finish.id))?;
+        }
+    }
+}
+
+fn finish_error(err: FinishError) -> BenchError {
+    match err {
+        FinishError::Db(err) => BenchError::Db(err),
+        FinishError::NotRunning { .. } | FinishError::NotFound => {
+            BenchError::Session(err.to_string())
+        }
+    }
+}

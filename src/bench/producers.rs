@@ -1,0 +1,107 @@
+//! Producers mode: how many single-row INSERTs per second `--producers` connections commit
+//! while the daemon runs, first with the table's NOTIFY trigger as shipped, then with it
+//! disabled (`ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify`), in the same run. Every
+//! commit that sends a notification takes a lock shared by the whole cluster, so the second
+//! figure is what the first would be without that lock. The trigger is enabled again after
+//! the second half whether it succeeded or not (a bench killed during that half leaves it
+//! disabled: `ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify` puts it back). Called by
+//! [`super::run`].
+//!
+//! Task `k` of the run, counted across producers and halves, gets the workload's text `k`, so
+//! the table's totals are checked as every other mode's. Each half stops at `--duration` or
+//! once [`PRODUCER_LIMIT`] tasks were inserted in the run.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use super::report::{Enqueue, Producers};
+use super::run::wait_done;
+use super::{workload, BenchError, PRODUCER_LIMIT};
+use crate::db::ConnectSettings;
+
+/// Run both halves; returns their figures and the tasks inserted.
+pub(super) async fn producers(
+    settings: &ConnectSettings,
+    client: &Client,
+    queue: &str,
+    producers: usize,
+    duration: Duration,
+) -> Result<(Producers, u32), BenchError> {
+    let mut sessions = Vec::with_capacity(producers);
+    for _ in 0..producers {
+        sessions.push(Arc::new(settings.connect().await?));
+    }
+    let next = Arc::new(AtomicU32::new(0));
+    let with_trigger = half(&sessions, queue, duration, &next).await?;
+    wait_done(client, queue, inserted(&next) as usize).await?;
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify")
+        .await?;
+    let without = half(&sessions, queue, duration, &next).await;
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify")
+        .await?;
+    let without_trigger = without?;
+    let n = inserted(&next);
+    wait_done(client, queue, n as usize).await?;
+    let figures = Producers {
+        producers,
+        seconds_each: duration.as_secs_f64(),
+        with_over_without: with_trigger.commits_per_s / without_trigger.commits_per_s,
+        with_trigger,
+        without_trigger,
+    };
+    Ok((figures, n))
+}
+
+/// The tasks inserted so far: every number drawn under the limit was inserted.
+fn inserted(next: &AtomicU32) -> u32 {
+    next.load(Ordering::SeqCst).min(PRODUCER_LIMIT)
+}
+
+/// Every session commits single-row INSERTs until `duration` has passed.
+async fn half(
+    sessions: &[Arc<Client>],
+    queue: &str,
+    duration: Duration,
+    next: &Arc<AtomicU32>,
+) -> Result<Enqueue, BenchError> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut producers = tokio::task::JoinSet::new();
+    for session in sessions {
+        let session = Arc::clone(session);
+        let next = Arc::clone(next);
+        let queue = queue.to_string();
+        producers.spawn(async move {
+            let insert = session
+                .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
+                .await?;
+            let mut commits = 0u64;
+            while Instant::now() < deadline {
+                let k = next.fetch_add(1, Ordering::SeqCst);
+                if k >= PRODUCER_LIMIT {
+                    break;
+                }
+                session
+                    .execute(&insert, &[&queue, &workload::gen_text(k)])
+                    .await?;
+                commits += 1;
+            }
+            Ok::<_, BenchError>(commits)
+        });
+    }
+    let mut commits = 0;
+    while let Some(done) = producers.join_next().await {
+        commits += done.map_err(|err| BenchError::Session(err.to_string()))??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Enqueue {
+        commits,
+        seconds,
+        commits_per_s: commits as f64 / seconds,
+    })
+}
