@@ -3,8 +3,8 @@
 //! array) and `GET /stats/throughput` (tasks finished per minute over the last 15 minutes).
 //!
 //! Each reads the same bounded statements as the commands (`queue::stats`, `queue::list`);
-//! the throughput is one range of `tasks_finished_idx` reaching 15 minutes back, so its cost
-//! follows the last minutes' throughput, never the table's size.
+//! the throughput is `queue::finished_per_minute`, one range of `tasks_finished_idx` reaching
+//! 15 minutes back, so its cost follows the last minutes' throughput, never the table's size.
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
@@ -93,15 +93,6 @@ pub(super) struct Minute {
     finished: Finished,
 }
 
-const THROUGHPUT: &str = "
-SELECT date_trunc('minute', finished_at) AS minute,
-       count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
-       count(*) FILTER (WHERE status = 'FAILED') AS failed,
-       count(*) FILTER (WHERE status = 'CANCELED') AS canceled
-  FROM pgtaskd.tasks
- WHERE finished_at >= $1
- GROUP BY 1";
-
 /// `GET /stats/throughput`: the tasks finished in each of the last 15 minutes (the current,
 /// partial one last), by how they ended; a minute without any is zeros.
 pub(super) async fn throughput(Db(session): Db) -> Result<Json<Vec<Minute>>, ApiError> {
@@ -109,13 +100,8 @@ pub(super) async fn throughput(Db(session): Db) -> Result<Json<Vec<Minute>>, Api
         .duration_trunc(TimeDelta::minutes(1))
         .unwrap_or_else(|_| Utc::now());
     let first = now - TimeDelta::minutes(MINUTES - 1);
-    let rows = session
-        .bounded(async {
-            session
-                .query(THROUGHPUT, &[&first])
-                .await
-                .map_err(crate::db::DbError::from)
-        })
+    let counted = session
+        .bounded(queue::finished_per_minute(&session, first))
         .await?;
     let mut minutes: Vec<Minute> = (0..MINUTES)
         .map(|i| Minute {
@@ -123,14 +109,9 @@ pub(super) async fn throughput(Db(session): Db) -> Result<Json<Vec<Minute>>, Api
             finished: Finished::default(),
         })
         .collect();
-    for row in &rows {
-        let minute: DateTime<Utc> = row.get("minute");
+    for (minute, finished) in counted {
         if let Some(slot) = minutes.iter_mut().find(|m| m.minute == minute) {
-            slot.finished = Finished {
-                succeeded: row.get("succeeded"),
-                failed: row.get("failed"),
-                canceled: row.get("canceled"),
-            };
+            slot.finished = finished;
         }
     }
     Ok(Json(minutes))

@@ -43,5 +43,7 @@ pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
 pub use retry::{retry, RetryOutcome};
-pub use stats::{backlog, stats, Backlog, Daemon, Finished, QueueStats, Stats};
+pub use stats::{
+    backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,
+};
 pub use task::{get, get_many, Task, TaskStatus};

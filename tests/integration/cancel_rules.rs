@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pgtaskd::queue::{self, FinishError, Outcome, TaskStatus};
 
-use crate::support::TestDb;
+use crate::support::{enqueue, TestDb};
 
 const OWNER: &str = "test-owner";
 
@@ -14,11 +14,7 @@ const OWNER: &str = "test-owner";
 async fn the_finish_refuses_canceled_for_a_task_whose_cancel_was_not_requested() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let id: i64 = client
-        .query_one("SELECT pgtaskd.enqueue('text')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let id = enqueue(&client, "text").await;
     let claimed = queue::claim(
         &client,
         OWNER,
@@ -58,11 +54,7 @@ async fn the_finish_refuses_canceled_for_a_task_whose_cancel_was_not_requested()
 async fn the_table_refuses_a_canceled_row_without_a_cancel_request() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let id: i64 = client
-        .query_one("SELECT pgtaskd.enqueue('text')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let id = enqueue(&client, "text").await;
     let err = client
         .execute(
             "UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() WHERE id = $1",
@@ -80,11 +72,7 @@ async fn the_table_refuses_a_canceled_row_without_a_cancel_request() {
 async fn a_queued_task_canceled_records_its_cancel_request() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let id: i64 = client
-        .query_one("SELECT pgtaskd.enqueue('text')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let id = enqueue(&client, "text").await;
     let status: String = client
         .query_one("SELECT pgtaskd.cancel($1)", &[&id])
         .await

@@ -7,7 +7,7 @@ use pgtaskd::queue::{self, TaskStatus};
 
 use crate::support::daemon::wait_listening;
 use crate::support::{
-    count, wait_count, wait_status, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb,
+    count, enqueue, wait_count, wait_status, DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,16 +69,8 @@ async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon()
 async fn a_payload_over_max_payload_bytes_fails_without_reaching_the_analyzer() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let large: i64 = client
-        .query_one("SELECT pgtaskd.enqueue(repeat('x', 5000))", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let small: i64 = client
-        .query_one("SELECT pgtaskd.enqueue('small enough')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let large = enqueue(&client, &"x".repeat(5000)).await;
+    let small = enqueue(&client, "small enough").await;
     let analyzer = GatedAnalyzer::counting();
     let daemon = InProcessDaemon::start(
         &db,
