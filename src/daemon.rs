@@ -26,7 +26,7 @@ use crate::http::{self, HttpError};
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
-use crate::{rescuer, retention};
+use crate::{rescuer, retention, vacuum};
 use tokio_util::sync::CancellationToken;
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
@@ -181,6 +181,13 @@ pub async fn run(
     if let Some(older_than) = config.retention.finished_after {
         tokio::spawn(retention::run(pool.clone(), older_than, background.clone()));
     }
+    tokio::spawn(vacuum::run(
+        pool.clone(),
+        config.health.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+        background.clone(),
+    ));
     // Ready once the listener is up and a scan for work ran after it came up.
     let readiness = tokio::spawn({
         let health = Arc::clone(&health);

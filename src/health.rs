@@ -11,10 +11,14 @@
 //!   keeps pinging (the outage shows in STATUS and readiness instead).
 //! - `STOPPING=1` when shutdown begins.
 //!
+//! Beside readiness, warnings that do not make the daemon unready: an xmin horizon held back
+//! past `health.xmin_horizon_warning`, set by the vacuum-health watch (`src/vacuum.rs`) and
+//! given by `/readyz` with its 200 (docs/design.md, "Vacuum health").
+//!
 //! Without `NOTIFY_SOCKET` (not under systemd) every notification is a no-op.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -30,6 +34,8 @@ pub struct Health {
     stopping: AtomicBool,
     /// Why the database cannot be used, while the daemon waits for it.
     why: Mutex<Option<String>>,
+    /// What holds the xmin horizon back, while it is held past the warning threshold.
+    horizon: Mutex<Option<String>>,
 }
 
 impl Default for Health {
@@ -39,6 +45,7 @@ impl Default for Health {
             ready: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             why: Mutex::new(None),
+            horizon: Mutex::new(None),
         }
     }
 }
@@ -87,6 +94,21 @@ impl Health {
     /// Why the daemon is waiting for the database, while it is.
     pub fn why_waiting(&self) -> Option<String> {
         self.why.lock().expect("health poisoned").clone()
+    }
+
+    /// The xmin horizon is held back past the threshold (`Some`, saying by what), or not.
+    pub fn horizon_held(&self, warning: Option<String>) {
+        *self.horizon.lock().unwrap_or_else(PoisonError::into_inner) = warning;
+    }
+
+    /// What readiness warns of while staying ready: a held xmin horizon.
+    pub fn warnings(&self) -> Vec<String> {
+        self.horizon
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Start-up is over: tell systemd once.

@@ -15,6 +15,7 @@
 //! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
+//! | `vacuum` | the vacuum-health watch: the table's bloat and a held xmin horizon, for `/metrics`, `/readyz` and the log |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
@@ -48,6 +49,7 @@ pub mod queue;
 pub mod rescuer;
 pub mod retention;
 pub mod shutdown;
+pub(crate) mod vacuum;
 pub mod worker;
 
 /// An error and its sources, joined by ": ": the one line a log or standard error shows.

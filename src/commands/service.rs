@@ -191,6 +191,12 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
     let _ = writeln!(out, "max_body = {}", size(h.max_body as u64));
     let _ = writeln!(out, "max_connections = {}", h.max_connections);
     let _ = writeln!(out, "header_timeout = {}", duration(h.header_timeout));
+    let _ = writeln!(
+        out,
+        "\n[health]\ncheck_interval = {}\nxmin_horizon_warning = {}",
+        duration(config.health.check_interval),
+        duration(config.health.xmin_horizon_warning)
+    );
     let format = match config.log.format {
         LogFormat::Text => "text",
         LogFormat::Json => "json",

@@ -57,6 +57,10 @@ pub const DEFAULT_HTTP_MAX_BODY: usize = 1 << 20;
 pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 512;
 pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_LOG_LEVEL: &str = "info";
+/// How often the daemon reads the vacuum health (docs/design.md, "Vacuum health").
+pub const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(15);
+/// How long the xmin horizon may be held back before the log and `/readyz` say so.
+pub const DEFAULT_XMIN_HORIZON_WARNING: Duration = Duration::from_secs(5 * 60);
 
 /// A configuration that was read and validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +72,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub retention: RetentionConfig,
     pub http: HttpConfig,
+    pub health: HealthConfig,
     pub log: LogConfig,
 }
 
@@ -151,6 +156,16 @@ pub struct HttpConfig {
     /// How long a client may take to send a request's headers (the whole head, not each
     /// byte); an idle keep-alive connection is closed after as long.
     pub header_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthConfig {
+    /// How often the vacuum health of the task table is read; `/metrics` shows the last
+    /// reading, so scrapes cost the database nothing for it.
+    pub check_interval: Duration,
+    /// A horizon held back longer than this is logged (at most once a minute) and given as a
+    /// warning by `/readyz`, which stays ready.
+    pub xmin_horizon_warning: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]

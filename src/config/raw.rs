@@ -11,11 +11,12 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use super::{
-    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
-    UrlSource, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS,
-    DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
-    DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
+    Config, DatabaseConfig, HealthConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig,
+    ShutdownConfig, UrlSource, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY,
+    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_STATEMENT_TIMEOUT, DEFAULT_XMIN_HORIZON_WARNING,
 };
 
 type Invalid = (std::ops::Range<usize>, String);
@@ -33,6 +34,8 @@ pub(super) struct RawConfig {
     retention: RawRetention,
     #[serde(default)]
     http: RawHttp,
+    #[serde(default)]
+    health: RawHealth,
     #[serde(default)]
     log: RawLog,
 }
@@ -86,6 +89,15 @@ struct RawHttp {
     max_connections: Option<Spanned<usize>>,
     #[serde(default, deserialize_with = "duration")]
     header_timeout: Option<Spanned<Duration>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    #[serde(default, deserialize_with = "duration")]
+    check_interval: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "duration")]
+    xmin_horizon_warning: Option<Spanned<Duration>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -270,6 +282,16 @@ impl RawConfig {
                 None => DEFAULT_HTTP_HEADER_TIMEOUT,
             },
         };
+        let health = HealthConfig {
+            check_interval: match &self.health.check_interval {
+                Some(v) => nonzero("health.check_interval", v)?,
+                None => DEFAULT_HEALTH_CHECK_INTERVAL,
+            },
+            xmin_horizon_warning: match &self.health.xmin_horizon_warning {
+                Some(v) => nonzero("health.xmin_horizon_warning", v)?,
+                None => DEFAULT_XMIN_HORIZON_WARNING,
+            },
+        };
         let level = match self.log.level {
             None => DEFAULT_LOG_LEVEL.to_string(),
             Some(level) => {
@@ -291,6 +313,7 @@ impl RawConfig {
             },
             retention,
             http,
+            health,
             log: LogConfig {
                 format: self.log.format.unwrap_or(LogFormat::Text),
                 level,

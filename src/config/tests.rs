@@ -27,6 +27,8 @@ fn empty_file_gives_every_default() {
     assert_eq!(config.http.listen, None);
     assert_eq!(config.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
     assert_eq!(config.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
+    assert_eq!(config.health.check_interval, Duration::from_secs(15));
+    assert_eq!(config.health.xmin_horizon_warning, Duration::from_secs(300));
     assert_eq!(config.log.format, LogFormat::Text);
     assert_eq!(config.log.level, "info");
 }
@@ -56,6 +58,9 @@ fn every_key_is_read() {
         max_body = 4096
         max_connections = 64
         header_timeout = "3s"
+        [health]
+        check_interval = "30s"
+        xmin_horizon_warning = "10m"
         [log]
         format = "json"
         level = "pgtaskd=debug"
@@ -84,6 +89,8 @@ fn every_key_is_read() {
     assert_eq!(config.http.max_body, 4096);
     assert_eq!(config.http.max_connections, 64);
     assert_eq!(config.http.header_timeout, Duration::from_secs(3));
+    assert_eq!(config.health.check_interval, Duration::from_secs(30));
+    assert_eq!(config.health.xmin_horizon_warning, Duration::from_secs(600));
     assert_eq!(config.log.format, LogFormat::Json);
     assert_eq!(config.log.level, "pgtaskd=debug");
 }
@@ -136,6 +143,17 @@ fn bad_values_are_named_with_their_line() {
         ("[log]\nformat = \"xml\"\n", 2, "xml"),
         ("[log]\nlevel = \"[[[\"\n", 2, "log.level"),
         ("[http]\nlisten = \"nowhere\"\n", 2, "address"),
+        (
+            "[health]\nxmin_horizon_warning = \"0s\"\n",
+            2,
+            "health.xmin_horizon_warning must be longer than zero",
+        ),
+        (
+            "[health]\ncheck_interval = 15\n",
+            2,
+            "health.check_interval must be a duration in quotes",
+        ),
+        ("[health]\nxmin_horizon = \"5m\"\n", 2, "xmin_horizon"),
         ("[worker\n", 1, "expected `]`"),
     ];
     for (text, want_line, needle) in cases {

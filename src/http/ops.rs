@@ -17,16 +17,26 @@ pub(super) async fn healthz() -> Response {
 
 /// `GET /readyz`: start-up finished, the listener is connected and the database answers now;
 /// else 503 with the reason (starting, waiting for the database and why, shutting down,
-/// listener not connected and why, or the database's own error).
+/// listener not connected and why, or the database's own error). Either way, `warnings` says
+/// what is wrong without making the daemon unready: an xmin horizon held back past
+/// `health.xmin_horizon_warning` (docs/design.md, "Vacuum health"), which another role's
+/// transaction can cause and restarting this daemon cannot cure.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    let health = &state.health;
+    let warnings = health.warnings();
+    let with_warnings = |mut body: serde_json::Value| {
+        if !warnings.is_empty() {
+            body["warnings"] = serde_json::json!(warnings);
+        }
+        Json(body)
+    };
     let not_ready = |reason: &str| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "not ready", "reason": reason })),
+            with_warnings(serde_json::json!({ "status": "not ready", "reason": reason })),
         )
             .into_response()
     };
-    let health = &state.health;
     if health.is_stopping() {
         return not_ready("shutting down");
     }
@@ -58,11 +68,12 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(err) = answer {
         return not_ready(&err.to_string());
     }
-    Json(serde_json::json!({ "status": "ready" })).into_response()
+    with_warnings(serde_json::json!({ "status": "ready" })).into_response()
 }
 
 /// `GET /metrics`: Prometheus text format. The table's figures are read now, per queue,
-/// from the partial indexes (`queue::backlog`); the totals by status are their sums.
+/// from the partial indexes (`queue::backlog`); the totals by status are their sums. The
+/// vacuum health is the watch's last reading (`src/vacuum.rs`), not read here.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(session) = state.pool.get().await {
         let backlog = session.bounded(crate::queue::backlog(&session)).await;

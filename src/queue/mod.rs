@@ -18,6 +18,7 @@
 //! | [`mod@list`] | the latest tasks, newest first |
 //! | [`mod@stats`] | per-queue figures from indexes and bounded ranges; the daemons connected |
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
+//! | [`mod@vacuum`] | the table's bloat and the oldest xmin horizon holding back its vacuum |
 
 pub mod cancel;
 pub mod claim;
@@ -31,6 +32,7 @@ pub mod rescue;
 pub mod retry;
 pub mod stats;
 pub mod task;
+pub mod vacuum;
 pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
@@ -47,3 +49,4 @@ pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,
 };
 pub use task::{get, get_many, Task, TaskStatus};
+pub use vacuum::{vacuum_health, Horizon, HorizonKind, VacuumHealth};
