@@ -32,5 +32,6 @@ mod shutdown;
 mod systemd;
 mod tls;
 mod ui;
+mod vacuum_health;
 mod wait;
 mod worker;
