@@ -396,3 +396,83 @@ async fn roles_granted_before_schema_9_may_read_the_vacuum_health_after_the_migr
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_owner_without_pg_read_all_stats_the_horizon_is_still_seen_and_aged_by_the_daemon()
+{
+    let cluster = Cluster::start();
+    let db = TestDb::empty_on(&cluster).await;
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE vh_owner LOGIN; GRANT CREATE ON DATABASE {} TO vh_owner;
+             CREATE ROLE vh_analyst LOGIN; CREATE ROLE vh_daemon LOGIN;",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let mut owner = connect(&db.url.replace("user=postgres", "user=vh_owner")).await;
+    within(
+        WAIT,
+        "migrating as vh_owner",
+        pgtaskd::db::migrate::migrate(&mut owner),
+    )
+    .await
+    .unwrap();
+    owner
+        .batch_execute("SELECT pgtaskd.grant_daemon('vh_daemon')")
+        .await
+        .unwrap();
+    let daemon_url = db.url.replace("user=postgres", "user=vh_daemon");
+    let (mut daemon, port) = start_daemon(&daemon_url).await;
+    daemon.wait_for_log("has no pg_read_all_stats").await;
+
+    let analyst = connect(&format!(
+        "{} application_name=analyst-report",
+        db.url.replace("user=postgres", "user=vh_analyst")
+    ))
+    .await;
+    let pid: i32 = analyst
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    within(
+        WAIT,
+        "the analyst's snapshot",
+        analyst.batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT '{SECRET}'"
+        )),
+    )
+    .await
+    .unwrap();
+    // No state and no start for another role's session: the daemon ages it from when it
+    // first saw it, and still names it.
+    let holder = format!(
+        "pgtaskd_xmin_horizon_holder{{kind=\"session\",pid=\"{pid}\",name=\"analyst-report\",\
+         state=\"\"}}"
+    );
+    let metrics = wait_metrics(port, "the held horizon in /metrics", |m| {
+        value(m, &holder) == Some(1.0)
+    })
+    .await;
+    assert!(
+        value(
+            &metrics,
+            "pgtaskd_xmin_horizon_age_seconds{kind=\"session\"}"
+        )
+        .is_some_and(|age| age >= 1.0),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(SECRET));
+    let body = wait_readyz(port, "the /readyz warning", |w| {
+        w.iter().any(|w| w.contains(&format!("pid {pid}")))
+    })
+    .await;
+    assert!(!body.to_string().contains(SECRET));
+    analyst.batch_execute("COMMIT").await.unwrap();
+    wait_readyz(port, "the warning to clear", |w| w.is_empty()).await;
+
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+}
