@@ -35,7 +35,7 @@ use tokio_postgres::Client;
 use super::daemon::Daemon;
 use super::report::Report;
 use super::run::{insert, seconds_since, wait_done};
-use super::{workload, BenchError, BenchOptions, Mode};
+use super::{workload, BenchError, BenchOptions, Mode, POLL, RUN_LIMIT};
 use crate::analyzer::analyze;
 use crate::config::Config;
 use crate::db::ConnectSettings;
@@ -254,6 +254,18 @@ pub(super) async fn soak(
     let outcome = async {
         loop {
             let sample = look(client, queue, t0, inserted.load(Ordering::SeqCst)).await?;
+            let period = soak.period.as_secs_f64();
+            if samples
+                .last()
+                .is_some_and(|last: &Sample| (last.at_s / period).floor() < (sample.0.at_s / period).floor())
+            {
+                // The figures come at the end; the table's, as they are, on the way.
+                let s = &sample.0;
+                eprintln!(
+                    "soak: {:.0} s: {} inserted, backlog {}, table {:.1} MiB, indexes {:.1} MiB, {} dead tuples, {} autovacuums",
+                    s.at_s, s.inserted, s.backlog, s.table_mib, s.index_mib, s.dead_tuples, s.autovacuums
+                );
+            }
             samples.push(sample.0);
             let upto = sample.1 - chrono::Duration::from_std(LAG).unwrap_or_default();
             if upto > read_from {
@@ -287,7 +299,7 @@ pub(super) async fn soak(
     };
     let n = inserted.load(Ordering::SeqCst);
     let insert_seconds = started.elapsed().as_secs_f64().min(duration.as_secs_f64());
-    wait_done(client, queue, n as usize).await?;
+    wait_idle(client, queue).await?;
     let seconds = seconds_since(client, queue, t0).await?;
     let usage = daemon.usage();
     daemon.stop().await;
@@ -363,6 +375,29 @@ async fn probe_drain(
         .await?;
     client.batch_execute("VACUUM ANALYZE pgtaskd.tasks").await?;
     Ok(f64::from(PROBE_TASKS) / seconds)
+}
+
+/// Wait until no task of `queue` is QUEUED or RUNNING (retention deletes finished rows, so
+/// they cannot be counted here).
+async fn wait_idle(client: &Client, queue: &str) -> Result<(), BenchError> {
+    let deadline = Instant::now() + RUN_LIMIT;
+    loop {
+        let busy: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
+                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')",
+                &[&queue],
+            )
+            .await?
+            .get(0);
+        if !busy {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::TooLong(RUN_LIMIT));
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// The producer: every [`INSERT_TICK`], one statement with the rows the schedule is owed.
