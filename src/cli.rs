@@ -230,7 +230,7 @@ fn parse_report_every(text: &str) -> Result<Duration, String> {
 /// A positive number of tasks per second, at most 1,000,000.
 fn parse_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(rate) if rate >= 1.0 && rate <= 1e6 => Ok(rate),
+        Ok(rate) if (1.0..=1e6).contains(&rate) => Ok(rate),
         _ => Err("the rate must be a number of tasks per second from 1 to 1000000".to_string()),
     }
 }

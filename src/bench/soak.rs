@@ -698,7 +698,7 @@ fn hold_figures(
     let before_from = (start - window).max(0.0);
     let p99_before = percentile(&mut latencies(finished, before_from, start), 0.99);
     let backlog_before = mean_backlog(before_from, start).unwrap_or(0.0);
-    let before = in_span(0.0, start).last().copied();
+    let before = in_span(0.0, start).next_back().copied();
     // Within 10%, or within one insert statement's rows for a backlog near zero.
     let backlog_limit =
         (backlog_before * RECOVERED).max(backlog_before + rate * INSERT_TICK.as_secs_f64());

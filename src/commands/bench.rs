@@ -12,6 +12,8 @@ use super::CommandError;
 
 /// Run the workload `mode` names (the latency mode sets its own task count; `duration`
 /// defaults per mode) and print the report, for people or as JSON.
+// One argument per option of the command line.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn bench(
     config: &Config,
     mode: BenchMode,
