@@ -33,8 +33,7 @@ pub const VACUUM_AFTER: u64 = 5000;
 
 /// How often to prune rows kept for `older_than`: a quarter of it, so that a row outlives the
 /// window by at most a quarter of it and the table holds at most 1.25 windows of finished
-/// rows; at most [`MAX_INTERVAL`] (long windows: once a minute, as before) and at least
-/// [`MIN_INTERVAL`].
+/// rows; at most a minute (long windows: once a minute, as before) and at least a second.
 pub fn interval(older_than: Duration) -> Duration {
     (older_than / 4).clamp(MIN_INTERVAL, MAX_INTERVAL)
 }

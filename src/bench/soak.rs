@@ -146,7 +146,7 @@ pub struct Summary {
 pub struct Hold {
     pub start_s: f64,
     pub end_s: f64,
-    /// Over the [`RECOVERY_WINDOW`] before the hold started.
+    /// Over the 10 s before the hold started.
     pub p99_before_ms: Option<f64>,
     pub backlog_before: f64,
     pub dead_tuples_before: i64,
@@ -156,7 +156,7 @@ pub struct Hold {
     pub backlog_worst: i64,
     pub dead_tuples_worst: i64,
     pub total_mib_worst: f64,
-    /// From the end of the hold to the end of the first window of [`RECOVERY_WINDOW`] whose
+    /// From the end of the hold to the end of the first 10 s window whose
     /// p99 and mean backlog are within 10% of before (the backlog also within one insert
     /// statement's rows); `None`: not by the end of the run.
     pub recovered_after_s: Option<f64>,
