@@ -141,9 +141,14 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
         .await
         .unwrap();
+    let later: Vec<i32> = pgtaskd::db::migrate::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|&v| v > 2)
+        .collect();
     assert_eq!(
         pgtaskd::db::migrate::migrate(&mut owner).await.unwrap(),
-        vec![3, 4, 5, 6]
+        later
     );
     let finish =
         "pgtaskd.finish(text, bigint[], int[], text[], bigint[], bigint[], bigint[], text[])";
