@@ -114,7 +114,8 @@ pub enum Command {
         /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart; ceiling: the
         /// backlog claimed and finished by 4 sessions in batches of 500, no daemon, no
         /// analyzer; producers: single-row INSERT commits for --duration, with the daemon
-        /// running, with the NOTIFY trigger and then without it
+        /// running, with the NOTIFY trigger and then without it; soak: a steady --rate for
+        /// --duration with retention at 1m, figures every --report-every
         #[arg(long, value_enum)]
         mode: BenchMode,
         /// Tasks in the run (latency mode always runs 210; producers mode as many as commit)
@@ -126,9 +127,19 @@ pub enum Command {
         /// Producers mode: the connections committing INSERTs
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1000))]
         producers: u32,
-        /// Producers mode: how long each half (with the trigger, without it) runs, at most 5m
-        #[arg(long, default_value = "10s", value_parser = parse_bench_duration)]
-        duration: Duration,
+        /// Producers mode: how long each half (with the trigger, without it) runs, default 10s,
+        /// at most 5m; soak mode: how long the producer runs, default 10m, at most 24h
+        #[arg(long, value_parser = parse_bench_duration)]
+        duration: Option<Duration>,
+        /// Soak mode: tasks inserted per second (default: half of a short drain run first)
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<f64>,
+        /// Soak mode: hold a REPEATABLE READ snapshot this long in the middle of the run
+        #[arg(long, value_name = "DURATION", value_parser = parse_bench_duration)]
+        hold_snapshot: Option<Duration>,
+        /// Soak mode: the period of the figures, in whole seconds
+        #[arg(long, default_value = "1m", value_name = "DURATION", value_parser = parse_report_every)]
+        report_every: Duration,
         /// Print one JSON object
         #[arg(long)]
         json: bool,
@@ -191,18 +202,37 @@ pub enum BenchMode {
     Latency,
     Ceiling,
     Producers,
+    Soak,
 }
 
-/// The longest `pgtaskd bench --duration`.
-const BENCH_DURATION_MAX: Duration = Duration::from_secs(300);
+/// The longest `pgtaskd bench --duration` (soak mode; producers mode takes at most
+/// [`crate::bench::PRODUCERS_DURATION_MAX`]).
+const BENCH_DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
 
 /// A positive duration of at most [`BENCH_DURATION_MAX`], such as "10s".
 fn parse_bench_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
     if duration.is_zero() || duration > BENCH_DURATION_MAX {
-        return Err("the duration must be longer than zero and at most 5m".to_string());
+        return Err("the duration must be longer than zero and at most 24h".to_string());
     }
     Ok(duration)
+}
+
+/// A whole number of seconds, at least one, such as "1m" or "5s".
+fn parse_report_every(text: &str) -> Result<Duration, String> {
+    let duration = parse_bench_duration(text)?;
+    if duration.subsec_nanos() != 0 {
+        return Err("the period must be a whole number of seconds".to_string());
+    }
+    Ok(duration)
+}
+
+/// A positive number of tasks per second, at most 1,000,000.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if (1.0..=1e6).contains(&rate) => Ok(rate),
+        _ => Err("the rate must be a number of tasks per second from 1 to 1000000".to_string()),
+    }
 }
 
 /// A positive duration such as "250ms" or "10s".

@@ -45,6 +45,17 @@ impl Daemon {
         concurrency: usize,
         trace_starts: bool,
     ) -> Result<Daemon, BenchError> {
+        Daemon::start_with(config, queue, concurrency, trace_starts, "")
+    }
+
+    /// [`Daemon::start`], with `extra_toml` (whole sections) added to its configuration.
+    pub(super) fn start_with(
+        config: &Config,
+        queue: &str,
+        concurrency: usize,
+        trace_starts: bool,
+        extra_toml: &str,
+    ) -> Result<Daemon, BenchError> {
         let mut toml = String::new();
         if let Some(url) = &config.database.url {
             toml.push_str(&format!("[database]\nurl = {}\n", toml_string(url)));
@@ -58,6 +69,7 @@ impl Daemon {
             "[worker]\nconcurrency = {concurrency}\nqueues = [{}]\n[log]\n{log}\n",
             toml_string(queue)
         ));
+        toml.push_str(extra_toml);
         let exe = std::env::current_exe().map_err(|err| BenchError::Daemon(err.to_string()))?;
         // The daemon's log is captured, never shown: it would interleave with the report.
         let mut command =

@@ -16,7 +16,8 @@
 //! backlog through pgtaskd's claim and finish functions, with counts computed beforehand,
 //! so that drain can be read as a fraction of what the database itself reaches. Producers
 //! mode measures the other side: single-row INSERT commits per second with the daemon
-//! running, with the table's NOTIFY trigger and without it.
+//! running, with the table's NOTIFY trigger and without it. Soak mode runs a steady producer
+//! for minutes or hours, with retention on, and reports per period what the table does.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -24,6 +25,7 @@
 //! | `run` | one run: inserts, waits, figures, the totals check |
 //! | `ceiling` | ceiling mode: claim and finish with no daemon |
 //! | `producers` | producers mode: INSERT commits with and without the trigger |
+//! | `soak` | soak mode: a steady producer, the table's size and health per period, a held snapshot |
 //! | `daemon` | the daemon under test, a child process |
 //! | `proc` | CPU time and peak RSS from `/proc` |
 //! | `report` | the [`Report`] and its text form |
@@ -34,6 +36,7 @@ mod proc;
 mod producers;
 mod report;
 mod run;
+mod soak;
 pub mod workload;
 
 use std::time::Duration;
@@ -44,6 +47,7 @@ use crate::db::{migrate, DbError};
 
 pub use report::{Enqueue, Latency, Producers, Report};
 pub use run::run;
+pub use soak::{Hold, Period, Soak, SoakOptions, Summary, SOAK_RETENTION};
 
 /// How often the producer looks at the table while it waits.
 const POLL: Duration = Duration::from_millis(20);
@@ -64,6 +68,11 @@ const CEILING_SESSIONS: usize = 4;
 const CEILING_BATCH: usize = 500;
 /// Producers mode: the most tasks one run inserts, both halves together.
 const PRODUCER_LIMIT: u32 = 1_000_000;
+/// Producers mode: the default and the longest `--duration`.
+pub const PRODUCERS_DURATION: Duration = Duration::from_secs(10);
+pub const PRODUCERS_DURATION_MAX: Duration = Duration::from_secs(300);
+/// Soak mode: the default `--duration`.
+pub const SOAK_DURATION: Duration = Duration::from_secs(600);
 /// How long the idle daemon's CPU use is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(3);
 
@@ -81,6 +90,8 @@ pub enum Mode {
     Ceiling,
     /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without.
     Producers,
+    /// A steady producer for a long time, retention on, figures per period.
+    Soak,
 }
 
 /// What to run.
@@ -91,8 +102,10 @@ pub struct BenchOptions {
     pub concurrency: usize,
     /// Producers mode: the connections committing INSERTs.
     pub producers: usize,
-    /// Producers mode: how long each half runs.
+    /// Producers mode: how long each half runs; soak mode: how long the producer runs.
     pub duration: Duration,
+    /// Soak mode: the rate, the period, the held snapshot.
+    pub soak: SoakOptions,
 }
 
 /// Why a run has no result.

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::Mode;
+use super::{Mode, Soak};
 
 /// Percentiles of enqueue-to-start latency, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
@@ -58,6 +58,8 @@ pub struct Report {
     pub notify_floor_ms: Option<Latency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub producers: Option<Producers>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub soak: Option<Soak>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_cpu_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -128,6 +130,9 @@ impl std::fmt::Display for Report {
                 "  with / without       {:.1}%",
                 p.with_over_without * 100.0
             )?;
+        }
+        if let Some(soak) = &self.soak {
+            write!(f, "{soak}")?;
         }
         if let (Some(cpu), Some(per_1000)) = (self.daemon_cpu_s, self.daemon_cpu_s_per_1000_tasks) {
             writeln!(

@@ -10,8 +10,9 @@ use tokio_postgres::{AsyncMessage, Client};
 use super::daemon::{AnalyzerStarts, Daemon};
 use super::report::{Latency, Report};
 use super::{
-    ceiling, producers, workload, BenchError, BenchOptions, Mode, CEILING_BATCH, CEILING_SESSIONS,
-    LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS, WARM_UP,
+    ceiling, producers, soak, workload, BenchError, BenchOptions, Mode, CEILING_BATCH,
+    CEILING_SESSIONS, LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS,
+    WARM_UP,
 };
 use crate::config::Config;
 use crate::db::{listen, migrate, ConnectSettings, DbError};
@@ -29,6 +30,12 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     migrate::check(&client).await?;
     let queue = format!("bench-{}", std::process::id());
     delete_rows(&client, &queue).await?;
+    if options.mode == Mode::Soak {
+        // Retention deletes its rows as it goes: it checks them as it reads them.
+        let result = soak::soak(&settings, &client, config, &queue, options).await;
+        delete_rows(&client, &queue).await?;
+        return result;
+    }
     let result = measure(&settings, &client, config, &queue, options).await;
     delete_rows(&client, &queue).await?;
     let (report, found, succeeded) = result?;
@@ -114,6 +121,11 @@ async fn measure(
             wait_done(client, queue, n).await?;
             (Some(daemon), started)
         }
+        Mode::Soak => {
+            return Err(BenchError::Session(
+                "soak mode runs through soak::soak".to_string(),
+            ))
+        }
         Mode::Latency => {
             floor = Some(notify_floor(settings, client, queue, &texts).await?);
             let daemon = Daemon::start(config, queue, options.concurrency, true)?;
@@ -156,6 +168,7 @@ async fn measure(
         latency_ms: latency,
         notify_floor_ms: floor,
         producers,
+        soak: None,
         daemon_cpu_s: usage.as_ref().map(|u| u.cpu_s),
         daemon_cpu_s_per_1000_tasks: usage.as_ref().map(|u| u.cpu_s / n as f64 * 1000.0),
         daemon_peak_rss_mib: usage.as_ref().map(|u| u.peak_rss_mib),
@@ -165,7 +178,11 @@ async fn measure(
     Ok((report, found, succeeded))
 }
 
-async fn insert(client: &Client, queue: &str, texts: &[String]) -> Result<(), BenchError> {
+pub(super) async fn insert(
+    client: &Client,
+    queue: &str,
+    texts: &[String],
+) -> Result<(), BenchError> {
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (queue, payload) SELECT $1, unnest($2::text[])",
@@ -209,7 +226,7 @@ pub(super) async fn wait_done(client: &Client, queue: &str, n: usize) -> Result<
 
 /// Seconds from `started` (this process's clock) to the last `finished_at` of `queue` (the
 /// database's clock: the same machine's).
-async fn seconds_since(
+pub(super) async fn seconds_since(
     client: &Client,
     queue: &str,
     started: chrono::DateTime<chrono::Utc>,

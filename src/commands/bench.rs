@@ -10,15 +10,18 @@ use crate::config::Config;
 
 use super::CommandError;
 
-/// Run the workload `mode` names (the latency mode sets its own task count) and print the
-/// report, for people or as JSON.
+/// Run the workload `mode` names (the latency mode sets its own task count; `duration`
+/// defaults per mode) and print the report, for people or as JSON.
+// One argument per option of the command line.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn bench(
     config: &Config,
     mode: BenchMode,
     tasks: u32,
     concurrency: u32,
     producers: u32,
-    duration: Duration,
+    duration: Option<Duration>,
+    soak: bench::SoakOptions,
     json: bool,
 ) -> Result<ExitCode, CommandError> {
     let mode = match mode {
@@ -27,7 +30,25 @@ pub(super) async fn bench(
         BenchMode::Latency => bench::Mode::Latency,
         BenchMode::Ceiling => bench::Mode::Ceiling,
         BenchMode::Producers => bench::Mode::Producers,
+        BenchMode::Soak => bench::Mode::Soak,
     };
+    let duration = match (mode, duration) {
+        (bench::Mode::Producers, Some(d)) if d > bench::PRODUCERS_DURATION_MAX => {
+            return Err(CommandError::Usage(
+                "producers mode: --duration must be at most 5m".to_string(),
+            ))
+        }
+        (bench::Mode::Soak, None) => bench::SOAK_DURATION,
+        (_, None) => bench::PRODUCERS_DURATION,
+        (_, Some(d)) => d,
+    };
+    if let Some(hold) = soak.hold.filter(|&hold| hold >= duration) {
+        return Err(CommandError::Usage(format!(
+            "--hold-snapshot {} must be shorter than --duration {}",
+            humantime::format_duration(hold),
+            humantime::format_duration(duration)
+        )));
+    }
     let tasks = if mode == bench::Mode::Latency {
         bench::LATENCY_MODE_TASKS
     } else {
@@ -39,6 +60,7 @@ pub(super) async fn bench(
         concurrency: concurrency as usize,
         producers: producers as usize,
         duration,
+        soak,
     };
     let report = bench::run(config, options).await?;
     if json {

@@ -180,8 +180,28 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             concurrency,
             producers,
             duration,
+            rate,
+            hold_snapshot,
+            report_every,
             json,
-        } => bench::bench(&config, mode, tasks, concurrency, producers, duration, json).await,
+        } => {
+            let soak = crate::bench::SoakOptions {
+                rate,
+                period: report_every,
+                hold: hold_snapshot,
+            };
+            bench::bench(
+                &config,
+                mode,
+                tasks,
+                concurrency,
+                producers,
+                duration,
+                soak,
+                json,
+            )
+            .await
+        }
         Command::Completions { shell } => Ok(completions(shell)),
         Command::Man => Ok(man()),
         Command::CheckConfig { connect } => service::check_config(&config, connect).await,

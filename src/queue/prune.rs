@@ -33,3 +33,34 @@ pub async fn prune(client: &Client, older_than: Duration, limit: i64) -> Result<
         .await?;
     Ok(deleted)
 }
+
+/// Whether this session's role may vacuum the table: its owner (or a member of the owner's
+/// role, a superuser included) or the database's owner. Anyone else's `VACUUM` would only warn.
+const MAY_VACUUM: &str = "
+SELECT pg_has_role(c.relowner, 'USAGE')
+    OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE')
+  FROM pg_class c
+ WHERE c.oid = 'pgtaskd.tasks'::regclass";
+
+/// Whether this session may [`vacuum`] the table.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn may_vacuum(client: &Client) -> Result<bool, DbError> {
+    Ok(client.query_one(MAY_VACUUM, &[]).await?.get(0))
+}
+
+/// Vacuum the table (and its TOAST table), so that the rows pruned and the row versions the
+/// claims and finishes left behind become free space. `SKIP_LOCKED`: when another vacuum
+/// (another daemon's, autovacuum's) holds the table, this one does nothing.
+///
+/// # Errors
+///
+/// Database failures, a statement timeout among them.
+pub async fn vacuum(client: &Client) -> Result<(), DbError> {
+    client
+        .batch_execute("VACUUM (SKIP_LOCKED) pgtaskd.tasks")
+        .await?;
+    Ok(())
+}

@@ -8,8 +8,8 @@ use pgtaskd::queue::{self, TaskStatus};
 use tokio::sync::Barrier;
 
 use crate::support::{
-    assert_all_succeeded, audit, count, eventually, insert_payloads, wait_count, DaemonProcess,
-    TestDb, WAIT,
+    assert_all_succeeded, audit, count, eventually, insert_payloads, wait_count, within,
+    DaemonProcess, TestDb, WAIT,
 };
 
 const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
@@ -306,4 +306,43 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(left, ["recent", "queued", "running"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let rows = pgtaskd::retention::VACUUM_AFTER as i64 + 10;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
+             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days'
+               FROM generate_series(1, $1::int8) i",
+            &[&rows],
+        )
+        .await
+        .unwrap();
+    let vacuums =
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass";
+    let before = count(&client, vacuums).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let retention = tokio::spawn(pgtaskd::retention::run(
+        db.pool(1),
+        Duration::from_secs(86_400),
+        stop.clone(),
+    ));
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks",
+        0,
+        "the rows pruned",
+    )
+    .await;
+    eventually(WAIT, "retention's vacuum", || {
+        let client = &client;
+        async move { (count(client, vacuums).await > before).then_some(()) }
+    })
+    .await;
+    stop.cancel();
+    within(WAIT, "retention to stop", retention).await.unwrap();
 }

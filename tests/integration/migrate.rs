@@ -97,3 +97,30 @@ async fn a_database_that_is_not_utf8_is_refused() {
         .unwrap();
     assert!(row.get::<_, bool>(0), "nothing was installed");
 }
+
+#[tokio::test]
+async fn schema_8_sets_the_tables_vacuum_parameters() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let options: Vec<String> = client
+        .query_one(
+            "SELECT reloptions FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for option in [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=5000",
+        "autovacuum_vacuum_cost_delay=0",
+        "vacuum_truncate=false",
+    ] {
+        assert!(options.iter().any(|o| o == option), "{option}: {options:?}");
+    }
+    assert_eq!(
+        options.len(),
+        4,
+        "only the parameters sql/0008_autovacuum.sql explains: {options:?}"
+    );
+}

@@ -144,7 +144,7 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
     let later: Vec<i32> = pgtaskd::db::migrate::MIGRATIONS
         .iter()
         .map(|m| m.version)
-        .filter(|v| *v > 2)
+        .filter(|&v| v > 2)
         .collect();
     assert_eq!(
         pgtaskd::db::migrate::migrate(&mut owner).await.unwrap(),
