@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0006_queues",
         sql: include_str!("../../sql/0006_queues.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_idle_notify",
+        sql: include_str!("../../sql/0007_idle_notify.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -15,6 +15,7 @@ async fn migrate_twice_is_a_no_op() {
     assert!(stdout.contains("applied migration 4"));
     assert!(stdout.contains("applied migration 5"));
     assert!(stdout.contains("applied migration 6"));
+    assert!(stdout.contains("applied migration 7"));
     let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("schema is up to date"), "{stdout}");

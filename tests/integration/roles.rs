@@ -143,7 +143,7 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .unwrap();
     assert_eq!(
         pgtaskd::db::migrate::migrate(&mut owner).await.unwrap(),
-        vec![3, 4, 5, 6]
+        vec![3, 4, 5, 6, 7]
     );
     let finish =
         "pgtaskd.finish(text, bigint[], int[], text[], bigint[], bigint[], bigint[], text[])";
@@ -168,6 +168,15 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .unwrap()
         .get(0);
     assert!(!nobody, "and to nobody else");
+    let flags: bool = owner
+        .query_one(
+            "SELECT has_table_privilege('worker', 'pgtaskd.idle_daemons', 'INSERT, UPDATE, DELETE')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(flags, "the upgrade lets the daemon's role flag itself idle");
 
     let (_, url) = role_client(&db, "worker").await;
     owner
@@ -184,4 +193,9 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
     .await;
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    assert!(
+        !daemon.log_text().contains("permission denied"),
+        "{}",
+        daemon.log_text()
+    );
 }
