@@ -16,7 +16,8 @@
 //! backlog through pgtaskd's claim and finish functions, with counts computed beforehand,
 //! so that drain can be read as a fraction of what the database itself reaches. Producers
 //! mode measures the other side: single-row INSERT commits per second with the daemon
-//! running, with the table's NOTIFY trigger and without it.
+//! running, with the table's NOTIFY trigger and without it, between two measurements of the
+//! idle latency as latency mode takes it (with the notify floor first).
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -79,7 +80,8 @@ pub enum Mode {
     Latency,
     /// A backlog claimed and finished by the bench's own sessions, no daemon, no analyzer.
     Ceiling,
-    /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without.
+    /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without;
+    /// the idle latency before and after, and the notify floor.
     Producers,
 }
 
