@@ -191,10 +191,10 @@ impl Worker {
     }
 
     /// The producer loop: scan for work at start, on every wake-up and on every poll tick,
-    /// and, while the daemon finds work, every [`idle::LINGER_TICK`] until it has found none
-    /// for [`idle::LINGER`]; then, once it has room for another task, flag the daemon idle,
-    /// so that inserts notify (see `idle.rs`), until `stop` fires. Returns when it does, once its idle flag is removed
-    /// (at most [`CLEAR_ON_STOP`]); running tasks go on (see [`Worker::shutdown`]). The lease
+    /// and, while the daemon finds work, every millisecond until it has found none for 5 ms;
+    /// then, once it has room for another task, flag the daemon idle, so that inserts notify
+    /// (see `idle.rs`), until `stop` fires. Returns when it does, once its idle flag is removed
+    /// (at most a second); running tasks go on (see [`Worker::shutdown`]). The lease
     /// heartbeat runs alongside until the last task ended.
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
