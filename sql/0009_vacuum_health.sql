@@ -112,7 +112,7 @@ REVOKE ALL ON FUNCTION pgtaskd.vacuum_health() FROM PUBLIC;
 COMMENT ON FUNCTION pgtaskd.vacuum_health() IS
     'pgtaskd: bloat of pgtaskd.tasks and the oldest xmin horizon holding back its vacuum; no query text';
 
--- The daemon's rights of version 6, and the vacuum health.
+-- The daemon's rights of version 7, and the vacuum health.
 CREATE OR REPLACE FUNCTION pgtaskd.grant_daemon(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -124,6 +124,9 @@ BEGIN
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations, pgtaskd.paused_queues TO %I',
+                   role_name);
+    -- Each daemon flags itself idle (version 7).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskd.idle_daemons TO %I',
                    role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.claim(text[], bigint, text, float8), '
                    'pgtaskd.claim(text[], bigint, text, float8, bigint, boolean, bigint), '

@@ -276,6 +276,7 @@ impl ListenEvents for DaemonEvents {
             self.metrics.listener_reconnected();
         }
         self.health.listener_connected();
+        self.worker.relisten();
         self.worker.wake();
         // Completions may have been announced while nobody listened.
         if let Some(completions) = &self.completions {

@@ -61,7 +61,7 @@ impl Daemon {
             toml.push_str(&format!("[database]\nurl = {}\n", toml_string(url)));
         }
         let log = if trace_starts {
-            "level = \"warn,pgtaskd::worker=debug\"\nformat = \"json\""
+            "level = \"warn,pgtaskd::worker::execute=debug\"\nformat = \"json\""
         } else {
             "level = \"warn\""
         };

@@ -16,8 +16,10 @@
 //! backlog through pgtaskd's claim and finish functions, with counts computed beforehand,
 //! so that drain can be read as a fraction of what the database itself reaches. Producers
 //! mode measures the other side: single-row INSERT commits per second with the daemon
-//! running, with the table's NOTIFY trigger and without it. Soak mode runs a steady producer
-//! for minutes or hours, with retention on, and reports per period what the table does.
+//! running, with the table's NOTIFY trigger and without it, between two measurements of the
+//! idle latency as latency mode takes it (with the notify floor first). Soak mode runs a
+//! steady producer for minutes or hours, with retention on, and reports per period what the
+//! table does.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -88,7 +90,8 @@ pub enum Mode {
     Latency,
     /// A backlog claimed and finished by the bench's own sessions, no daemon, no analyzer.
     Ceiling,
-    /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without.
+    /// Single-row INSERT commits while the daemon runs, with the NOTIFY trigger and without;
+    /// the idle latency before and after, and the notify floor.
     Producers,
     /// A steady producer for a long time, retention on, figures per period.
     Soak,

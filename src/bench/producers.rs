@@ -2,7 +2,10 @@
 //! while the daemon runs, first with the table's NOTIFY trigger as shipped, then with it
 //! disabled (`ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify`), in the same run. Every
 //! commit that sends a notification takes a lock shared by the whole cluster, so the second
-//! figure is what the first would be without that lock. The trigger is enabled again after
+//! figure is what the first would be without that lock. Before the first half and after the
+//! second, the daemon's idle latency is measured as latency mode does, so that a run also
+//! shows that the daemon is woken at once when the producers stop (the trigger notifies only
+//! while a daemon is flagged idle: docs/design.md, "Idle flags"). The trigger is enabled again after
 //! the second half whether it succeeded or not (a bench killed during that half leaves it
 //! disabled: `ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify` puts it back). Called by
 //! [`super::run`].
@@ -17,16 +20,19 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::report::{Enqueue, Producers};
-use super::run::wait_done;
-use super::{workload, BenchError, PRODUCER_LIMIT};
+use super::daemon::Daemon;
+use super::report::{Enqueue, Latency, Producers};
+use super::run::{latencies, wait_done};
+use super::{workload, BenchError, LATENCY_MODE_TASKS, PRODUCER_LIMIT};
 use crate::db::ConnectSettings;
 
-/// Run both halves; returns their figures and the tasks inserted.
+/// Measure the idle latency, run both halves, measure the idle latency again; returns the
+/// figures and the tasks inserted.
 pub(super) async fn producers(
     settings: &ConnectSettings,
     client: &Client,
     queue: &str,
+    daemon: &Daemon,
     producers: usize,
     duration: Duration,
 ) -> Result<(Producers, u32), BenchError> {
@@ -35,6 +41,7 @@ pub(super) async fn producers(
         sessions.push(Arc::new(settings.connect().await?));
     }
     let next = Arc::new(AtomicU32::new(0));
+    let idle_before = idle_latency(client, queue, daemon, &next).await?;
     let with_trigger = half(&sessions, queue, duration, &next).await?;
     wait_done(client, queue, inserted(&next) as usize).await?;
     client
@@ -45,16 +52,37 @@ pub(super) async fn producers(
         .batch_execute("ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify")
         .await?;
     let without_trigger = without?;
-    let n = inserted(&next);
-    wait_done(client, queue, n as usize).await?;
+    wait_done(client, queue, inserted(&next) as usize).await?;
+    // The numbers drawn past the limit were not inserted: the next tasks take them.
+    next.store(inserted(&next), Ordering::SeqCst);
+    let idle_after = idle_latency(client, queue, daemon, &next).await?;
+    let n = next.load(Ordering::SeqCst);
     let figures = Producers {
         producers,
         seconds_each: duration.as_secs_f64(),
         with_over_without: with_trigger.commits_per_s / without_trigger.commits_per_s,
         with_trigger,
         without_trigger,
+        idle_latency_before_ms: idle_before,
+        idle_latency_after_ms: idle_after,
     };
     Ok((figures, n))
+}
+
+/// Latency mode's measurement on the daemon of the run, now idle: warm-up tasks, then one
+/// task at a time, 20 ms apart, each timed from just before its INSERT to its analyzer start.
+/// The tasks take the next numbers of the run's workload.
+async fn idle_latency(
+    client: &Client,
+    queue: &str,
+    daemon: &Daemon,
+    next: &AtomicU32,
+) -> Result<Latency, BenchError> {
+    let first = next.fetch_add(LATENCY_MODE_TASKS, Ordering::SeqCst);
+    let texts: Vec<String> = (first..first + LATENCY_MODE_TASKS)
+        .map(workload::gen_text)
+        .collect();
+    latencies(client, queue, &texts, daemon).await
 }
 
 /// The tasks inserted so far: every number drawn under the limit was inserted.

@@ -24,7 +24,7 @@ pub struct Enqueue {
 }
 
 /// Producers mode's figures: the same producers with the NOTIFY trigger as shipped, then
-/// with it disabled, while the daemon runs.
+/// with it disabled, while the daemon runs; and the idle daemon's latency before and after.
 #[derive(Debug, Clone, Serialize)]
 pub struct Producers {
     pub producers: usize,
@@ -33,6 +33,10 @@ pub struct Producers {
     pub without_trigger: Enqueue,
     /// `with_trigger.commits_per_s / without_trigger.commits_per_s`.
     pub with_over_without: f64,
+    /// Latency mode's measurement on the same daemon before the producers start.
+    pub idle_latency_before_ms: Latency,
+    /// The same, once the producers stopped and the daemon drained their tasks.
+    pub idle_latency_after_ms: Latency,
 }
 
 /// The figures of one run. Without a daemon (ceiling mode) there are no daemon figures; in
@@ -51,7 +55,7 @@ pub struct Report {
     pub tasks_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<Latency>,
-    /// Latency mode: from just before an INSERT until a bare `LISTEN` session of the bench
+    /// Latency and producers modes: from just before an INSERT until a bare `LISTEN` session of the bench
     /// receives its notification, with no daemon running: the part of the latency that no
     /// daemon woken by `NOTIFY` can go under on this machine.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,6 +134,16 @@ impl std::fmt::Display for Report {
                 "  with / without       {:.1}%",
                 p.with_over_without * 100.0
             )?;
+            for (name, l) in [
+                ("idle latency before", &p.idle_latency_before_ms),
+                ("idle latency after", &p.idle_latency_after_ms),
+            ] {
+                writeln!(
+                    f,
+                    "  {name:<20} p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2} ms (INSERT to analyzer start)",
+                    l.p50, l.p90, l.p99, l.max
+                )?;
+            }
         }
         if let Some(soak) = &self.soak {
             write!(f, "{soak}")?;

@@ -3,7 +3,7 @@
 //! taken and the table's totals checked against the workload's. Called through
 //! [`super::run`] by `pgtaskd bench`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::{AsyncMessage, Client};
 
@@ -11,11 +11,14 @@ use super::daemon::{AnalyzerStarts, Daemon};
 use super::report::{Latency, Report};
 use super::{
     ceiling, producers, soak, workload, BenchError, BenchOptions, Mode, CEILING_BATCH,
-    CEILING_SESSIONS, LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS,
-    WARM_UP,
+    CEILING_SESSIONS, LATENCY_GAP, LATENCY_MODE_TASKS, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT,
+    STREAM_STATEMENTS, WARM_UP,
 };
 use crate::config::Config;
 use crate::db::{listen, migrate, ConnectSettings, DbError};
+
+/// How long the notify floor's idle flag lives: the floor's 210 inserts take about 5 s.
+const FLOOR_FLAG: Duration = Duration::from_secs(60);
 
 /// Run the benchmark.
 ///
@@ -99,12 +102,21 @@ async fn measure(
             (None, started)
         }
         Mode::Producers => {
-            let daemon = Daemon::start(config, queue, options.concurrency, false)?;
+            let floor_texts: Vec<String> =
+                (0..LATENCY_MODE_TASKS).map(workload::gen_text).collect();
+            floor = Some(notify_floor(settings, client, queue, &floor_texts).await?);
+            let daemon = Daemon::start(config, queue, options.concurrency, true)?;
             daemon.wait_listening(client).await?;
             let started = chrono::Utc::now();
-            let (figures, inserted) =
-                producers::producers(settings, client, queue, options.producers, options.duration)
-                    .await?;
+            let (figures, inserted) = producers::producers(
+                settings,
+                client,
+                queue,
+                &daemon,
+                options.producers,
+                options.duration,
+            )
+            .await?;
             n = inserted as usize;
             producers = Some(figures);
             (Some(daemon), started)
@@ -243,7 +255,7 @@ pub(super) async fn seconds_since(
 
 /// Latency mode: warm-up, then one task at a time, 20 ms apart; the latency of a task is
 /// from just before its INSERT to the daemon's [`crate::events::ANALYZER_RUN`] event for it.
-async fn latencies(
+pub(super) async fn latencies(
     client: &Client,
     queue: &str,
     texts: &[String],
@@ -274,7 +286,9 @@ async fn latencies(
 
 /// The floor under the latency: the same inserts, one at a time and as far apart, with no
 /// daemon running and a `LISTEN` session of the bench's own timing each notification's
-/// arrival. Its rows go to a queue of their own, removed afterwards.
+/// arrival. Its rows go to a queue of their own, removed afterwards. The session flags itself
+/// idle as a daemon does (`pgtaskd.idle_daemons`), so that the inserts notify; the flag is
+/// removed afterwards, and expires by itself within [`FLOOR_FLAG`] if the bench is killed.
 async fn notify_floor(
     settings: &ConnectSettings,
     client: &Client,
@@ -292,6 +306,15 @@ async fn notify_floor(
         .batch_execute(&format!("LISTEN {}", listen::TASKS_CHANNEL))
         .await?;
     let queue = format!("{queue}-floor");
+    let flag = format!("{queue}:{}", std::process::id());
+    client
+        .execute(
+            "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+             VALUES ($1, now() + $2 * interval '1 second')
+             ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at",
+            &[&flag, &FLOOR_FLAG.as_secs_f64()],
+        )
+        .await?;
     let insert = client
         .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
         .await?;
@@ -322,6 +345,12 @@ async fn notify_floor(
         Ok::<_, BenchError>(millis)
     }
     .await;
+    client
+        .execute(
+            "DELETE FROM pgtaskd.idle_daemons WHERE instance = $1",
+            &[&flag],
+        )
+        .await?;
     delete_rows(client, &queue).await?;
     Ok(Latency::of(timed?))
 }

@@ -51,6 +51,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../sql/0006_queues.sql"),
     },
     Migration {
+        version: 7,
+        name: "0007_idle_notify",
+        sql: include_str!("../../sql/0007_idle_notify.sql"),
+    },
+    Migration {
         version: 8,
         name: "0008_autovacuum",
         sql: include_str!("../../sql/0008_autovacuum.sql"),

@@ -11,6 +11,7 @@
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
 //! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
 //! | [`mod@prune`] | deleting old finished rows (retention) |
+//! | [`mod@idle`] | the daemon's idle flag, which the insert trigger reads before it notifies |
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
 //! | [`mod@pause`] | pausing and resuming a queue |
@@ -25,6 +26,7 @@ pub mod claim;
 pub mod enqueue;
 pub mod finish;
 pub mod heartbeat;
+pub mod idle;
 pub mod list;
 pub mod pause;
 pub mod prune;
@@ -40,6 +42,7 @@ pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, 
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
+pub use idle::{clear_idle, flag_idle, settled};
 pub use list::{list, ListFilter, Listed};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;

@@ -1,9 +1,10 @@
 //! Claiming: the fill loop that claims batches while the intake has room, starting each
 //! claimed task, and giving back the tasks of a claim whose answer was lost.
 //!
-//! Called by [`Worker::run`] (one fill per scan) and [`Worker::run_once`].
+//! Called by [`Worker::run`] (one fill per scan, see `idle.rs` for what follows a scan) and
+//! [`Worker::run_once`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +21,15 @@ const CLAIMS_IN_FLIGHT: usize = 2;
 /// The most tasks one claim statement takes.
 pub(super) const MAX_CLAIM_BATCH: usize = 100;
 
+/// What one scan ([`Worker::fill`]) did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Scan {
+    /// Tasks claimed by all its claims.
+    pub claimed: usize,
+    /// A claim failed: the scan ended early, not because the queue ran dry.
+    pub failed: bool,
+}
+
 /// What one claim statement took.
 pub(super) struct ClaimReport {
     /// Tasks claimed and started.
@@ -33,13 +43,17 @@ pub(super) struct ClaimReport {
 
 impl Worker {
     /// Claim until the queue runs dry or `stop` fires, one batch whenever the intake has room.
-    pub(super) async fn fill(&self, stop: &CancellationToken) {
+    /// Returns how many tasks it claimed, and whether it ended on a failure.
+    pub(super) async fn fill(&self, stop: &CancellationToken) -> Scan {
         // No claim is on its way here: every claim that answered is in the registry.
         if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
             if let Err(err) = self.release_unanswered().await {
                 self.inner.claim_unanswered.store(true, Ordering::Release);
                 tracing::warn!(error = %err, "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
-                return;
+                return Scan {
+                    claimed: 0,
+                    failed: true,
+                };
             }
         }
         // One claim at a time until one comes back full; then up to CLAIMS_IN_FLIGHT claim
@@ -48,6 +62,8 @@ impl Worker {
         let in_flight = Arc::new(Semaphore::new(1));
         let widened = Arc::new(AtomicBool::new(false));
         let drained = Arc::new(AtomicBool::new(false));
+        let claimed = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
         // Bytes the next claim needs free: the first task the budget left out.
         let needed = Arc::new(AtomicU64::new(0));
         let mut claims = tokio::task::JoinSet::new();
@@ -76,9 +92,15 @@ impl Worker {
             let widened = Arc::clone(&widened);
             let in_flight = Arc::clone(&in_flight);
             let needed = Arc::clone(&needed);
+            let claimed = Arc::clone(&claimed);
+            let failed = Arc::clone(&failed);
             claims.spawn(async move {
                 match worker.claim_and_start(room).await {
                     Ok(report) => {
+                        if report.claimed > 0 {
+                            worker.found_work();
+                        }
+                        claimed.fetch_add(report.claimed, Ordering::AcqRel);
                         needed.store(report.left_out.unwrap_or(0), Ordering::Release);
                         if report.full {
                             if !widened.swap(true, Ordering::AcqRel) {
@@ -90,6 +112,7 @@ impl Worker {
                     }
                     Err(err) => {
                         drained.store(true, Ordering::Release);
+                        failed.store(true, Ordering::Release);
                         if err.is_unavailable() {
                             worker.inner.claim_unanswered.store(true, Ordering::Release);
                         }
@@ -101,6 +124,10 @@ impl Worker {
         }
         // Return once no claim is on its way: the next scan starts from a settled state.
         while claims.join_next().await.is_some() {}
+        Scan {
+            claimed: claimed.load(Ordering::Acquire),
+            failed: failed.load(Ordering::Acquire),
+        }
     }
 
     /// A claim failed after it may have committed: its tasks are RUNNING under this instance

@@ -162,6 +162,19 @@ impl Intake {
         })
     }
 
+    /// Whether [`Intake::reserve`] would find room for a claim of one task of no size now.
+    pub fn has_room(&self) -> bool {
+        let state = self.lock();
+        let tasks = state
+            .target(self.concurrency)
+            .saturating_sub(state.outstanding);
+        let take_one = state.bytes_held == 0 && state.bytes_reserved == 0;
+        let bytes = self
+            .max_bytes
+            .saturating_sub(state.bytes_held + state.bytes_reserved);
+        tasks > 0 && (take_one || bytes > 0)
+    }
+
     /// A claim for `room` took `tasks` tasks holding `bytes` of payload, in `took`: the room
     /// it did not use is free again.
     pub fn claimed(&self, room: Room, tasks: usize, bytes: u64, took: Duration) {

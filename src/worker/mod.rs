@@ -1,6 +1,8 @@
 //! The worker: wake (notify | poll) -> intake room -> claim -> permit -> analyze -> finish.
 //!
-//! One producer loop per daemon claims work, in batches sized to the room its
+//! One producer loop per daemon claims work when woken (a notification, which inserts send
+//! only while some daemon is flagged idle, see `idle.rs`), at its poll tick, and by itself
+//! while it keeps finding work. It claims, in batches sized to the room its
 //! [`intake`] has: the free workers, plus as many tasks as the workers get through
 //! while a claim is on its way (none for slow tasks, up to [`intake::MAX_AHEAD`] for
 //! texts analyzed in microseconds). Each claimed task runs on a task of its own that takes one
@@ -28,6 +30,7 @@
 //! | --- | --- |
 //! | `mod.rs` | the [`Worker`] handle, the producer loop ([`Worker::run`], [`Worker::run_once`]) |
 //! | `claim.rs` | claiming batches, starting them, giving back unanswered claims |
+//! | `idle.rs` | after a scan: lingering, the idle flag the insert trigger reads, the window's watch |
 //! | [`intake`] (`intake.rs`) | how many tasks to claim next |
 //! | `execute.rs` | one claim: permit, analyzer (inline or blocking), settling |
 //! | `registry.rs` | the running tasks and their cancellation tokens |
@@ -38,8 +41,9 @@
 //! Callers: [`crate::daemon`] runs [`Worker::run`] and [`Worker::shutdown`]; tests also call
 //! [`Worker::run_once`].
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -56,13 +60,18 @@ mod cancel;
 mod claim;
 mod execute;
 mod heartbeat;
+mod idle;
 pub mod intake;
 mod registry;
 mod shutdown;
 
 use claim::MAX_CLAIM_BATCH;
+pub use idle::ttl as idle_flag_ttl;
 use intake::{Intake, MAX_AHEAD};
 use registry::Registry;
+
+/// The longest a stopping worker waits for its idle flag to be removed.
+const CLEAR_ON_STOP: Duration = Duration::from_secs(1);
 
 /// Outcomes that may wait for a batch commit, per unit of `worker.concurrency`.
 const COMPLETION_QUEUE_PER_WORKER: usize = 4;
@@ -109,6 +118,10 @@ struct Inner {
     /// A claim failed with the database unreachable: it may have committed with its answer
     /// lost. The next scan gives back what it took.
     claim_unanswered: AtomicBool,
+    /// The listener reconnected since the idle flag was last written.
+    relisten: AtomicBool,
+    /// Whether this daemon's idle flag is written (`idle.rs`).
+    flag: idle::Flag,
 }
 
 impl Worker {
@@ -144,6 +157,8 @@ impl Worker {
                 abort: CancellationToken::new(),
                 heartbeat_stop: CancellationToken::new(),
                 claim_unanswered: AtomicBool::new(false),
+                relisten: AtomicBool::new(false),
+                flag: idle::Flag::default(),
             }),
         }
     }
@@ -159,6 +174,12 @@ impl Worker {
         self.inner.wake.notify_one();
     }
 
+    /// The listener has a new session: the idle flag is written again after the next scan
+    /// that finds nothing (a crash or a promotion of the server empties the flags).
+    pub fn relisten(&self) {
+        self.inner.relisten.store(true, Ordering::Release);
+    }
+
     /// Counts the scans for work completed so far; the first one ends the start-up.
     pub fn scans(&self) -> watch::Receiver<u64> {
         self.inner.scans.subscribe()
@@ -170,8 +191,11 @@ impl Worker {
     }
 
     /// The producer loop: scan for work at start, on every wake-up and on every poll tick,
-    /// until `stop` fires. Returns at once when it does; running tasks go on (see
-    /// [`Worker::shutdown`]). The lease heartbeat runs alongside until the last task ended.
+    /// and, while the daemon finds work, every millisecond until it has found none for 5 ms;
+    /// then, once it has room for another task, flag the daemon idle, so that inserts notify
+    /// (see `idle.rs`), until `stop` fires. Returns when it does, once its idle flag is removed
+    /// (at most a second); running tasks go on (see [`Worker::shutdown`]). The lease
+    /// heartbeat runs alongside until the last task ended.
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
         tokio::spawn(self.clone().confirm_cancels());
@@ -185,16 +209,44 @@ impl Worker {
                 draining.cancel();
             }
         });
+        let mut idle = idle::IdleState::default();
+        let mut scan_now = true;
+        let mut scan = claim::Scan::default();
+        let mut poll_at = Instant::now();
         loop {
-            self.fill(&stop).await;
-            self.inner.scans.send_modify(|n| *n += 1);
-            let poll = jitter(self.inner.config.poll_interval);
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = self.inner.wake.notified() => {}
-                _ = tokio::time::sleep(poll) => {}
+            if scan_now {
+                scan = self.fill(&stop).await;
+                if stop.is_cancelled() {
+                    break;
+                }
+                if self.after_scan(&mut idle, scan).await {
+                    // Flagged idle: the last claim, which sees every producer that read the
+                    // flags before they held this one and committed since.
+                    continue;
+                }
+                self.inner.scans.send_modify(|n| *n += 1);
+                poll_at = Instant::now() + jitter(self.inner.config.poll_interval);
             }
+            let room = self.inner.intake.has_room();
+            let wait = idle.wait(scan, self.inner.config.poll_interval, room);
+            let (until, watch) = match wait {
+                idle::Wait::Scan(after) => ((Instant::now() + after).min(poll_at), false),
+                idle::Wait::Idle { watch_at: Some(at) } if at < poll_at => (at, true),
+                idle::Wait::Room | idle::Wait::Idle { .. } => (poll_at, false),
+            };
+            let for_room = matches!(wait, idle::Wait::Room);
+            scan_now = tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = self.inner.wake.notified() => true,
+                _ = self.inner.intake.freed(), if for_room => true,
+                _ = tokio::time::sleep_until(until.into()) => {
+                    !watch || self.check_watched(&mut idle).await
+                }
+            };
         }
+        // Inserts stop notifying for this daemon (or its flag expires, if the database does
+        // not answer in time).
+        let _ = tokio::time::timeout(CLEAR_ON_STOP, self.clone().clear_flag()).await;
     }
 
     /// Claim one batch, as many tasks as there are free permits (at most one claim

@@ -103,7 +103,8 @@ async fn ceiling_mode_claims_and_finishes_the_backlog_without_a_daemon_and_leave
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producers_mode_reports_commits_with_and_without_the_trigger_and_enables_it_again() {
+async fn producers_mode_reports_commits_with_and_without_the_trigger_the_idle_latency_and_enables_it_again(
+) {
     let db = TestDb::new().await;
     let report = bench(
         &db,
@@ -134,7 +135,21 @@ async fn producers_mode_reports_commits_with_and_without_the_trigger_and_enables
         figures["with_over_without"].as_f64().unwrap() > 0.0,
         "{report}"
     );
-    // Every commit was a task the daemon finished with the workload's counts.
+    // The idle latency, before and after the producers, on the same daemon, and the floor.
+    for latency in [
+        &figures["idle_latency_before_ms"],
+        &figures["idle_latency_after_ms"],
+        &report["notify_floor_ms"],
+    ] {
+        let p50 = latency["p50"].as_f64().unwrap();
+        assert!(
+            p50 > 0.0 && p50 <= latency["p99"].as_f64().unwrap(),
+            "{report}"
+        );
+    }
+    // Every commit was a task the daemon finished with the workload's counts, and so was
+    // every task of the two latency measurements.
+    let total = total + 2 * u64::from(pgtaskd::bench::LATENCY_MODE_TASKS);
     assert_eq!(report["tasks"].as_u64().unwrap(), total, "{report}");
     let (words, bytes, runes) = workload::check_totals(total as u32);
     assert_eq!(

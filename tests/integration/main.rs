@@ -21,6 +21,7 @@ mod finish;
 mod http;
 mod http_limits;
 mod idempotency;
+mod idle_notify;
 mod intake;
 mod leases;
 mod migrate;

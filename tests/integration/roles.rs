@@ -173,6 +173,15 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .unwrap()
         .get(0);
     assert!(!nobody, "and to nobody else");
+    let flags: bool = owner
+        .query_one(
+            "SELECT has_table_privilege('worker', 'pgtaskd.idle_daemons', 'INSERT, UPDATE, DELETE')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(flags, "the upgrade lets the daemon's role flag itself idle");
 
     let (_, url) = role_client(&db, "worker").await;
     owner
@@ -189,4 +198,9 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
     .await;
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    assert!(
+        !daemon.log_text().contains("permission denied"),
+        "{}",
+        daemon.log_text()
+    );
 }

@@ -1,0 +1,245 @@
+//! What follows a scan: linger, flag the daemon idle, watch the window, clear the flag
+//! (docs/design.md, "Idle flags").
+//!
+//! Inserts notify only while some daemon's flag in `pgtaskd.idle_daemons` is live, so a
+//! daemon must be flagged whenever it relies on a notification, and should not be while it
+//! finds work by itself:
+//!
+//! - A claim that finds work makes the daemon busy: its flag, if any, is removed at once by
+//!   a statement of its own, off the claim path, however long the scan then goes on. After
+//!   the scan it lingers: it scans again every
+//!   [`LINGER_TICK`] without being asked, until [`LINGER`] has passed since the last scan that
+//!   found work. Under a steady stream (arrivals closer than that) it never flags itself, and
+//!   producers never notify; a stream slow enough to flag between two tasks notifies rarely
+//!   enough for the commit lock not to matter.
+//! - A daemon with no room for another task (every worker busy, nothing to claim ahead, or
+//!   its byte budget spent) is busy too: it does not flag itself, and scans again as soon as
+//!   room is given back.
+//! - A scan that found nothing after the linger, with room, flags the daemon idle, reads which
+//!   transactions were then in progress (one round trip for both), and scans once more: a
+//!   producer whose trigger read the flags before they held this one either committed before
+//!   that last claim (which sees its rows) or is one of those transactions.
+//! - While flagged, the daemon waits for a notification, its poll tick, or the next check of
+//!   those transactions (1, 2, 4, ... ms after the flag: [`WATCH_FIRST`], doubling): when one
+//!   of them has committed, it scans again. A producer transaction that inserted while the
+//!   daemon was busy and commits `t` after it went idle is found within about `t` more, and
+//!   by the poll tick at the latest.
+//! - At every poll tick an idle daemon renews its flag the same way (flag, read the
+//!   transactions, scan), so the flag lives [`ttl`] from then: two poll intervals and a
+//!   second. A daemon killed without removing it stops counting then. A flag lost otherwise
+//!   (a crash or a promotion empties the unlogged table) is written again after the
+//!   listener's next session, or at the next poll tick; meanwhile inserts wait for that tick.
+//!
+//! Called by [`Worker::run`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use super::claim::Scan;
+use super::Worker;
+use crate::queue;
+
+/// How long a daemon that found work goes on scanning by itself before it flags itself idle.
+pub(super) const LINGER: Duration = Duration::from_millis(5);
+/// How often it scans while it lingers.
+pub(super) const LINGER_TICK: Duration = Duration::from_millis(1);
+/// The first check of the transactions in progress when the flag was written; each next one
+/// waits twice as long, until they have all ended or the poll tick comes.
+pub(super) const WATCH_FIRST: Duration = Duration::from_millis(1);
+
+/// How long a flag lives: renewed at every poll tick (at most one poll interval apart, each
+/// after a scan), it outlives two of them.
+pub fn ttl(poll_interval: Duration) -> Duration {
+    poll_interval * 2 + Duration::from_secs(1)
+}
+
+/// Whether this worker's flag is written, shared with the claims of a scan: the first claim
+/// that finds work removes it at once, however long the scan then goes on.
+#[derive(Default)]
+pub(super) struct Flag {
+    /// The flag was written and not yet removed.
+    flagged: AtomicBool,
+    /// The statement removing the flag, while it may still be on its way: a new flag waits
+    /// for it, so that a late removal never takes a new flag away.
+    clearing: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The producer loop's own state: when it last found work, when it last wrote its flag, and
+/// the transactions it watches.
+#[derive(Default)]
+pub(super) struct IdleState {
+    /// When the last scan that claimed something ended; `None` before the first.
+    last_work: Option<Instant>,
+    /// When the flag was last written, while the daemon counts as flagged.
+    flagged_at: Option<Instant>,
+    /// The transactions in progress when the flag was written, not yet seen ending.
+    watched: Vec<String>,
+    /// When to check them next, and how long that wait was.
+    watch_at: Option<(Instant, Duration)>,
+}
+
+/// What the loop waits for after a scan.
+pub(super) enum Wait {
+    /// Scan again after this long (lingering, or a failed scan's poll), unless woken first.
+    Scan(Duration),
+    /// Busy, with no room for another task: scan again once some is given back (or when
+    /// woken, or at the poll tick).
+    Room,
+    /// Idle: wait for a notification or the poll tick; check the watched transactions at
+    /// this instant if it comes first.
+    Idle { watch_at: Option<Instant> },
+}
+
+impl IdleState {
+    /// Still lingering after the last scan that found work.
+    fn lingering(&self) -> bool {
+        self.last_work.is_some_and(|at| at.elapsed() < LINGER)
+    }
+
+    /// What to wait for after `scan`, whose work (if any) [`Worker::after_scan`] has
+    /// recorded, with or without `room` for another task.
+    pub(super) fn wait(&self, scan: Scan, poll: Duration, room: bool) -> Wait {
+        if scan.failed {
+            Wait::Scan(poll)
+        } else if self.lingering() {
+            Wait::Scan(LINGER_TICK)
+        } else if self.flagged_at.is_none() && !room {
+            Wait::Room
+        } else if self.flagged_at.is_none() {
+            // A flag that could not be written: scan at the poll tick.
+            Wait::Scan(poll)
+        } else {
+            Wait::Idle {
+                watch_at: self.watch_at.map(|(at, _)| at),
+            }
+        }
+    }
+}
+
+impl Worker {
+    /// Record what `scan` found: work makes the daemon busy. Returns true when the daemon
+    /// has just flagged itself idle: the caller scans once more at once (the last claim).
+    pub(super) async fn after_scan(&self, state: &mut IdleState, scan: Scan) -> bool {
+        if scan.claimed > 0 {
+            // Its first claim that found work removed the flag.
+            state.last_work = Some(Instant::now());
+            state.flagged_at = None;
+            state.watch_at = None;
+            state.watched.clear();
+            return false;
+        }
+        if scan.failed || state.lingering() || !self.inner.intake.has_room() {
+            // Without room a notification would find nothing to do: the daemon scans again
+            // once room is given back.
+            return false;
+        }
+        // A new listener session: the flag may have been lost with the server (a crash or a
+        // promotion empties the table), so it is written again.
+        let relisten = self.inner.relisten.swap(false, Ordering::AcqRel);
+        let refresh = self.inner.config.poll_interval / 2;
+        let due = match state.flagged_at {
+            None => true,
+            Some(at) => relisten || at.elapsed() >= refresh,
+        };
+        if !due {
+            return false;
+        }
+        let clearing = match self.inner.flag.clearing.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(_) => None,
+        };
+        if let Some(clearing) = clearing {
+            let _ = clearing.await;
+        }
+        let ttl = ttl(self.inner.config.poll_interval);
+        let flagged = async {
+            let client = self.inner.pool.get().await?;
+            client
+                .bounded(queue::flag_idle(&client, &self.inner.instance, ttl))
+                .await
+        }
+        .await;
+        match flagged {
+            Ok(xids) => {
+                self.inner.flag.flagged.store(true, Ordering::Release);
+                let now = Instant::now();
+                state.flagged_at = Some(now);
+                state.watch_at = (!xids.is_empty()).then_some((now + WATCH_FIRST, WATCH_FIRST));
+                state.watched = xids;
+                true
+            }
+            Err(err) => {
+                // Inserts then do not notify this daemon: it scans at its poll tick.
+                state.flagged_at = None;
+                state.watch_at = None;
+                state.watched.clear();
+                tracing::warn!(error = %err, "cannot flag this daemon idle; scanning at the poll tick");
+                false
+            }
+        }
+    }
+
+    /// The watched transactions' check is due: returns true when one of them committed, so
+    /// that its rows may be waiting.
+    pub(super) async fn check_watched(&self, state: &mut IdleState) -> bool {
+        let Some((_, waited)) = state.watch_at.take() else {
+            return false;
+        };
+        let settled = async {
+            let client = self.inner.pool.get().await?;
+            client
+                .bounded(queue::settled(&client, &state.watched))
+                .await
+        }
+        .await;
+        let committed = match settled {
+            Ok((open, committed)) => {
+                state.watched = open;
+                committed
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot check the transactions open when this daemon went idle; scanning now");
+                state.watched.clear();
+                true
+            }
+        };
+        if !state.watched.is_empty() {
+            // Until the poll tick, which writes the flag again and reads the transactions
+            // anew.
+            let next = waited * 2;
+            state.watch_at = Some((Instant::now() + next, next));
+        }
+        committed
+    }
+
+    /// A claim found work: remove the flag, if it is written, on a session of its own, so
+    /// that the claim path never waits for it.
+    pub(super) fn found_work(&self) {
+        let flag = &self.inner.flag;
+        if !flag.flagged.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let clearing = tokio::spawn(self.clone().clear_flag());
+        if let Ok(mut slot) = flag.clearing.lock() {
+            *slot = Some(clearing);
+        }
+    }
+
+    /// Remove this daemon's flag. A failure leaves it to expire: inserts notify in vain
+    /// until then.
+    pub(super) async fn clear_flag(self) {
+        let cleared = async {
+            let client = self.inner.pool.get().await?;
+            client
+                .bounded(queue::clear_idle(&client, &self.inner.instance))
+                .await
+        }
+        .await;
+        if let Err(err) = cleared {
+            tracing::debug!(error = %err, "cannot clear this daemon's idle flag; it expires by itself");
+        }
+    }
+}
