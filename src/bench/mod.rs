@@ -64,6 +64,8 @@ const CEILING_SESSIONS: usize = 4;
 const CEILING_BATCH: usize = 500;
 /// Producers mode: the most tasks one run inserts, both halves together.
 const PRODUCER_LIMIT: u32 = 1_000_000;
+/// Drain and ceiling modes: how long the WAL written by others is sampled before the run.
+const WAL_BACKGROUND: Duration = Duration::from_millis(500);
 /// How long the idle daemon's CPU use is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(3);
 
