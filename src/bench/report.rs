@@ -68,6 +68,13 @@ pub struct Report {
     /// CPU seconds per second of the idle daemon, sampled before the load (stream, latency).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_idle_cpu_s_per_s: Option<f64>,
+    /// Drain and ceiling modes, with the server on this machine: CPU seconds of the server
+    /// backends of the run's sessions (the daemon's, from its start; the ceiling's, from its
+    /// first claim), read from `/proc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s_per_1000_tasks: Option<f64>,
     /// Drain and ceiling modes: WAL bytes the server wrote during the run (`pg_current_wal_lsn()`
     /// before and after; the whole cluster's, so other databases' writes are in it), per task.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,11 +132,7 @@ impl std::fmt::Display for Report {
                 drain.mode, drain.tasks, drain.concurrency
             )?;
             drain.figures(f)?;
-            write!(
-                f,
-                "  drain / ceiling      {:.1}%",
-                fraction * 100.0
-            )?;
+            write!(f, "  drain / ceiling      {:.1}%", fraction * 100.0)?;
         }
         Ok(())
     }
@@ -182,6 +185,12 @@ impl Report {
         }
         if let Some(idle) = self.daemon_idle_cpu_s_per_s {
             writeln!(f, "  daemon idle CPU      {idle:.5} s per s")?;
+        }
+        if let (Some(cpu), Some(per_1000)) = (self.server_cpu_s, self.server_cpu_s_per_1000_tasks) {
+            writeln!(
+                f,
+                "  server CPU           {cpu:.3} s ({per_1000:.4} s per 1,000 tasks; the backends of the run's sessions)"
+            )?;
         }
         if let (Some(wal), Some(background)) =
             (self.wal_bytes_per_task, self.wal_background_bytes_per_s)

@@ -11,7 +11,8 @@ use super::daemon::{AnalyzerStarts, Daemon};
 use super::report::{Latency, Report};
 use super::{
     ceiling, producers, workload, BenchError, BenchOptions, Mode, CEILING_BATCH, CEILING_SESSIONS,
-    LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS, WAL_BACKGROUND, WARM_UP,
+    LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT, STREAM_STATEMENTS, WAL_BACKGROUND,
+    WARM_UP,
 };
 use crate::config::Config;
 use crate::db::{listen, migrate, ConnectSettings, DbError};
@@ -110,6 +111,8 @@ async fn measure(
     let mut measured = None;
     // WAL written during the run (cluster-wide), and by others just before it.
     let mut wal = None;
+    // CPU seconds of the server backends that served the run (drain and ceiling modes).
+    let mut server_cpu = None;
     let (daemon, started) = match options.mode {
         Mode::Drain => {
             let background = wal_background(client).await?;
@@ -119,6 +122,7 @@ async fn measure(
             let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             wait_done(client, queue, n).await?;
             wal = Some((wal_position(client).await? - from, background));
+            server_cpu = daemon.server_cpu_s(client).await?;
             (Some(daemon), started)
         }
         Mode::Ceiling => {
@@ -128,8 +132,10 @@ async fn measure(
             let from = wal_position(client).await?;
             let started = chrono::Utc::now();
             // From the first claim, not from here: the counts are computed first.
-            measured = Some(ceiling::ceiling(settings, client, queue).await?);
+            let ceiling = ceiling::ceiling(settings, client, queue).await?;
             wal = Some((wal_position(client).await? - from, background));
+            measured = Some(ceiling.seconds);
+            server_cpu = ceiling.server_cpu_s;
             (None, started)
         }
         Mode::Producers => {
@@ -201,6 +207,8 @@ async fn measure(
         daemon_cpu_s_per_1000_tasks: usage.as_ref().map(|u| u.cpu_s / n as f64 * 1000.0),
         daemon_peak_rss_mib: usage.as_ref().map(|u| u.peak_rss_mib),
         daemon_idle_cpu_s_per_s: idle_cpu,
+        server_cpu_s: server_cpu,
+        server_cpu_s_per_1000_tasks: server_cpu.map(|cpu| cpu / n as f64 * 1000.0),
         wal_bytes_per_task: wal.map(|(bytes, _)| bytes as f64 / n as f64),
         wal_background_bytes_per_s: wal.map(|(_, background)| background),
         drain: None,
