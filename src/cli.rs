@@ -113,7 +113,7 @@ pub enum Command {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it
         /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart; ceiling: the
         /// backlog claimed and finished by 4 sessions in batches of 500, no daemon, no
-        /// analyzer; producers: single-row INSERT commits for --duration, with the daemon
+        /// analyzer, then the same backlog drained by the daemon, and the fraction; producers: single-row INSERT commits for --duration, with the daemon
         /// running, with the NOTIFY trigger and then without it
         #[arg(long, value_enum)]
         mode: BenchMode,
