@@ -113,10 +113,10 @@ pub enum Command {
         /// drain: a backlog inserted before the daemon starts; stream: 200 inserts while it
         /// runs; latency: 10 warm-up tasks then 200 one at a time, 20 ms apart; ceiling: the
         /// backlog claimed and finished by 4 sessions in batches of 500, no daemon, no
-        /// analyzer; producers: single-row INSERT commits for --duration, with the daemon
-        /// running, with the NOTIFY trigger and then without it, and the idle latency before
-        /// and after; soak: a steady --rate for --duration with retention at 1m, figures every
-        /// --report-every
+        /// analyzer, then the same backlog drained by the daemon, and the fraction; producers:
+        /// single-row INSERT commits for --duration, with the daemon running, with the NOTIFY
+        /// trigger and then without it, and the idle latency before and after; soak: a steady
+        /// --rate for --duration with retention at 1m, figures every --report-every
         #[arg(long, value_enum)]
         mode: BenchMode,
         /// Tasks in the run (latency mode always runs 210; producers mode as many as commit)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::{BenchError, CEILING_BATCH, CEILING_SESSIONS, RUN_LIMIT};
+use super::{proc, BenchError, CEILING_BATCH, CEILING_SESSIONS, RUN_LIMIT};
 use crate::analyzer::{analyze, Counts};
 use crate::db::ConnectSettings;
 use crate::queue::{self, ClaimLimits, Finish, FinishError, Outcome};
@@ -18,13 +18,21 @@ use crate::queue::{self, ClaimLimits, Finish, FinishError, Outcome};
 /// Every claim's lease: longer than any run.
 const LEASE: Duration = Duration::from_secs(3600);
 
-/// Claim and finish every task of `queue` (already inserted); returns the seconds from the
-/// first claim to the last finish.
+/// What a ceiling run measured.
+pub(super) struct Measured {
+    /// From the first claim to the last finish.
+    pub(super) seconds: f64,
+    /// CPU seconds of the sessions' server backends over the same span, when the server runs on
+    /// this machine.
+    pub(super) server_cpu_s: Option<f64>,
+}
+
+/// Claim and finish every task of `queue` (already inserted).
 pub(super) async fn ceiling(
     settings: &ConnectSettings,
     client: &Client,
     queue: &str,
-) -> Result<f64, BenchError> {
+) -> Result<Measured, BenchError> {
     // The counts each finish writes, by id, computed before the clock starts.
     let rows = client
         .query(
@@ -38,27 +46,51 @@ pub(super) async fn ceiling(
             .collect(),
     );
     let mut sessions = Vec::with_capacity(CEILING_SESSIONS);
+    let mut backends = Vec::with_capacity(CEILING_SESSIONS);
     for _ in 0..CEILING_SESSIONS {
-        sessions.push(settings.connect().await?);
+        let session = settings.connect().await?;
+        backends.push(
+            session
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await?
+                .get::<_, i32>(0),
+        );
+        sessions.push(session);
     }
+    let cpu_before = proc::backends_cpu_s(&backends);
     let started = Instant::now();
     let mut loops = tokio::task::JoinSet::new();
     for (i, session) in sessions.into_iter().enumerate() {
         let owner = format!("bench-ceiling-{}-{i}", std::process::id());
         let queues = vec![queue.to_string()];
         let counts = Arc::clone(&counts);
-        loops.spawn(async move { claim_and_finish(&session, &owner, &queues, &counts).await });
+        // Each loop hands its session back, so that its backend is still there to be read.
+        loops.spawn(async move {
+            claim_and_finish(&session, &owner, &queues, &counts)
+                .await
+                .map(|()| session)
+        });
     }
     let all = async {
-        while let Some(done) = loops.join_next().await {
-            done.map_err(|err| BenchError::Session(err.to_string()))??;
+        let mut done = Vec::with_capacity(CEILING_SESSIONS);
+        while let Some(session) = loops.join_next().await {
+            done.push(session.map_err(|err| BenchError::Session(err.to_string()))??);
         }
-        Ok::<_, BenchError>(())
+        Ok::<_, BenchError>(done)
     };
-    tokio::time::timeout(RUN_LIMIT, all)
+    let sessions = tokio::time::timeout(RUN_LIMIT, all)
         .await
         .map_err(|_| BenchError::TooLong(RUN_LIMIT))??;
-    Ok(started.elapsed().as_secs_f64())
+    let seconds = started.elapsed().as_secs_f64();
+    let server_cpu_s = match (cpu_before, proc::backends_cpu_s(&backends)) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
+    drop(sessions);
+    Ok(Measured {
+        seconds,
+        server_cpu_s,
+    })
 }
 
 /// One session's loop: claim a batch, finish it, until a claim comes back empty.

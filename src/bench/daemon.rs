@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::proc::Usage;
+use super::proc::{self, Usage};
 use super::{BenchError, IDLE_SAMPLE, POLL, RUN_LIMIT};
 use crate::config::Config;
 use crate::events;
@@ -111,6 +111,22 @@ impl Daemon {
         let before = self.usage().cpu_s;
         tokio::time::sleep(IDLE_SAMPLE).await;
         (self.usage().cpu_s - before) / IDLE_SAMPLE.as_secs_f64()
+    }
+
+    /// CPU seconds used so far by the server backends of its sessions (those open now), when
+    /// the server runs on this machine.
+    pub(super) async fn server_cpu_s(&self, client: &Client) -> Result<Option<f64>, BenchError> {
+        let pattern = format!("pgtaskd/%:{}:%", self.child.pid());
+        let backends: Vec<i32> = client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1",
+                &[&pattern],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        Ok(proc::backends_cpu_s(&backends))
     }
 
     /// Its CPU seconds and peak RSS so far.

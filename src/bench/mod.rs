@@ -13,8 +13,11 @@
 //! `NOTIFY` goes under.
 //!
 //! Ceiling mode runs no daemon: several sessions of the bench's own claim and finish the
-//! backlog through pgtaskd's claim and finish functions, with counts computed beforehand,
-//! so that drain can be read as a fraction of what the database itself reaches. Producers
+//! backlog through pgtaskd's claim and finish functions, with counts computed beforehand;
+//! then, in the same run, the daemon drains a backlog of the same size, so that the report
+//! gives drain as a fraction of what the database itself reaches. Drain and ceiling modes
+//! also report the WAL written per task and the CPU time of the server backends that served
+//! the run. Producers
 //! mode measures the other side: single-row INSERT commits per second with the daemon
 //! running, with the table's NOTIFY trigger and without it, between two measurements of the
 //! idle latency as latency mode takes it (with the notify floor first). Soak mode runs a
@@ -75,6 +78,8 @@ pub const PRODUCERS_DURATION: Duration = Duration::from_secs(10);
 pub const PRODUCERS_DURATION_MAX: Duration = Duration::from_secs(300);
 /// Soak mode: the default `--duration`.
 pub const SOAK_DURATION: Duration = Duration::from_secs(600);
+/// Drain and ceiling modes: how long the WAL written by others is sampled before the run.
+const WAL_BACKGROUND: Duration = Duration::from_millis(500);
 /// How long the idle daemon's CPU use is sampled.
 const IDLE_SAMPLE: Duration = Duration::from_secs(3);
 

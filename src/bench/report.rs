@@ -39,9 +39,10 @@ pub struct Producers {
     pub idle_latency_after_ms: Latency,
 }
 
-/// The figures of one run. Without a daemon (ceiling mode) there are no daemon figures; in
-/// producers mode `tasks` is what the producers committed, both halves together, and
-/// `seconds` and `tasks_per_s` cover the whole run, the waits for the daemon included.
+/// The figures of one run. Without a daemon (ceiling mode) there are no daemon figures, but
+/// the drain that follows the ceiling in the same run is nested in `drain`; in producers mode
+/// `tasks` is what the producers committed, both halves together, and `seconds` and
+/// `tasks_per_s` cover the whole run, the waits for the daemon included.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub mode: Mode,
@@ -73,7 +74,29 @@ pub struct Report {
     /// CPU seconds per second of the idle daemon, sampled before the load (stream, latency).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon_idle_cpu_s_per_s: Option<f64>,
+    /// Drain and ceiling modes, with the server on this machine: CPU seconds of the server
+    /// backends of the run's sessions (the daemon's, from its start; the ceiling's, from its
+    /// first claim), read from `/proc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_s_per_1000_tasks: Option<f64>,
+    /// Drain and ceiling modes: WAL bytes the server wrote during the run (`pg_current_wal_lsn()`
+    /// before and after; the whole cluster's, so other databases' writes are in it), per task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wal_bytes_per_task: Option<f64>,
+    /// Drain and ceiling modes: WAL bytes per second the cluster wrote just before the run,
+    /// with no run going on: how much of `wal_bytes_per_task` may be others'.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wal_background_bytes_per_s: Option<f64>,
     pub check_totals: (i64, i64, i64),
+    /// Ceiling mode: `drain.tasks_per_s / tasks_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_over_ceiling: Option<f64>,
+    /// Ceiling mode: the drain of the same backlog by the daemon, measured after the ceiling
+    /// in the same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Box<Report>>,
 }
 
 impl Latency {
@@ -102,6 +125,28 @@ impl std::fmt::Display for Report {
             Some(batch) => writeln!(f, " batch={batch} (no daemon, no analyzer)")?,
             None => writeln!(f)?,
         }
+        self.figures(f)?;
+        let (w, b, r) = self.check_totals;
+        write!(
+            f,
+            "  check totals         {w} words, {b} bytes, {r} runes: match the workload"
+        )?;
+        if let (Some(drain), Some(fraction)) = (&self.drain, self.drain_over_ceiling) {
+            writeln!(
+                f,
+                "\nthen the same backlog drained by the daemon: mode={:?} tasks={} concurrency={}",
+                drain.mode, drain.tasks, drain.concurrency
+            )?;
+            drain.figures(f)?;
+            write!(f, "  drain / ceiling      {:.1}%", fraction * 100.0)?;
+        }
+        Ok(())
+    }
+}
+
+impl Report {
+    /// The measured lines of the text form, each ending in a newline.
+    fn figures(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "  seconds              {:.3}", self.seconds)?;
         writeln!(f, "  tasks/s              {:.0}", self.tasks_per_s)?;
         if let Some(l) = &self.latency_ms {
@@ -160,10 +205,20 @@ impl std::fmt::Display for Report {
         if let Some(idle) = self.daemon_idle_cpu_s_per_s {
             writeln!(f, "  daemon idle CPU      {idle:.5} s per s")?;
         }
-        let (w, b, r) = self.check_totals;
-        write!(
-            f,
-            "  check totals         {w} words, {b} bytes, {r} runes: match the workload"
-        )
+        if let (Some(cpu), Some(per_1000)) = (self.server_cpu_s, self.server_cpu_s_per_1000_tasks) {
+            writeln!(
+                f,
+                "  server CPU           {cpu:.3} s ({per_1000:.4} s per 1,000 tasks; the backends of the run's sessions)"
+            )?;
+        }
+        if let (Some(wal), Some(background)) =
+            (self.wal_bytes_per_task, self.wal_background_bytes_per_s)
+        {
+            writeln!(
+                f,
+                "  WAL per task         {wal:.0} bytes (whole cluster; {background:.0} bytes/s written before the run)"
+            )?;
+        }
+        Ok(())
     }
 }

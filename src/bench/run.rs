@@ -12,7 +12,7 @@ use super::report::{Latency, Report};
 use super::{
     ceiling, producers, soak, workload, BenchError, BenchOptions, Mode, CEILING_BATCH,
     CEILING_SESSIONS, LATENCY_GAP, LATENCY_MODE_TASKS, LATENCY_TASKS, NOTIFY_WAIT, POLL, RUN_LIMIT,
-    STREAM_STATEMENTS, WARM_UP,
+    STREAM_STATEMENTS, WAL_BACKGROUND, WARM_UP,
 };
 use crate::config::Config;
 use crate::db::{listen, migrate, ConnectSettings, DbError};
@@ -32,15 +32,40 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     let client = settings.connect().await?;
     migrate::check(&client).await?;
     let queue = format!("bench-{}", std::process::id());
-    delete_rows(&client, &queue).await?;
     if options.mode == Mode::Soak {
         // Retention deletes its rows as it goes: it checks them as it reads them.
+        delete_rows(&client, &queue).await?;
         let result = soak::soak(&settings, &client, config, &queue, options).await;
         delete_rows(&client, &queue).await?;
         return result;
     }
-    let result = measure(&settings, &client, config, &queue, options).await;
-    delete_rows(&client, &queue).await?;
+    let mut report = checked(&settings, &client, config, &queue, options).await?;
+    if options.mode == Mode::Ceiling {
+        // The drain of the same backlog, on a table in the state the ceiling found it in:
+        // the ceiling's rows deleted, the table vacuumed and analyzed while empty of them.
+        vacuum(&client).await?;
+        let drain = BenchOptions {
+            mode: Mode::Drain,
+            ..options
+        };
+        let drain = checked(&settings, &client, config, &queue, drain).await?;
+        report.drain_over_ceiling = Some(drain.tasks_per_s / report.tasks_per_s);
+        report.drain = Some(Box::new(drain));
+    }
+    Ok(report)
+}
+
+/// Run one mode on `queue`, emptied before and after, and check the table's totals.
+async fn checked(
+    settings: &ConnectSettings,
+    client: &Client,
+    config: &Config,
+    queue: &str,
+    options: BenchOptions,
+) -> Result<Report, BenchError> {
+    delete_rows(client, queue).await?;
+    let result = measure(settings, client, config, queue, options).await;
+    delete_rows(client, queue).await?;
     let (report, found, succeeded) = result?;
     // Producers mode learns its task count from the run.
     let expected = if report.tasks == 20_000 {
@@ -57,6 +82,15 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
         });
     }
     Ok(report)
+}
+
+/// `VACUUM (ANALYZE)` the task table, as docs/benchmark.md asks before each run. A role that
+/// does not own the table gets a warning from the server and nothing is done.
+async fn vacuum(client: &Client) -> Result<(), BenchError> {
+    client
+        .batch_execute("VACUUM (ANALYZE) pgtaskd.tasks")
+        .await?;
+    Ok(())
 }
 
 async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
@@ -85,20 +119,33 @@ async fn measure(
     let mut batch = None;
     let mut producers = None;
     let mut measured = None;
+    // WAL written during the run (cluster-wide), and by others just before it.
+    let mut wal = None;
+    // CPU seconds of the server backends that served the run (drain and ceiling modes).
+    let mut server_cpu = None;
     let (daemon, started) = match options.mode {
         Mode::Drain => {
+            let background = wal_background(client).await?;
             insert(client, queue, &texts).await?;
+            let from = wal_position(client).await?;
             let started = chrono::Utc::now();
             let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             wait_done(client, queue, n).await?;
+            wal = Some((wal_position(client).await? - from, background));
+            server_cpu = daemon.server_cpu_s(client).await?;
             (Some(daemon), started)
         }
         Mode::Ceiling => {
+            let background = wal_background(client).await?;
             insert(client, queue, &texts).await?;
             batch = Some(CEILING_BATCH);
+            let from = wal_position(client).await?;
             let started = chrono::Utc::now();
             // From the first claim, not from here: the counts are computed first.
-            measured = Some(ceiling::ceiling(settings, client, queue).await?);
+            let ceiling = ceiling::ceiling(settings, client, queue).await?;
+            wal = Some((wal_position(client).await? - from, background));
+            measured = Some(ceiling.seconds);
+            server_cpu = ceiling.server_cpu_s;
             (None, started)
         }
         Mode::Producers => {
@@ -185,6 +232,12 @@ async fn measure(
         daemon_cpu_s_per_1000_tasks: usage.as_ref().map(|u| u.cpu_s / n as f64 * 1000.0),
         daemon_peak_rss_mib: usage.as_ref().map(|u| u.peak_rss_mib),
         daemon_idle_cpu_s_per_s: idle_cpu,
+        server_cpu_s: server_cpu,
+        server_cpu_s_per_1000_tasks: server_cpu.map(|cpu| cpu / n as f64 * 1000.0),
+        wal_bytes_per_task: wal.map(|(bytes, _)| bytes as f64 / n as f64),
+        wal_background_bytes_per_s: wal.map(|(_, background)| background),
+        drain: None,
+        drain_over_ceiling: None,
         check_totals: found,
     };
     Ok((report, found, succeeded))
@@ -202,6 +255,28 @@ pub(super) async fn insert(
         )
         .await?;
     Ok(())
+}
+
+/// The server's current WAL position, in bytes from the start: the whole cluster's, every
+/// database's writes included.
+async fn wal_position(client: &Client) -> Result<i64, BenchError> {
+    Ok(client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// WAL bytes per second that the cluster writes with no run going on, over
+/// [`WAL_BACKGROUND`]: what other databases and sessions add to a run's WAL figure.
+async fn wal_background(client: &Client) -> Result<f64, BenchError> {
+    let from = wal_position(client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(WAL_BACKGROUND).await;
+    let bytes = wal_position(client).await? - from;
+    Ok(bytes as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Wait until no task of `queue` is QUEUED or RUNNING and `n` are SUCCEEDED. The check is an

@@ -112,7 +112,9 @@ impl Completer {
     /// [`FinishError::NotRunning`] when the claim was lost, [`FinishError::NotFound`] when the
     /// task was deleted: the result is dropped. Database failures are retried, never returned.
     pub async fn write(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
-        resolve::settle(&self.shared, claim, action, false).await
+        // Boxed, here and in `Pending::answer`: settling alone is the rare path, and its large
+        // future would otherwise be part of every claim's task, copied at each spawn.
+        Box::pin(resolve::settle(&self.shared, claim, action, false)).await
     }
 }
 
@@ -140,7 +142,13 @@ impl Pending {
                 Ok(Err(failed)) => failed,
                 // The batching task dropped the finish unanswered: it may have been sent.
                 Err(_) => {
-                    return resolve::settle(&self.shared, self.claim, &self.action, true).await
+                    return Box::pin(resolve::settle(
+                        &self.shared,
+                        self.claim,
+                        &self.action,
+                        true,
+                    ))
+                    .await
                 }
             },
             Err(failed) => failed,
@@ -153,6 +161,12 @@ impl Pending {
             error = failed.to_string(),
             "batched finish failed; settling the task alone"
         );
-        resolve::settle(&self.shared, self.claim, &self.action, outcome_unknown).await
+        Box::pin(resolve::settle(
+            &self.shared,
+            self.claim,
+            &self.action,
+            outcome_unknown,
+        ))
+        .await
     }
 }

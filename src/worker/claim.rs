@@ -18,8 +18,9 @@ use crate::queue::{self, ClaimLimits, FinishError};
 
 /// Claim statements that may be on their way at once.
 const CLAIMS_IN_FLIGHT: usize = 2;
-/// The most tasks one claim statement takes.
-pub(super) const MAX_CLAIM_BATCH: usize = 100;
+/// The most tasks one claim statement takes: the ceiling's batch (`bench --mode ceiling`). A
+/// claim of 100 cost the server measurably more per task in a drain (docs/benchmark.md).
+pub(super) const MAX_CLAIM_BATCH: usize = 500;
 
 /// What one scan ([`Worker::fill`]) did.
 #[derive(Debug, Clone, Copy, Default)]

@@ -41,6 +41,12 @@ async fn a_drain_reports_its_figures_and_the_workloads_totals_and_leaves_no_rows
     assert!(report["daemon_cpu_s"].as_f64().is_some(), "{report}");
     assert!(report["latency_ms"].is_null(), "{report}");
     assert!(report["notify_floor_ms"].is_null(), "{report}");
+    assert!(report["drain"].is_null(), "{report}");
+    assert!(
+        report["wal_bytes_per_task"].as_f64().unwrap() > 100.0,
+        "{report}"
+    );
+    assert!(report["server_cpu_s"].as_f64().unwrap() > 0.0, "{report}");
     let client = db.client().await;
     assert_eq!(
         count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
@@ -80,21 +86,49 @@ async fn latency_mode_times_each_task_until_the_daemon_starts_its_analyzer_and_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ceiling_mode_claims_and_finishes_the_backlog_without_a_daemon_and_leaves_no_rows() {
+async fn ceiling_mode_claims_and_finishes_the_backlog_without_a_daemon_then_drains_it_with_one() {
     let db = TestDb::new().await;
-    let report = bench(&db, &["--mode", "ceiling", "--tasks", "2000"]).await;
+    let report = bench(
+        &db,
+        &["--mode", "ceiling", "--tasks", "2000", "--concurrency", "4"],
+    )
+    .await;
     assert_eq!(report["mode"], "ceiling");
     assert_eq!(report["tasks"], 2000);
-    assert_eq!(report["concurrency"], 4, "{report}");
+    assert_eq!(report["concurrency"], 4, "the ceiling's sessions: {report}");
     assert_eq!(report["batch"], 500, "{report}");
     let (words, bytes, runes) = workload::check_totals(2000);
+    let totals = serde_json::json!([words, bytes, runes]);
     assert_eq!(
-        report["check_totals"],
-        serde_json::json!([words, bytes, runes]),
+        report["check_totals"], totals,
         "every task was finished SUCCEEDED with its counts"
     );
     assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
     assert!(report["daemon_cpu_s"].is_null(), "no daemon ran: {report}");
+    // The same backlog drained by the daemon in the same run, and the fraction.
+    let drain = &report["drain"];
+    assert_eq!(drain["mode"], "drain", "{report}");
+    assert_eq!(drain["tasks"], 2000, "{report}");
+    assert_eq!(
+        drain["concurrency"], 4,
+        "--concurrency is the daemon's: {report}"
+    );
+    assert_eq!(drain["check_totals"], totals, "{report}");
+    assert!(drain["daemon_cpu_s"].as_f64().is_some(), "{report}");
+    let fraction = report["drain_over_ceiling"].as_f64().unwrap();
+    let expected = drain["tasks_per_s"].as_f64().unwrap() / report["tasks_per_s"].as_f64().unwrap();
+    assert!((fraction - expected).abs() < 1e-9, "{report}");
+    // Two claims and two finishes of a row each write its tuple at least once.
+    for run in [&report, drain] {
+        let wal = run["wal_bytes_per_task"].as_f64().unwrap();
+        assert!(wal > 100.0, "WAL bytes per task: {report}");
+        assert!(
+            run["wal_background_bytes_per_s"].as_f64().unwrap() >= 0.0,
+            "{report}"
+        );
+        // The test's server runs on this machine.
+        assert!(run["server_cpu_s"].as_f64().unwrap() > 0.0, "{report}");
+    }
     let client = db.client().await;
     assert_eq!(
         count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
