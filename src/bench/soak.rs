@@ -347,6 +347,12 @@ pub(super) async fn soak(
         daemon_cpu_s_per_1000_tasks: Some(usage.cpu_s / n.max(1) as f64 * 1000.0),
         daemon_peak_rss_mib: Some(usage.peak_rss_mib),
         daemon_idle_cpu_s_per_s: None,
+        server_cpu_s: None,
+        server_cpu_s_per_1000_tasks: None,
+        wal_bytes_per_task: None,
+        wal_background_bytes_per_s: None,
+        drain: None,
+        drain_over_ceiling: None,
         check_totals: finished.totals,
     })
 }
