@@ -79,6 +79,8 @@ pub(super) struct IdleState {
     watched: Vec<String>,
     /// When to check them next, and how long that wait was.
     watch_at: Option<(Instant, Duration)>,
+    /// The last attempt to write the flag failed: the next is made at the poll tick.
+    flag_failed: bool,
 }
 
 /// What the loop waits for after a scan.
@@ -102,15 +104,15 @@ impl IdleState {
     /// What to wait for after `scan`, whose work (if any) [`Worker::after_scan`] has
     /// recorded, with or without `room` for another task.
     pub(super) fn wait(&self, scan: Scan, poll: Duration, room: bool) -> Wait {
-        if scan.failed {
+        if scan.failed || self.flag_failed {
+            // The database is in trouble: scan at the poll tick.
             Wait::Scan(poll)
-        } else if self.lingering() {
-            Wait::Scan(LINGER_TICK)
-        } else if self.flagged_at.is_none() && !room {
+        } else if self.flagged_at.is_none() && !room && !self.lingering() {
             Wait::Room
         } else if self.flagged_at.is_none() {
-            // A flag that could not be written: scan at the poll tick.
-            Wait::Scan(poll)
+            // Lingering; or the linger ended after this scan began: the next scan flags the
+            // daemon idle.
+            Wait::Scan(LINGER_TICK)
         } else {
             Wait::Idle {
                 watch_at: self.watch_at.map(|(at, _)| at),
@@ -127,6 +129,7 @@ impl Worker {
             // Its first claim that found work removed the flag.
             state.last_work = Some(Instant::now());
             state.flagged_at = None;
+            state.flag_failed = false;
             state.watch_at = None;
             state.watched.clear();
             return false;
@@ -165,6 +168,7 @@ impl Worker {
         match flagged {
             Ok(xids) => {
                 self.inner.flag.flagged.store(true, Ordering::Release);
+                state.flag_failed = false;
                 let now = Instant::now();
                 state.flagged_at = Some(now);
                 state.watch_at = (!xids.is_empty()).then_some((now + WATCH_FIRST, WATCH_FIRST));
@@ -174,6 +178,7 @@ impl Worker {
             Err(err) => {
                 // Inserts then do not notify this daemon: it scans at its poll tick.
                 state.flagged_at = None;
+                state.flag_failed = true;
                 state.watch_at = None;
                 state.watched.clear();
                 tracing::warn!(error = %err, "cannot flag this daemon idle; scanning at the poll tick");
