@@ -103,8 +103,7 @@ impl Latency {
     /// The percentiles of `millis` (nearest rank).
     pub(super) fn of(mut millis: Vec<f64>) -> Latency {
         millis.sort_by(f64::total_cmp);
-        let at =
-            |q: f64| millis[((millis.len() as f64 * q).ceil() as usize).clamp(1, millis.len()) - 1];
+        let at = |q: f64| nearest_rank(&millis, q).expect("latencies were measured");
         Latency {
             p50: at(0.50),
             p90: at(0.90),
@@ -112,6 +111,13 @@ impl Latency {
             max: *millis.last().unwrap_or(&0.0),
         }
     }
+}
+
+/// The nearest-rank percentile `q` (0 to 1) of `sorted`, which is in ascending order; `None`
+/// when it is empty.
+pub(super) fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied()
 }
 
 impl std::fmt::Display for Report {

@@ -86,14 +86,15 @@ async fn checked(
 
 /// `VACUUM (ANALYZE)` the task table, as docs/benchmark.md asks before each run. A role that
 /// does not own the table gets a warning from the server and nothing is done.
-async fn vacuum(client: &Client) -> Result<(), BenchError> {
+pub(super) async fn vacuum(client: &Client) -> Result<(), BenchError> {
     client
         .batch_execute("VACUUM (ANALYZE) pgtaskd.tasks")
         .await?;
     Ok(())
 }
 
-async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
+/// Remove every row of the run's `queue`.
+pub(super) async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
     client
         .execute("DELETE FROM pgtaskd.tasks WHERE queue = $1", &[&queue])
         .await?;

@@ -33,8 +33,8 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::daemon::Daemon;
-use super::report::Report;
-use super::run::{insert, seconds_since, wait_done};
+use super::report::{nearest_rank, Report};
+use super::run::{delete_rows, insert, seconds_since, vacuum, wait_done};
 use super::{workload, BenchError, BenchOptions, Mode, POLL, RUN_LIMIT};
 use crate::analyzer::analyze;
 use crate::config::Config;
@@ -376,10 +376,8 @@ async fn probe_drain(
     daemon.stop().await;
     done?;
     let seconds = seconds_since(client, queue, t0).await?;
-    client
-        .execute("DELETE FROM pgtaskd.tasks WHERE queue = $1", &[&queue])
-        .await?;
-    client.batch_execute("VACUUM ANALYZE pgtaskd.tasks").await?;
+    delete_rows(client, queue).await?;
+    vacuum(client).await?;
     Ok(f64::from(PROBE_TASKS) / seconds)
 }
 
@@ -589,12 +587,8 @@ fn latencies(finished: &Finished, from: f64, to: f64) -> Vec<f64> {
 
 /// The nearest-rank percentile `q` of `values`, sorting them.
 fn percentile(values: &mut [f64], q: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
     values.sort_by(f64::total_cmp);
-    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
-    Some(values[rank - 1])
+    nearest_rank(values, q)
 }
 
 fn periods(
