@@ -165,6 +165,31 @@ async fn insert_notifies(
     (id, notified)
 }
 
+/// Once `idle` daemons are flagged, insert the round's held task: the insert notifies, and
+/// a daemon starts the task, whose analyzer then waits at the gate. Returns its text and id.
+async fn start_held_task(
+    owner: &Client,
+    producer: &Client,
+    messages: &mut mpsc::Receiver<AsyncMessage>,
+    round: usize,
+    idle: i64,
+) -> (String, i64) {
+    wait_idle(owner, idle, LONG_POLL_INTERVAL).await;
+    let held = held(round);
+    let (busy, notified) = insert_notifies(producer, messages, &held).await;
+    assert!(
+        notified,
+        "round {round}: the first insert finds {idle} daemon(s) flagged idle"
+    );
+    within(
+        PROMPT,
+        "the held task to start",
+        wait_status(owner, busy, TaskStatus::Running),
+    )
+    .await;
+    (held, busy)
+}
+
 async fn wait_done_promptly(client: &Client, id: i64, what: &str) {
     within(PROMPT, what, wait_status(client, id, TaskStatus::Succeeded)).await;
 }
@@ -209,19 +234,7 @@ async fn a_busy_daemon_clears_its_flag_and_finds_inserts_without_a_notification(
     let _release = ReleaseOnDrop(gate.clone());
     let daemon = InProcessDaemon::start(&db, db.config(LONG_POLL), gate.clone()).await;
     for round in 0..ROUNDS {
-        wait_idle(&owner, 1, LONG_POLL_INTERVAL).await;
-        let held = held(round);
-        let (busy, notified) = insert_notifies(&producer, &mut messages, &held).await;
-        assert!(
-            notified,
-            "round {round}: the first insert finds the daemon idle"
-        );
-        within(
-            PROMPT,
-            "the held task to start",
-            wait_status(&owner, busy, TaskStatus::Running),
-        )
-        .await;
+        let (held, busy) = start_held_task(&owner, &producer, &mut messages, round, 1).await;
         // Its one worker is taken: the claim loop waits for room, its flag is gone.
         wait_flags(&owner, 0, "the busy daemon to clear its flag").await;
         let (later, notified) =
@@ -253,19 +266,7 @@ async fn an_idle_daemon_is_woken_while_another_is_busy() {
     let second = InProcessDaemon::start(&db, db.config(LONG_POLL), gate.clone()).await;
     crate::support::daemon::wait_listening(&db, 2).await;
     for round in 0..ROUNDS / 2 {
-        wait_idle(&owner, 2, LONG_POLL_INTERVAL).await;
-        let held = held(round);
-        let (busy, notified) = insert_notifies(&producer, &mut messages, &held).await;
-        assert!(
-            notified,
-            "round {round}: the first insert finds the daemons idle"
-        );
-        within(
-            PROMPT,
-            "the held task to start",
-            wait_status(&owner, busy, TaskStatus::Running),
-        )
-        .await;
+        let (held, busy) = start_held_task(&owner, &producer, &mut messages, round, 2).await;
         wait_flags(&owner, 1, "the busy daemon to clear its flag").await;
         let started = Instant::now();
         let (id, notified) =
@@ -296,19 +297,7 @@ async fn a_transaction_open_when_the_daemon_went_idle_is_found_when_it_commits()
     let _release = ReleaseOnDrop(gate.clone());
     let daemon = InProcessDaemon::start(&db, db.config(LONG_POLL), gate.clone()).await;
     for round in 0..ROUNDS / 2 {
-        wait_idle(&owner, 1, LONG_POLL_INTERVAL).await;
-        let held = held(round);
-        let (busy, notified) = insert_notifies(&producer, &mut messages, &held).await;
-        assert!(
-            notified,
-            "round {round}: the first insert finds the daemon idle"
-        );
-        within(
-            PROMPT,
-            "the held task to start",
-            wait_status(&owner, busy, TaskStatus::Running),
-        )
-        .await;
+        let (held, busy) = start_held_task(&owner, &producer, &mut messages, round, 1).await;
         wait_flags(&owner, 0, "the busy daemon to clear its flag").await;
         // A producer's transaction inserts while the daemon is busy (its trigger sees no
         // flag), and stays open while the daemon finishes, finds nothing and goes idle.
