@@ -109,6 +109,31 @@ async fn wait_readyz(port: u16, what: &str, check: impl Fn(&[String]) -> bool) -
     .await
 }
 
+/// The role `vh_analyst` (application_name `analyst-report`) opens a REPEATABLE READ
+/// transaction that reads [`SECRET`] and stays idle in it. Returns its session and pid.
+async fn analyst_holds_a_snapshot(url: &str) -> (Client, i32) {
+    let analyst = connect(&format!(
+        "{} application_name=analyst-report",
+        url.replace("user=postgres", "user=vh_analyst")
+    ))
+    .await;
+    let pid: i32 = analyst
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    within(
+        WAIT,
+        "the analyst's snapshot",
+        analyst.batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT '{SECRET}'"
+        )),
+    )
+    .await
+    .unwrap();
+    (analyst, pid)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_snapshot_or_prepared_transaction_shows_in_metrics_readyz_and_the_log_until_it_ends()
 {
@@ -127,25 +152,7 @@ async fn a_held_snapshot_or_prepared_transaction_shows_in_metrics_readyz_and_the
     .await;
 
     // An analyst, of another role, holds a REPEATABLE READ snapshot, idle in its transaction.
-    let analyst = connect(&format!(
-        "{} application_name=analyst-report",
-        db.url.replace("user=postgres", "user=vh_analyst")
-    ))
-    .await;
-    let pid: i32 = analyst
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    within(
-        WAIT,
-        "the analyst's snapshot",
-        analyst.batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT '{SECRET}'"
-        )),
-    )
-    .await
-    .unwrap();
+    let (analyst, pid) = analyst_holds_a_snapshot(&db.url).await;
 
     let holder = format!(
         "pgtaskd_xmin_horizon_holder{{kind=\"session\",pid=\"{pid}\",name=\"analyst-report\",\
@@ -427,25 +434,7 @@ async fn with_an_owner_without_pg_read_all_stats_the_horizon_is_still_seen_and_a
     let (mut daemon, port) = start_daemon(&daemon_url).await;
     daemon.wait_for_log("has no pg_read_all_stats").await;
 
-    let analyst = connect(&format!(
-        "{} application_name=analyst-report",
-        db.url.replace("user=postgres", "user=vh_analyst")
-    ))
-    .await;
-    let pid: i32 = analyst
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    within(
-        WAIT,
-        "the analyst's snapshot",
-        analyst.batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT '{SECRET}'"
-        )),
-    )
-    .await
-    .unwrap();
+    let (analyst, pid) = analyst_holds_a_snapshot(&db.url).await;
     // No state and no start for another role's session: the daemon ages it from when it
     // first saw it, and still names it.
     let holder = format!(
