@@ -4,8 +4,15 @@
 //! [`flag_idle`] writes the flag and then, in a transaction of its own (pipelined on the same
 //! session: one round trip), reads which transactions were still in progress once the flag
 //! was visible: the only producers that may have read "nobody idle" and still commit their
-//! rows later. [`settled`] tells which of those have ended since. [`clear_idle`] removes the
-//! flag when the daemon becomes busy or stops.
+//! rows later. [`settled`] tells which of those have ended since. [`clear_idle`] expires the
+//! flag when the daemon becomes busy, [`remove_idle`] deletes it when the daemon stops.
+//!
+//! A daemon's flag is one row for its whole life, only ever updated in place: neither
+//! statement that writes it changes its key, so each is a HOT update that any later read of
+//! the page prunes. The table stays at one page per few dozen daemons however often they go
+//! idle and busy, with or without vacuum. (Deleting the flag on every busy turn left a dead
+//! line pointer behind each time: without autovacuum the table grew by a page every few
+//! hundred turns, and every INSERT's trigger reads all of its pages.)
 
 use std::time::Duration;
 
@@ -25,7 +32,12 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at";
 const IN_PROGRESS: &str = "SELECT coalesce(array_agg(x::text), '{}') \
      FROM pg_snapshot_xip(pg_current_snapshot()) AS x";
 
-const CLEAR: &str = "DELETE FROM pgtaskd.idle_daemons WHERE instance = $1";
+/// Expire this instance's flag in place (the trigger reads only flags that expire later than
+/// now).
+const CLEAR: &str = "UPDATE pgtaskd.idle_daemons SET expires_at = '-infinity' WHERE instance = $1";
+
+/// Delete this instance's flag: the daemon stops.
+const REMOVE: &str = "DELETE FROM pgtaskd.idle_daemons WHERE instance = $1";
 
 /// Of the transactions named, those still in progress, and whether any of the others
 /// committed (an aborted one inserted nothing anybody will see).
@@ -58,7 +70,8 @@ pub async fn flag_idle(
     Ok(xids)
 }
 
-/// Remove `instance`'s flag: inserts stop notifying for it.
+/// Expire `instance`'s flag: inserts stop notifying for it. The row stays for the next
+/// [`flag_idle`].
 ///
 /// # Errors
 ///
@@ -66,6 +79,20 @@ pub async fn flag_idle(
 pub async fn clear_idle(client: &Client, instance: &str) -> Result<(), DbError> {
     client
         .query_typed(CLEAR, &[(&instance, Type::TEXT)])
+        .await?;
+    Ok(())
+}
+
+/// Delete `instance`'s flag, at the daemon's stop.
+///
+/// # Errors
+///
+/// Database failures; the flag then stays until it expires (inserts notify in vain
+/// meanwhile), and its row until a daemon of the same instance id, which never comes again,
+/// or an operator deletes it (an expired row costs the trigger one row's read).
+pub async fn remove_idle(client: &Client, instance: &str) -> Result<(), DbError> {
+    client
+        .query_typed(REMOVE, &[(&instance, Type::TEXT)])
         .await?;
     Ok(())
 }

@@ -42,7 +42,7 @@ pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, 
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};
-pub use idle::{clear_idle, flag_idle, settled};
+pub use idle::{clear_idle, flag_idle, remove_idle, settled};
 pub use list::{list, ListFilter, Listed};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;

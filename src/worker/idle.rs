@@ -5,7 +5,7 @@
 //! daemon must be flagged whenever it relies on a notification, and should not be while it
 //! finds work by itself:
 //!
-//! - A claim that finds work makes the daemon busy: its flag, if any, is removed at once by
+//! - A claim that finds work makes the daemon busy: its flag, if any, is expired at once by
 //!   a statement of its own, off the claim path, however long the scan then goes on. After
 //!   the scan it lingers: it scans again every
 //!   [`LINGER_TICK`] without being asked, until [`LINGER`] has passed since the last scan that
@@ -227,20 +227,24 @@ impl Worker {
         if !flag.flagged.swap(false, Ordering::AcqRel) {
             return;
         }
-        let clearing = tokio::spawn(self.clone().clear_flag());
+        let clearing = tokio::spawn(self.clone().clear_flag(false));
         if let Ok(mut slot) = flag.clearing.lock() {
             *slot = Some(clearing);
         }
     }
 
-    /// Remove this daemon's flag. A failure leaves it to expire: inserts notify in vain
-    /// until then.
-    pub(super) async fn clear_flag(self) {
+    /// Expire this daemon's flag (its row stays, for the next flag), or delete it when the
+    /// daemon stops (`remove`). A failure leaves it to expire: inserts notify in vain until
+    /// then.
+    pub(super) async fn clear_flag(self, remove: bool) {
         let cleared = async {
             let client = self.inner.pool.get().await?;
-            client
-                .bounded(queue::clear_idle(&client, &self.inner.instance))
-                .await
+            let instance = &self.inner.instance;
+            if remove {
+                client.bounded(queue::remove_idle(&client, instance)).await
+            } else {
+                client.bounded(queue::clear_idle(&client, instance)).await
+            }
         }
         .await;
         if let Err(err) = cleared {

@@ -246,7 +246,7 @@ impl Worker {
         }
         // Inserts stop notifying for this daemon (or its flag expires, if the database does
         // not answer in time).
-        let _ = tokio::time::timeout(CLEAR_ON_STOP, self.clone().clear_flag()).await;
+        let _ = tokio::time::timeout(CLEAR_ON_STOP, self.clone().clear_flag(true)).await;
     }
 
     /// Claim one batch, as many tasks as there are free permits (at most one claim

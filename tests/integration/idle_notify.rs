@@ -443,3 +443,51 @@ async fn a_producer_with_only_insert_on_the_table_notifies_an_idle_daemon() {
     wait_done_promptly(&owner, id, "the task").await;
     daemon.stop().await;
 }
+
+/// A daemon goes idle and busy up to once per task at some rates: its flag must not leave a
+/// dead row version behind that only `VACUUM` takes away, since every INSERT's trigger reads
+/// every page of the table. Autovacuum is off for the table here, as it is on some servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_busy_turns_leave_the_flags_table_at_one_page() {
+    const TURNS: usize = 5_000;
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    owner
+        .batch_execute("ALTER TABLE pgtaskd.idle_daemons SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    let daemon = db.client().await;
+    let ttl = Duration::from_secs(5);
+    within(WAIT * 6, "the idle and busy turns", async {
+        for turn in 0..TURNS {
+            pgtaskd::queue::flag_idle(&daemon, "turning-daemon", ttl)
+                .await
+                .unwrap();
+            if turn == TURNS - 1 {
+                assert_eq!(count(&owner, LIVE_FLAGS).await, 1, "flagged: live");
+            }
+            pgtaskd::queue::clear_idle(&daemon, "turning-daemon")
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    assert_eq!(count(&owner, LIVE_FLAGS).await, 0, "busy: not live");
+    let pages = count(
+        &owner,
+        "SELECT pg_relation_size('pgtaskd.idle_daemons') / current_setting('block_size')::bigint",
+    )
+    .await;
+    assert!(
+        pages <= 2,
+        "{TURNS} idle and busy turns left the flags table at {pages} pages"
+    );
+    pgtaskd::queue::remove_idle(&daemon, "turning-daemon")
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&owner, "SELECT count(*) FROM pgtaskd.idle_daemons").await,
+        0,
+        "a stopping daemon's goodbye deletes its row"
+    );
+}
