@@ -5,10 +5,13 @@
 //! A [`DaemonCommand`] writes the configuration to a file of its own (removed with the
 //! child) and starts `EXE run ARGS --config FILE`; the [`DaemonChild`] it returns holds the
 //! process, every line the daemon wrote to its standard error, and its exit status once it
-//! has exited. Dropping the child kills it.
+//! has exited. Dropping the child kills it, and the child is sent SIGTERM by the kernel when
+//! the thread that started it ends (`PR_SET_PDEATHSIG`), so a killed bench or test process
+//! leaves no daemon running.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -69,6 +72,24 @@ impl DaemonCommand {
     ///
     /// The process cannot be started.
     pub fn spawn(mut self) -> std::io::Result<DaemonChild> {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // async-signal-safe functions (prctl, getppid, _exit).
+        unsafe {
+            self.command.pre_exec(move || {
+                // The daemon is told to stop (SIGTERM: a graceful drain) when the thread that
+                // started it ends, so that a bench or test killed without its clean-up leaves
+                // no daemon behind. Callers start it from a thread that lives as long as they
+                // need it (a runtime's worker, a test's thread), never from a blocking-pool
+                // thread, which may end while idle.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                // The parent died before the request took effect: nobody would signal.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
         let mut child = self
             .command
             .arg("run")
