@@ -18,13 +18,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::Client;
+use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::Daemon;
 use super::report::{Enqueue, Latency, Producers};
 use super::run::{latencies, wait_done};
 use super::{workload, BenchError, LATENCY_MODE_TASKS, PRODUCER_LIMIT};
-use crate::db::ConnectSettings;
+use crate::db::{listen, ConnectSettings, DbError};
 
 /// Measure the idle latency, run both halves, measure the idle latency again; returns the
 /// figures and the tasks inserted.
@@ -42,12 +42,12 @@ pub(super) async fn producers(
     }
     let next = Arc::new(AtomicU32::new(0));
     let idle_before = idle_latency(client, queue, daemon, &next).await?;
-    let with_trigger = half(&sessions, queue, duration, &next).await?;
+    let with_trigger = half(settings, client, &sessions, queue, duration, &next).await?;
     wait_done(client, queue, inserted(&next) as usize).await?;
     client
         .batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify")
         .await?;
-    let without = half(&sessions, queue, duration, &next).await;
+    let without = half(settings, client, &sessions, queue, duration, &next).await;
     client
         .batch_execute("ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify")
         .await?;
@@ -90,13 +90,17 @@ fn inserted(next: &AtomicU32) -> u32 {
     next.load(Ordering::SeqCst).min(PRODUCER_LIMIT)
 }
 
-/// Every session commits single-row INSERTs until `duration` has passed.
+/// Every session commits single-row INSERTs until `duration` has passed, while a `LISTEN`
+/// session counts the notifications they sent.
 async fn half(
+    settings: &ConnectSettings,
+    client: &Client,
     sessions: &[Arc<Client>],
     queue: &str,
     duration: Duration,
     next: &Arc<AtomicU32>,
 ) -> Result<Enqueue, BenchError> {
+    let counter = NotifyCounter::start(settings).await?;
     let started = Instant::now();
     let deadline = started + duration;
     let mut producers = tokio::task::JoinSet::new();
@@ -127,9 +131,70 @@ async fn half(
         commits += done.map_err(|err| BenchError::Session(err.to_string()))??;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let notified = counter.finish(client).await?;
     Ok(Enqueue {
         commits,
         seconds,
         commits_per_s: commits as f64 / seconds,
+        notified,
     })
 }
+
+/// The channel of the marker that ends a count: notifications arrive in commit order, so
+/// once the marker has, so has every notification committed before it.
+const MARKER_CHANNEL: &str = "pgtaskd_bench_marker";
+
+/// A `LISTEN` session of the bench's own counting `pgtaskd_tasks` notifications.
+struct NotifyCounter {
+    _session: Client,
+    counted: tokio::task::JoinHandle<u64>,
+}
+
+impl NotifyCounter {
+    async fn start(settings: &ConnectSettings) -> Result<Self, BenchError> {
+        let (session, connection) = settings
+            .config()
+            .connect(settings.tls())
+            .await
+            .map_err(DbError::from)?;
+        let (mut messages, pump) = listen::forward_messages(connection);
+        session
+            .batch_execute(&format!(
+                "LISTEN {}; LISTEN {MARKER_CHANNEL}",
+                listen::TASKS_CHANNEL
+            ))
+            .await?;
+        let counted = tokio::spawn(async move {
+            // The session's connection lives as long as the count.
+            let _pump = pump;
+            let mut n = 0;
+            while let Some(message) = messages.recv().await {
+                if let AsyncMessage::Notification(note) = message {
+                    if note.channel() == MARKER_CHANNEL {
+                        break;
+                    }
+                    n += 1;
+                }
+            }
+            n
+        });
+        Ok(NotifyCounter {
+            _session: session,
+            counted,
+        })
+    }
+
+    /// Send the marker and return the notifications counted before it.
+    async fn finish(self, client: &Client) -> Result<u64, BenchError> {
+        client
+            .batch_execute(&format!("NOTIFY {MARKER_CHANNEL}"))
+            .await?;
+        tokio::time::timeout(MARKER_WAIT, self.counted)
+            .await
+            .map_err(|_| BenchError::NoNotification)?
+            .map_err(|err| BenchError::Session(err.to_string()))
+    }
+}
+
+/// How long the marker may take to arrive.
+const MARKER_WAIT: Duration = Duration::from_secs(30);

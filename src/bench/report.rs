@@ -21,6 +21,9 @@ pub struct Enqueue {
     pub commits: u64,
     pub seconds: f64,
     pub commits_per_s: f64,
+    /// `pgtaskd_tasks` notifications a `LISTEN` session of the bench received from the
+    /// half's commits: the commits that took the cluster-wide notify lock.
+    pub notified: u64,
 }
 
 /// Producers mode's figures: the same producers with the NOTIFY trigger as shipped, then
@@ -176,8 +179,8 @@ impl Report {
             ] {
                 writeln!(
                     f,
-                    "  {name:<20} {:.0} commits/s ({} commits by {} producers in {:.1} s)",
-                    half.commits_per_s, half.commits, p.producers, half.seconds
+                    "  {name:<20} {:.0} commits/s ({} commits by {} producers in {:.1} s, {} notified)",
+                    half.commits_per_s, half.commits, p.producers, half.seconds, half.notified
                 )?;
             }
             writeln!(

@@ -452,6 +452,11 @@ async fn hold_snapshot(
     hold: Duration,
 ) -> Result<(f64, f64), BenchError> {
     tokio::time::sleep_until((started + after).into()).await;
+    // The bench's sessions carry the daemon's deadlines, whose idle-in-transaction timeout
+    // (a minute) would end a longer hold by closing the session.
+    session
+        .batch_execute("SET idle_in_transaction_session_timeout = 0")
+        .await?;
     let tx = session
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)

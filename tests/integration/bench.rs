@@ -2,10 +2,12 @@
 //! as a process of its own; the JSON report's figures, the check totals, and the rows
 //! removed afterwards.
 
+use std::time::Duration;
+
 use pgtaskd::bench::workload;
 
-use crate::support::daemon::pgtaskd;
-use crate::support::{count, TestDb};
+use crate::support::daemon::{binary, pgtaskd};
+use crate::support::{count, eventually, TestDb, WAIT};
 
 async fn bench(db: &TestDb, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["bench", "--json"];
@@ -167,6 +169,14 @@ async fn producers_mode_reports_commits_with_and_without_the_trigger_the_idle_la
     }
     assert!(
         figures["with_over_without"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    // The notifications are counted: none with the trigger disabled, and never more than
+    // the commits.
+    assert_eq!(figures["without_trigger"]["notified"], 0, "{report}");
+    assert!(
+        figures["with_trigger"]["notified"].as_u64().unwrap()
+            <= figures["with_trigger"]["commits"].as_u64().unwrap(),
         "{report}"
     );
     // The idle latency, before and after the producers, on the same daemon, and the floor.
@@ -358,4 +368,84 @@ async fn soak_mode_refuses_a_hold_as_long_as_the_run() {
     .await;
     assert_eq!(status.code(), Some(2), "{stdout}{stderr}");
     assert!(stderr.contains("--hold-snapshot"), "{stderr}");
+}
+
+/// The processes whose parent is `pid`, from every thread's `children` list.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// Gone, or a zombie nobody has reaped yet: it runs no more.
+fn has_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// A bench killed with SIGKILL runs no clean-up: the kernel tells its daemon to stop, which
+/// then drains and exits, instead of serving the database on its own with a temporary
+/// configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_bench_leaves_no_daemon_running() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut bench = tokio::process::Command::new(binary())
+        .args([
+            "bench",
+            "--mode",
+            "soak",
+            "--rate",
+            "50",
+            "--duration",
+            "5m",
+        ])
+        .env_remove("PGTASKD_CONFIG")
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pgtaskd bench starts");
+    let bench_pid = bench.id().expect("the bench runs");
+    let daemon = eventually(WAIT, "the bench's daemon to start", || async move {
+        children_of(bench_pid).first().copied()
+    })
+    .await;
+    eventually(WAIT, "the daemon to finish a task", || {
+        let client = &client;
+        async move {
+            (count(
+                client,
+                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            )
+            .await
+                > 0)
+            .then_some(())
+        }
+    })
+    .await;
+    assert!(!has_exited(daemon), "the daemon runs while the bench does");
+    bench.start_kill().unwrap();
+    crate::support::within(WAIT, "the bench to die", bench.wait())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the daemon to stop after its bench was killed",
+        || async move { has_exited(daemon).then_some(()) },
+    )
+    .await;
 }

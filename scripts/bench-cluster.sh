@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Run `pgtaskd bench` against a throwaway PostgreSQL cluster with the server's own defaults
+# (autovacuum on, 128 MiB shared_buffers, synchronous commit), not against whatever server the
+# environment names. The soak's figures depend on autovacuum above all: on a server that has it
+# off, only the daemon's own vacuum after retention cleans the table (docs/design.md,
+# "Vacuum"), and the table's schema-8 parameters mean nothing.
+#
+#   scripts/bench-cluster.sh --mode soak --duration 10m --hold-snapshot 2m
+#   scripts/bench-cluster.sh --mode soak --rate 5000 --duration 5m --report-every 30s
+#   PGTASKD_BENCH_SETTINGS="-c autovacuum=off" scripts/bench-cluster.sh --mode soak ...
+#
+# Every argument goes to `pgtaskd bench`. The cluster is made with initdb in a fresh directory
+# under ${TMPDIR:-/var/tmp} (a soak of 10 minutes writes a few GiB there), started on a free
+# loopback port (PGTASKD_BENCH_PORT, default 5499), migrated, and stopped and removed when the
+# bench ends, however it ends. Extra server settings: PGTASKD_BENCH_SETTINGS, as postgres
+# options ("-c name=value ..."). Needs the server binaries (initdb, pg_ctl: Debian's
+# postgresql package) and a release build (cargo build --release). As root, the server runs as
+# the postgres user.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${PGTASKD_BIN:-$here/../target/release/pgtaskd}
+port=${PGTASKD_BENCH_PORT:-5499}
+settings=${PGTASKD_BENCH_SETTINGS:-}
+[ -x "$bin" ] || { echo "no $bin: run cargo build --release first" >&2; exit 1; }
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+if command -v initdb >/dev/null 2>&1; then pgbin=$(dirname "$(command -v initdb)"); fi
+[ -x "$pgbin/initdb" ] || { echo "no initdb: apt-get install postgresql" >&2; exit 1; }
+
+dir=$(mktemp -d "${TMPDIR:-/var/tmp}/pgtaskd-bench-XXXXXX")
+as_server=()
+if [ "$(id -u)" = 0 ]; then
+  chown postgres "$dir"
+  as_server=(runuser -u postgres --)
+fi
+cleanup() {
+  "${as_server[@]}" "$pgbin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"${as_server[@]}" "$pgbin/initdb" -D "$dir/data" -A trust -U postgres -E UTF8 --locale=C.UTF-8 >/dev/null
+"${as_server[@]}" "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+  -o "-p $port -c listen_addresses=127.0.0.1 -k $dir $settings" start >/dev/null
+url="postgresql://postgres@127.0.0.1:$port/postgres"
+psql -qX "$url" -Atc "SELECT 'cluster: PostgreSQL ' || current_setting('server_version')
+  || ', autovacuum ' || current_setting('autovacuum')
+  || ', shared_buffers ' || current_setting('shared_buffers')
+  || ', synchronous_commit ' || current_setting('synchronous_commit')" >&2
+"$bin" migrate --database-url "$url" >/dev/null
+"$bin" bench --database-url "$url" "$@"
