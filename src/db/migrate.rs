@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_vacuum_health",
         sql: include_str!("../../sql/0009_vacuum_health.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_notify_cost",
+        sql: include_str!("../../sql/0010_notify_cost.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -491,3 +491,62 @@ async fn idle_and_busy_turns_leave_the_flags_table_at_one_page() {
         "a stopping daemon's goodbye deletes its row"
     );
 }
+
+/// The trigger's function runs with its owner's rights and sets no search_path of its own
+/// (schema 10: setting one on every call cost a fifth of the producers' commits), so it names
+/// every function and operator it uses. A producer whose search_path puts its own `now()`,
+/// `pg_notify` and `>` first must not get them called with the owner's rights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_search_path_cannot_reach_into_the_trigger() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    owner
+        .batch_execute(
+            "CREATE ROLE mallory LOGIN;
+             SELECT pgtaskd.grant_producer('mallory');
+             CREATE SCHEMA mallory AUTHORIZATION mallory;
+             INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+             VALUES ('a-flagged-daemon', now() + interval '1 hour');",
+        )
+        .await
+        .unwrap();
+    let url = db.url.replace("user=postgres", "user=mallory");
+    assert_ne!(url, db.url, "the test URL names the user");
+    let (producer, mut messages, _guard) = listening(&url).await;
+    producer
+        .batch_execute(
+            "CREATE FUNCTION mallory.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'now() hijacked as %', current_user; END $$;
+             CREATE FUNCTION mallory.pg_notify(text, text) RETURNS void LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'pg_notify hijacked as %', current_user; END $$;
+             CREATE FUNCTION mallory.later(timestamptz, timestamptz) RETURNS boolean
+             LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION '> hijacked as %', current_user; END $$;
+             CREATE OPERATOR mallory.> (
+                 LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = mallory.later);
+             SET search_path = mallory, pg_catalog;",
+        )
+        .await
+        .unwrap();
+    // The traps are armed: unqualified names reach them in this session.
+    for (sql, trap) in [
+        ("SELECT now()", "now() hijacked"),
+        ("SELECT pg_notify('x', '')", "pg_notify hijacked"),
+        ("SELECT now() > now()", "hijacked"),
+    ] {
+        let err = producer
+            .batch_execute(sql)
+            .await
+            .expect_err("the producer's own objects come first");
+        assert!(format!("{err:?}").contains(trap), "{sql}: {err:?}");
+    }
+    producer
+        .batch_execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('past the traps')")
+        .await
+        .expect("the trigger calls none of the producer's objects");
+    assert!(
+        notified_before_marker(&producer, &mut messages, "marker").await,
+        "with a live flag, the insert notified through pg_catalog's pg_notify"
+    );
+}
