@@ -26,7 +26,7 @@ use crate::http::{self, HttpError};
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
-use crate::{rescuer, retention, vacuum};
+use crate::{rescuer, retention, table_vacuum, vacuum};
 use tokio_util::sync::CancellationToken;
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
@@ -178,9 +178,21 @@ pub async fn run(
         Arc::clone(&metrics),
         background.clone(),
     ));
+    let pruned = Arc::new(AtomicU64::new(0));
     if let Some(older_than) = config.retention.finished_after {
-        tokio::spawn(retention::run(pool.clone(), older_than, background.clone()));
+        tokio::spawn(retention::run(
+            pool.clone(),
+            older_than,
+            Arc::clone(&pruned),
+            background.clone(),
+        ));
     }
+    tokio::spawn(table_vacuum::run(
+        pool.clone(),
+        pruned,
+        Arc::clone(&metrics),
+        background.clone(),
+    ));
     tokio::spawn(vacuum::run(
         pool.clone(),
         config.health.clone(),

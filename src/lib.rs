@@ -15,6 +15,7 @@
 //! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
 //! | [`rescuer`] | taking back the tasks of expired leases |
 //! | [`retention`] | pruning old finished rows, when configured |
+//! | [`table_vacuum`] | the daemon's own `VACUUM` of the table, after retention's deletes or while autovacuum is off for it |
 //! | `vacuum` | the vacuum-health watch: the table's bloat and a held xmin horizon, for `/metrics`, `/readyz` and the log |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
@@ -49,6 +50,7 @@ pub mod queue;
 pub mod rescuer;
 pub mod retention;
 pub mod shutdown;
+pub mod table_vacuum;
 pub(crate) mod vacuum;
 pub mod worker;
 

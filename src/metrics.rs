@@ -300,6 +300,11 @@ impl Metrics {
         }
     }
 
+    /// Tasks claimed since the daemon started.
+    pub fn claims(&self) -> u64 {
+        self.claimed.get()
+    }
+
     pub fn claimed(&self, waited_seconds: f64) {
         self.claimed.inc();
         self.enqueue_to_start.observe(waited_seconds.max(0.0));

@@ -51,6 +51,27 @@ pub async fn may_vacuum(client: &Client) -> Result<bool, DbError> {
     Ok(client.query_one(MAY_VACUUM, &[]).await?.get(0))
 }
 
+/// Whether autovacuum leaves the table alone: off in the server (`autovacuum`, or
+/// `track_counts`, without which it has nothing to go by) or for the table
+/// (`autovacuum_enabled = false`).
+const AUTOVACUUM_OFF: &str = "
+SELECT NOT current_setting('autovacuum')::bool
+    OR NOT current_setting('track_counts')::bool
+    OR coalesce((SELECT NOT o.option_value::bool
+                   FROM pg_options_to_table(c.reloptions) AS o
+                  WHERE o.option_name = 'autovacuum_enabled'), false)
+  FROM pg_class AS c
+ WHERE c.oid = 'pgtaskd.tasks'::regclass";
+
+/// Whether autovacuum will never vacuum the table.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn autovacuum_off(client: &Client) -> Result<bool, DbError> {
+    Ok(client.query_one(AUTOVACUUM_OFF, &[]).await?.get(0))
+}
+
 /// Vacuum the table (and its TOAST table), so that the rows pruned and the row versions the
 /// claims and finishes left behind become free space. `SKIP_LOCKED`: when another vacuum
 /// (another daemon's, autovacuum's) holds the table, this one does nothing.

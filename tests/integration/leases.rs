@@ -312,7 +312,7 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
 async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let rows = pgtaskd::retention::VACUUM_AFTER as i64 + 10;
+    let rows = pgtaskd::table_vacuum::VACUUM_AFTER as i64 + 10;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
@@ -326,9 +326,18 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
         "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass";
     let before = count(&client, vacuums).await;
     let stop = tokio_util::sync::CancellationToken::new();
+    let pruned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let retention = tokio::spawn(pgtaskd::retention::run(
         db.pool(1),
         Duration::from_secs(86_400),
+        std::sync::Arc::clone(&pruned),
+        stop.clone(),
+    ));
+    // No claims: the rows retention deleted alone make the vacuum due.
+    let vacuum = tokio::spawn(pgtaskd::table_vacuum::run(
+        db.pool(1),
+        pruned,
+        std::sync::Arc::new(pgtaskd::metrics::Metrics::new()),
         stop.clone(),
     ));
     wait_count(
@@ -345,4 +354,75 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     .await;
     stop.cancel();
     within(WAIT, "retention to stop", retention).await.unwrap();
+    within(WAIT, "the vacuum to stop", vacuum).await.unwrap();
+}
+
+const MANUAL_VACUUMS: &str =
+    "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass";
+
+/// Drain `n` tasks with a daemon of default settings (no retention), and return the table's
+/// manual vacuum count, read a few of the vacuum's checks after the last finish.
+async fn drain_without_retention(db: &TestDb, n: usize) -> i64 {
+    let client = db.client().await;
+    insert_payloads(&client, n).await;
+    let mut daemon = DaemonProcess::start(db, "", &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        n as i64,
+        "the drain",
+    )
+    .await;
+    // An observation window for something that must not happen, not a synchronization:
+    // the vacuum looks every second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let vacuums = count(&client, MANUAL_VACUUMS).await;
+    daemon.signal(libc::SIGTERM);
+    within(WAIT, "the daemon to stop", daemon.wait()).await;
+    vacuums
+}
+
+/// With autovacuum off for the table (as on servers that turn it off), nothing else would ever
+/// vacuum it: every claim's and finish's old row version, and the claims' index entry for it,
+/// would stay for good. The daemon, as the table's owner, vacuums it itself, retention or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    // Two dead versions a task: this many make one vacuum due.
+    let n = pgtaskd::table_vacuum::VACUUM_AFTER as usize / 2 + 100;
+    let vacuums = drain_without_retention(&db, n).await;
+    assert!(
+        vacuums >= 1,
+        "the daemon vacuumed the table ({vacuums} vacuums)"
+    );
+    eventually(WAIT, "the dead versions to be gone", || {
+        let client = &client;
+        async move {
+            let dead = count(
+                client,
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass",
+            )
+            .await;
+            (dead < pgtaskd::table_vacuum::VACUUM_AFTER as i64).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Where autovacuum covers the table, the daemon without retention leaves vacuuming to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_leaves_vacuuming_to_autovacuum_where_it_covers_the_table() {
+    let cluster = crate::support::Cluster::start_with(&[("autovacuum", "on")], &[]);
+    let db = TestDb::on(&cluster).await;
+    let n = pgtaskd::table_vacuum::VACUUM_AFTER as usize / 2 + 100;
+    assert_eq!(drain_without_retention(&db, n).await, 0, "no manual vacuum");
 }
