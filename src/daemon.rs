@@ -189,6 +189,7 @@ pub async fn run(
     }
     tokio::spawn(table_vacuum::run(
         pool.clone(),
+        settings.clone(),
         pruned,
         Arc::clone(&metrics),
         background.clone(),

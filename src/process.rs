@@ -11,6 +11,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+#[cfg(any(target_os = "linux", target_os = "android"))]
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -72,10 +73,11 @@ impl DaemonCommand {
     ///
     /// The process cannot be started.
     pub fn spawn(mut self) -> std::io::Result<DaemonChild> {
-        let parent = std::process::id() as libc::pid_t;
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         // SAFETY: the closure runs in the forked child before exec and calls only
         // async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
+            let parent = std::process::id() as libc::pid_t;
             self.command.pre_exec(move || {
                 // The daemon is told to stop (SIGTERM: a graceful drain) when the thread that
                 // started it ends, so that a bench or test killed without its clean-up leaves

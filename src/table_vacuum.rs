@@ -14,18 +14,22 @@
 //!   every later claim walks past: the claim's cost would grow with every task ever run.
 //!
 //! Only a role that may vacuum the table does (its owner, the role that ran `pgtaskd migrate`,
-//! or the database's owner); a vacuum that ran into `database.statement_timeout` stops these
-//! for good (the table is then too large for a vacuum on a pooled session). `SKIP_LOCKED`: a
-//! vacuum already running (autovacuum's, another daemon's) makes this one a no-op.
+//! or the database's owner); under any other it never does, and says so once (a warning where
+//! autovacuum is off too: then nothing vacuums the table). The `VACUUM` runs on a session of
+//! its own, opened for it, with no statement timeout (a first vacuum of a large table may take
+//! minutes, and blocks no claim: it takes only a `SHARE UPDATE EXCLUSIVE` lock), never on a
+//! pooled session the workers need. After a vacuum that took `d`, the next waits at least `d`,
+//! so that vacuums take at most half the time however fast the queue turns. One that failed is
+//! tried again a minute later. `SKIP_LOCKED`: a vacuum already running (autovacuum's, another
+//! daemon's) makes this one a no-op.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
-use crate::db::{DbError, Pool};
+use crate::db::{ConnectSettings, DbError, Pool};
 use crate::metrics::Metrics;
 use crate::queue;
 
@@ -36,16 +40,20 @@ pub const VACUUM_AFTER: u64 = 5000;
 const CHECK: Duration = Duration::from_secs(1);
 /// How often whether autovacuum covers the table is read again.
 const RECHECK: Duration = Duration::from_secs(60);
+/// How long after a failed vacuum the next is tried.
+const RETRY: Duration = Duration::from_secs(60);
 
 /// Vacuum whenever due until `stop` fires, or until the daemon may not vacuum the table.
 /// `pruned` counts the rows retention deleted since the last vacuum; `metrics` the claims.
+/// Checks go through `pool`; each vacuum opens a session from `settings`.
 pub async fn run(
     pool: Pool,
+    settings: ConnectSettings,
     pruned: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let mut vacuum = Vacuum::default();
+    let mut allowed: Option<bool> = None;
     let mut claims_at_vacuum = metrics.claims();
     let mut autovacuum_off: Option<(bool, Instant)> = None;
     loop {
@@ -64,28 +72,47 @@ pub async fn run(
                 }
             }
         }
+        let off = autovacuum_off.is_some_and(|(off, _)| off);
         let seen = pruned.load(Ordering::Relaxed);
         let claims = metrics.claims();
-        let by_claims = match autovacuum_off {
-            Some((true, _)) => 2 * claims.saturating_sub(claims_at_vacuum),
-            _ => 0,
-        };
-        if seen + by_claims >= VACUUM_AFTER {
-            match vacuum.run(&pool).await {
-                Some(true) => {
-                    pruned.fetch_sub(seen, Ordering::Relaxed);
-                    claims_at_vacuum = claims;
-                }
-                Some(false) => return,
-                None => {}
-            }
-        } else if autovacuum_off.is_some_and(|(off, _)| !off) {
+        let by_claims = if off {
+            2 * claims.saturating_sub(claims_at_vacuum)
+        } else {
             // Claims count only while autovacuum is off: a later switch starts from now.
             claims_at_vacuum = claims;
+            0
+        };
+        let mut pause = CHECK;
+        if seen + by_claims >= VACUUM_AFTER {
+            if allowed.is_none() {
+                allowed = may_vacuum(&pool, off).await;
+            }
+            match allowed {
+                Some(false) => return,
+                None => pause = RETRY,
+                Some(true) => {
+                    let started = Instant::now();
+                    let vacuumed = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        vacuumed = vacuum(&settings) => vacuumed,
+                    };
+                    match vacuumed {
+                        Ok(()) => {
+                            pruned.fetch_sub(seen, Ordering::Relaxed);
+                            claims_at_vacuum = claims;
+                            pause = started.elapsed().max(CHECK);
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "the daemon could not vacuum pgtaskd.tasks; trying again in a minute");
+                            pause = RETRY;
+                        }
+                    }
+                }
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(CHECK) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
     }
 }
@@ -95,46 +122,38 @@ async fn read_autovacuum_off(pool: &Pool) -> Result<bool, DbError> {
     client.bounded(queue::prune::autovacuum_off(&client)).await
 }
 
-/// Whether the daemon may vacuum the table.
-#[derive(Default)]
-struct Vacuum {
-    /// Unknown until first needed; `false` for good once a vacuum was refused or ran into the
-    /// statement timeout (a table too large for the daemon to vacuum within it).
-    allowed: Option<bool>,
-}
-
-impl Vacuum {
-    /// Vacuum once: `Some(true)` when it ran, `Some(false)` when the daemon leaves vacuuming
-    /// to autovacuum from now on, `None` when it failed and may be tried again.
-    async fn run(&mut self, pool: &Pool) -> Option<bool> {
-        let outcome = async {
-            let client = pool.get().await?;
-            if self.allowed.is_none() {
-                let allowed = client.bounded(queue::prune::may_vacuum(&client)).await?;
-                if !allowed {
-                    tracing::info!(
-                        "the daemon leaves vacuuming pgtaskd.tasks to autovacuum: this role does not own it"
-                    );
-                }
-                self.allowed = Some(allowed);
-            }
-            if self.allowed == Some(true) {
-                client.bounded(queue::prune::vacuum(&client)).await?;
-            }
-            Ok::<_, DbError>(self.allowed)
+/// Whether this daemon's role may vacuum the table (`None`: not known, the database did not
+/// answer). A refusal is said once, as a warning when `autovacuum_off`.
+async fn may_vacuum(pool: &Pool, autovacuum_off: bool) -> Option<bool> {
+    let asked = async {
+        let client = pool.get().await?;
+        client.bounded(queue::prune::may_vacuum(&client)).await
+    }
+    .await;
+    match asked {
+        Ok(true) => Some(true),
+        Ok(false) if autovacuum_off => {
+            tracing::warn!(
+                "nothing vacuums pgtaskd.tasks: autovacuum is off for it and this daemon's role does not own it; vacuum it from a job of the owner's, or turn autovacuum on"
+            );
+            Some(false)
         }
-        .await;
-        match outcome {
-            Ok(allowed) => allowed,
-            Err(err) if err.code() == Some(&SqlState::QUERY_CANCELED) => {
-                tracing::warn!(error = %err, "the daemon's vacuum of pgtaskd.tasks took longer than database.statement_timeout; leaving it to autovacuum from now on");
-                self.allowed = Some(false);
-                Some(false)
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "the daemon could not vacuum pgtaskd.tasks");
-                None
-            }
+        Ok(false) => {
+            tracing::info!(
+                "the daemon leaves vacuuming pgtaskd.tasks to autovacuum: this role does not own it"
+            );
+            Some(false)
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read whether this role may vacuum pgtaskd.tasks");
+            None
         }
     }
+}
+
+/// One `VACUUM` on a session of its own, without a statement timeout.
+async fn vacuum(settings: &ConnectSettings) -> Result<(), DbError> {
+    let client = settings.connect().await?;
+    client.batch_execute("SET statement_timeout = 0").await?;
+    queue::prune::vacuum(&client).await
 }

@@ -10,7 +10,7 @@
 //! A daemon's flag is one row for its whole life, only ever updated in place: neither
 //! statement that writes it changes its key, so each is a HOT update that any later read of
 //! the page prunes. The table stays at one page per few dozen daemons however often they go
-//! idle and busy, with or without vacuum. (Deleting the flag on every busy turn left a dead
+//! idle and busy, with or without vacuum, as long as the xmin horizon moves. (Deleting the flag on every busy turn left a dead
 //! line pointer behind each time: without autovacuum the table grew by a page every few
 //! hundred turns, and every INSERT's trigger reads all of its pages.)
 

@@ -334,8 +334,10 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
         stop.clone(),
     ));
     // No claims: the rows retention deleted alone make the vacuum due.
+    let settings = pgtaskd::db::ConnectSettings::new(&db.config("").database, "test").unwrap();
     let vacuum = tokio::spawn(pgtaskd::table_vacuum::run(
         db.pool(1),
+        settings,
         pruned,
         std::sync::Arc::new(pgtaskd::metrics::Metrics::new()),
         stop.clone(),
