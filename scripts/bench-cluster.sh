@@ -55,7 +55,9 @@ trap 'exit 143' TERM
   -o "-p $port -c listen_addresses='' -k '$dir' $settings" start >/dev/null)
 url="host=$dir port=$port user=postgres dbname=postgres sslmode=disable"
 unset PGTASKD_CONFIG PGTASKD_DATABASE_URL
-"$pgbin/psql" -qX "$url" -Atc "SELECT 'cluster: PostgreSQL ' || current_setting('server_version')
+psql=$pgbin/psql
+[ -x "$psql" ] || psql=psql
+"$psql" -qX "$url" -Atc "SELECT 'cluster: PostgreSQL ' || current_setting('server_version')
   || ', autovacuum ' || current_setting('autovacuum')
   || ', shared_buffers ' || current_setting('shared_buffers')
   || ', synchronous_commit ' || current_setting('synchronous_commit')" >&2

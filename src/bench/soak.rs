@@ -299,7 +299,7 @@ pub(super) async fn soak(
     };
     let n = inserted.load(Ordering::SeqCst);
     let insert_seconds = started.elapsed().as_secs_f64().min(duration.as_secs_f64());
-    wait_idle(client, queue).await?;
+    wait_idle(client, queue, t0, &mut read_from, &mut finished).await?;
     let seconds = seconds_since(client, queue, t0).await?;
     let usage = daemon.usage();
     daemon.stop().await;
@@ -381,21 +381,36 @@ async fn probe_drain(
     Ok(f64::from(PROBE_TASKS) / seconds)
 }
 
-/// Wait until no task of `queue` is QUEUED or RUNNING (retention deletes finished rows, so
-/// they cannot be counted here).
-async fn wait_idle(client: &Client, queue: &str) -> Result<(), BenchError> {
+/// Wait until no task of `queue` is QUEUED or RUNNING, reading the rows that finish
+/// meanwhile as the sampler does (at least [`LAG`] after their finish): a backlog left at the
+/// end of an overloaded run may take longer than the retention window to drain, and retention
+/// would delete rows that were never read.
+async fn wait_idle(
+    client: &Client,
+    queue: &str,
+    t0: DateTime<Utc>,
+    read_from: &mut DateTime<Utc>,
+    finished: &mut Finished,
+) -> Result<(), BenchError> {
     let deadline = Instant::now() + RUN_LIMIT;
     loop {
-        let busy: bool = client
+        let row = client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
-                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')",
+                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING'),
+                        now()",
                 &[&queue],
             )
-            .await?
-            .get(0);
+            .await?;
+        let busy: bool = row.get(0);
         if !busy {
             return Ok(());
+        }
+        let upto =
+            row.get::<_, DateTime<Utc>>(1) - chrono::Duration::from_std(LAG).unwrap_or_default();
+        if upto > *read_from {
+            read_finished(client, queue, t0, *read_from, Some(upto), finished).await?;
+            *read_from = upto;
         }
         if Instant::now() > deadline {
             return Err(BenchError::TooLong(RUN_LIMIT));
