@@ -22,9 +22,9 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::Daemon;
 use super::report::{Enqueue, Latency, Producers};
-use super::run::{latencies, wait_done};
+use super::run::{latencies, listening, wait_done};
 use super::{workload, BenchError, LATENCY_MODE_TASKS, PRODUCER_LIMIT};
-use crate::db::{listen, ConnectSettings, DbError};
+use crate::db::{listen, ConnectSettings};
 
 /// Measure the idle latency, run both halves, measure the idle latency again; returns the
 /// figures and the tasks inserted.
@@ -152,18 +152,8 @@ struct NotifyCounter {
 
 impl NotifyCounter {
     async fn start(settings: &ConnectSettings) -> Result<Self, BenchError> {
-        let (session, connection) = settings
-            .config()
-            .connect(settings.tls())
-            .await
-            .map_err(DbError::from)?;
-        let (mut messages, pump) = listen::forward_messages(connection);
-        session
-            .batch_execute(&format!(
-                "LISTEN {}; LISTEN {MARKER_CHANNEL}",
-                listen::TASKS_CHANNEL
-            ))
-            .await?;
+        let (session, mut messages, pump) =
+            listening(settings, &[listen::TASKS_CHANNEL, MARKER_CHANNEL]).await?;
         let counted = tokio::spawn(async move {
             // The session's connection lives as long as the count.
             let _pump = pump;

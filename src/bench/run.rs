@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::{AnalyzerStarts, Daemon};
@@ -360,6 +361,23 @@ pub(super) async fn latencies(
     Ok(Latency::of(millis))
 }
 
+/// A session of the bench's own that `LISTEN`s on `channels`, its messages forwarded as the
+/// daemon's listener forwards them; the session lives while the client and the pump do.
+pub(super) async fn listening(
+    settings: &ConnectSettings,
+    channels: &[&str],
+) -> Result<(Client, mpsc::Receiver<AsyncMessage>, listen::AbortOnDrop), BenchError> {
+    let (session, connection) = settings
+        .config()
+        .connect(settings.tls())
+        .await
+        .map_err(DbError::from)?;
+    let (messages, pump) = listen::forward_messages(connection);
+    let listens: Vec<String> = channels.iter().map(|c| format!("LISTEN {c};")).collect();
+    session.batch_execute(&listens.concat()).await?;
+    Ok((session, messages, pump))
+}
+
 /// The floor under the latency: the same inserts, one at a time and as far apart, with no
 /// daemon running and a `LISTEN` session of the bench's own timing each notification's
 /// arrival. Its rows go to a queue of their own, removed afterwards. The session flags itself
@@ -371,16 +389,7 @@ async fn notify_floor(
     queue: &str,
     texts: &[String],
 ) -> Result<Latency, BenchError> {
-    let (listener, connection) = settings
-        .config()
-        .connect(settings.tls())
-        .await
-        .map_err(DbError::from)?;
-    // Through the same forwarding as the daemon's listener.
-    let (mut messages, _pump) = listen::forward_messages(connection);
-    listener
-        .batch_execute(&format!("LISTEN {}", listen::TASKS_CHANNEL))
-        .await?;
+    let (_listener, mut messages, _pump) = listening(settings, &[listen::TASKS_CHANNEL]).await?;
     let queue = format!("{queue}-floor");
     let flag = format!("{queue}:{}", std::process::id());
     client
