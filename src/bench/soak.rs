@@ -267,11 +267,7 @@ pub(super) async fn soak(
                 );
             }
             samples.push(sample.0);
-            let upto = sample.1 - chrono::Duration::from_std(LAG).unwrap_or_default();
-            if upto > read_from {
-                read_finished(client, queue, t0, read_from, Some(upto), &mut finished).await?;
-                read_from = upto;
-            }
+            read_settled(client, queue, t0, sample.1, &mut read_from, &mut finished).await?;
             if started.elapsed() >= duration {
                 break;
             }
@@ -406,12 +402,7 @@ async fn wait_idle(
         if !busy {
             return Ok(());
         }
-        let upto =
-            row.get::<_, DateTime<Utc>>(1) - chrono::Duration::from_std(LAG).unwrap_or_default();
-        if upto > *read_from {
-            read_finished(client, queue, t0, *read_from, Some(upto), finished).await?;
-            *read_from = upto;
-        }
+        read_settled(client, queue, t0, row.get(1), read_from, finished).await?;
         if Instant::now() > deadline {
             return Err(BenchError::TooLong(RUN_LIMIT));
         }
@@ -522,6 +513,24 @@ async fn look(
         },
         at,
     ))
+}
+
+/// Read the rows of `queue` that finished since `read_from` and at least [`LAG`] before
+/// `now` (the database's clock), and move `read_from` on to there.
+async fn read_settled(
+    client: &Client,
+    queue: &str,
+    t0: DateTime<Utc>,
+    now: DateTime<Utc>,
+    read_from: &mut DateTime<Utc>,
+    into: &mut Finished,
+) -> Result<(), BenchError> {
+    let upto = now - chrono::Duration::from_std(LAG).unwrap_or_default();
+    if upto > *read_from {
+        read_finished(client, queue, t0, *read_from, Some(upto), into).await?;
+        *read_from = upto;
+    }
+    Ok(())
 }
 
 /// Read the rows of `queue` that finished in `[from, upto)` (`upto` `None`: from `from` on).

@@ -10,9 +10,10 @@
 //! A daemon's flag is one row for its whole life, only ever updated in place: neither
 //! statement that writes it changes its key, so each is a HOT update that any later read of
 //! the page prunes. The table stays at one page per few dozen daemons however often they go
-//! idle and busy, with or without vacuum, as long as the xmin horizon moves. (Deleting the flag on every busy turn left a dead
-//! line pointer behind each time: without autovacuum the table grew by a page every few
-//! hundred turns, and every INSERT's trigger reads all of its pages.)
+//! idle and busy, with or without vacuum, as long as the xmin horizon moves. (Deleting the
+//! flag on every busy turn left a dead line pointer behind each time: without autovacuum the
+//! table grew by a page every few hundred turns, and every INSERT's trigger reads all of its
+//! pages.)
 
 use std::time::Duration;
 
@@ -77,10 +78,7 @@ pub async fn flag_idle(
 ///
 /// Database failures; the flag then stays until it expires (inserts notify in vain meanwhile).
 pub async fn clear_idle(client: &Client, instance: &str) -> Result<(), DbError> {
-    client
-        .query_typed(CLEAR, &[(&instance, Type::TEXT)])
-        .await?;
-    Ok(())
+    write_flag(client, CLEAR, instance).await
 }
 
 /// Delete `instance`'s flag, at the daemon's stop.
@@ -91,9 +89,12 @@ pub async fn clear_idle(client: &Client, instance: &str) -> Result<(), DbError> 
 /// meanwhile), and its row until a daemon of the same instance id, which never comes again,
 /// or an operator deletes it (an expired row costs the trigger one row's read).
 pub async fn remove_idle(client: &Client, instance: &str) -> Result<(), DbError> {
-    client
-        .query_typed(REMOVE, &[(&instance, Type::TEXT)])
-        .await?;
+    write_flag(client, REMOVE, instance).await
+}
+
+/// Run `sql`, a statement on `instance`'s flag alone.
+async fn write_flag(client: &Client, sql: &str, instance: &str) -> Result<(), DbError> {
+    client.query_typed(sql, &[(&instance, Type::TEXT)]).await?;
     Ok(())
 }
 
