@@ -388,14 +388,28 @@ async fn disabling_the_trigger_still_stops_every_notification() {
         .batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify")
         .await
         .unwrap();
-    let (_, notified) = insert_notifies(&producer, &mut messages, "trigger disabled").await;
+    let (unnotified, notified) =
+        insert_notifies(&producer, &mut messages, "trigger disabled").await;
     assert!(!notified, "a disabled trigger notifies nobody, idle or not");
     owner
         .batch_execute("ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify")
         .await
         .unwrap();
-    // The daemon may have found that task by itself meanwhile (its watch of the
-    // transactions open when it went idle sees any commit): once it is idle again,
+    // The daemon may find that task by itself at any moment (its watch of the transactions
+    // open cluster-wide when it went idle scans again at any of their commits), and a claim
+    // then would take its flag away from the next insert: the task is cancelled, and has
+    // ended, before the daemon is seen idle again.
+    owner
+        .execute("SELECT pgtaskd.cancel($1)", &[&unnotified])
+        .await
+        .unwrap();
+    eventually(WAIT, "the unnotified task to end", || async {
+        pgtaskd::queue::get(&owner, unnotified)
+            .await
+            .unwrap()
+            .filter(|t| t.status.is_terminal())
+    })
+    .await;
     wait_idle(&owner, 1, LONG_POLL_INTERVAL).await;
     let (id, notified) = insert_notifies(&producer, &mut messages, "trigger enabled").await;
     assert!(notified, "enabled again, it notifies");
