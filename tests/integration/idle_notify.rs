@@ -461,10 +461,13 @@ async fn a_producer_with_only_insert_on_the_table_notifies_an_idle_daemon() {
 /// A daemon goes idle and busy up to once per task at some rates: its flag must not leave a
 /// dead row version behind that only `VACUUM` takes away, since every INSERT's trigger reads
 /// every page of the table. Autovacuum is off for the table here, as it is on some servers.
+/// On a cluster of its own: a transaction that holds a transaction id anywhere on the server
+/// (another test's database included) keeps every later row version from being pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_busy_turns_leave_the_flags_table_at_one_page() {
     const TURNS: usize = 5_000;
-    let db = TestDb::new().await;
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
     let owner = db.client().await;
     owner
         .batch_execute("ALTER TABLE pgtaskd.idle_daemons SET (autovacuum_enabled = false)")
