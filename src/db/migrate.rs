@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_notify_cost",
         sql: include_str!("../../sql/0010_notify_cost.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_plans_by_key",
+        sql: include_str!("../../sql/0011_plans_by_key.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -7,7 +7,7 @@ use pgtaskd::analyzer::{analyze, Counts};
 use pgtaskd::queue::{self, FinishError, Outcome, TaskStatus};
 use tokio_postgres::Client;
 
-use crate::support::{eventually, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
+use crate::support::{count, eventually, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
 
 const OWNER: &str = "test-owner";
 
@@ -318,5 +318,168 @@ async fn an_analyzer_that_panics_leaves_the_task_failed_inline_or_on_a_blocking_
             "inline: {inline}"
         );
         assert_eq!((task.words, task.bytes, task.runes), (0, 0, 0));
+    }
+}
+
+/// Shared buffers (hit or read) one call of `call` touched: the function's own statements
+/// included, which run inside the call's scan.
+async fn blocks_touched(client: &Client, call: &str) -> i64 {
+    let plan: Vec<String> = client
+        .query(
+            &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM {call}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    // The first `Buffers:` line is the top node's (planning's come after).
+    let Some(line) = plan
+        .iter()
+        .find(|line| line.trim_start().starts_with("Buffers:"))
+    else {
+        return 0;
+    };
+    let shared = line.split(',').next().unwrap_or_default();
+    ["hit=", "read="]
+        .iter()
+        .filter_map(|key| {
+            let at = shared.find(key)? + key.len();
+            shared[at..].split_whitespace().next()?.parse::<i64>().ok()
+        })
+        .sum()
+}
+
+/// A daemon's session plans the finish and the cancel once, maybe while the table is empty
+/// (a fresh queue, or one just drained and vacuumed: its statistics then say "no rows"
+/// however it grows, until the next vacuum or analyze). Once the table holds many rows, each
+/// call still reads its own rows only, never the whole table or a whole partial index.
+#[tokio::test]
+async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_once_it_grew() {
+    const ROWS: i64 = 60_000;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
+             INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
+             DELETE FROM pgtaskd.tasks;",
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("VACUUM ANALYZE pgtaskd.tasks")
+        .await
+        .unwrap();
+    // This session plans every statement of both functions while the table is empty: a
+    // finish, a cancel of a QUEUED task, a cancel of a RUNNING one, and a cancel of neither.
+    let (id, attempt) = claim_one(&client, "planned while empty").await;
+    let success = Outcome::Succeeded(Counts {
+        words: 3,
+        bytes: 19,
+        runes: 19,
+    });
+    queue::finish(&client, OWNER, id, attempt, &success)
+        .await
+        .unwrap();
+    let (running, _) = claim_one(&client, "canceled while running").await;
+    let queued: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('canceled while queued')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for cancel in [queued, running, id] {
+        client
+            .execute("SELECT pgtaskd.cancel($1)", &[&cancel])
+            .await
+            .unwrap();
+    }
+    // The table grows to a backlog and as many running tasks of other daemons, the
+    // statistics still saying it is empty.
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, status, attempt, lease_owner, lease_expires_at,
+                                        started_at)
+             SELECT 'backlog ' || i,
+                    CASE WHEN i % 2 = 0 THEN 'QUEUED' ELSE 'RUNNING' END,
+                    CASE WHEN i % 2 = 0 THEN 0 ELSE 1 END,
+                    CASE WHEN i % 2 = 0 THEN NULL ELSE 'another daemon' END,
+                    CASE WHEN i % 2 = 0 THEN NULL ELSE now() + interval '1 hour' END,
+                    CASE WHEN i % 2 = 0 THEN NULL ELSE now() END
+               FROM generate_series(1, $1::int8) i",
+            &[&ROWS],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        count(
+            &client,
+            "SELECT reltuples::int8 FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass"
+        )
+        .await,
+        0,
+        "the statistics still say the table is empty"
+    );
+    let table_blocks = count(
+        &client,
+        "SELECT pg_relation_size('pgtaskd.tasks') / current_setting('block_size')::int8",
+    )
+    .await;
+    // A handful of blocks per call: the index descents and the row's own page; the table
+    // alone is `table_blocks`.
+    let bound = 40;
+    assert!(
+        table_blocks > 10 * bound,
+        "the table is {table_blocks} blocks"
+    );
+
+    let (id, attempt) = (
+        client
+            .query_one(
+                "UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = $1,
+                        lease_expires_at = now() + interval '1 hour', started_at = now()
+                  WHERE id = (SELECT max(id) FROM pgtaskd.tasks WHERE status = 'QUEUED')
+                 RETURNING id",
+                &[&OWNER],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        1,
+    );
+    let finish = format!(
+        "pgtaskd.finish('{OWNER}', ARRAY[{id}]::int8[], ARRAY[{attempt}], ARRAY['SUCCEEDED'],
+                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[])"
+    );
+    let touched = blocks_touched(&client, &finish).await;
+    assert!(
+        touched <= bound,
+        "a finish of one task touched {touched} blocks of a {table_blocks}-block table"
+    );
+    assert_eq!(
+        queue::get(&client, id).await.unwrap().unwrap().status,
+        TaskStatus::Succeeded,
+        "and it finished the task"
+    );
+    for status in ["QUEUED", "RUNNING"] {
+        let victim = count(
+            &client,
+            &format!("SELECT max(id) FROM pgtaskd.tasks WHERE status = '{status}'"),
+        )
+        .await;
+        let touched = blocks_touched(&client, &format!("pgtaskd.request_cancel({victim})")).await;
+        assert!(
+            touched <= bound,
+            "a cancel of a {status} task touched {touched} blocks of a {table_blocks}-block table"
+        );
+        assert!(
+            queue::get(&client, victim)
+                .await
+                .unwrap()
+                .unwrap()
+                .cancel_requested,
+            "and it recorded the cancel of the {status} task"
+        );
     }
 }
