@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
@@ -35,8 +35,22 @@ impl Payload {
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Text::Owned(text) => text,
-            Text::InRow(row) => row.get(2),
+            Text::InRow(row) => row.get::<_, Utf8>(2).0,
         }
+    }
+}
+
+/// A `text` column read in place, its UTF-8 checked with SIMD instructions (`simdutf8`): the
+/// standard library's check of every payload took a fifth of the daemon's CPU in a drain.
+struct Utf8<'a>(&'a str);
+
+impl<'a> FromSql<'a> for Utf8<'a> {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Utf8(simdutf8::basic::from_utf8(raw)?))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <&str as FromSql>::accepts(ty)
     }
 }
 
@@ -144,9 +158,11 @@ pub async fn claim_within(
         };
         let attempt = row.get(1);
         let waited = row.get(4);
-        let payload = match row.get::<_, Option<&str>>(2) {
+        let payload = match row.get::<_, Option<Utf8>>(2) {
             None => None,
-            Some(text) if text.len() < KEEP_IN_ROW_FROM => Some(Payload::from(text.to_owned())),
+            Some(Utf8(text)) if text.len() < KEEP_IN_ROW_FROM => {
+                Some(Payload::from(text.to_owned()))
+            }
             Some(_) => Some(Payload(Text::InRow(row))),
         };
         if payload.is_some() {
