@@ -58,6 +58,10 @@ pub enum DaemonError {
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]
     Db(#[from] DbError),
+    /// A stop gave up on a database that did not answer: these claims stay RUNNING until
+    /// their leases expire.
+    #[error("stopped with {0} claim(s) unsettled: the database did not answer; their leases expire and another daemon runs them again")]
+    Unsettled(usize),
 }
 
 impl From<SchemaError> for DaemonError {
@@ -218,11 +222,14 @@ pub async fn run(
     readiness.abort();
     health.stopping();
     tracing::info!(running = worker.running(), "no more claims");
-    worker
+    let unsettled = worker
         .shutdown(config.shutdown.grace, shutdown.hurrying())
         .await;
     background.cancel();
     let _ = listener.await;
+    if unsettled > 0 {
+        return Err(DaemonError::Unsettled(unsettled));
+    }
     tracing::info!("pgtaskd stopped");
     Ok(())
 }

@@ -100,6 +100,7 @@ impl CommandError {
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
             CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
+            CommandError::Daemon(DaemonError::Unsettled(_)) => EXIT_UNAVAILABLE,
             CommandError::Settings(_)
             | CommandError::Schema(_)
             | CommandError::Daemon(
@@ -266,6 +267,7 @@ mod tests {
                 DaemonError::from(SchemaError::Db(outage())).into(),
                 EXIT_UNAVAILABLE,
             ),
+            (DaemonError::Unsettled(3).into(), EXIT_UNAVAILABLE),
             (BenchError::Db(outage()).into(), EXIT_UNAVAILABLE),
             (
                 BenchError::Schema(SchemaError::Ahead { found: 99 }).into(),

@@ -18,18 +18,23 @@
 //!
 //! Settling one claim alone retries until the database answers, with capped, jittered
 //! backoff while it is down; after an outcome that is unknown it re-reads before writing
-//! again (`resolve.rs` holds that path and the pure decision it rests on).
+//! again (`resolve.rs` holds that path and the pure decision it rests on). Only a stopping
+//! daemon that has waited long enough for an unreachable database ends that:
+//! [`Completer::give_up`] makes every claim still unsettled return, left RUNNING for its
+//! lease to expire.
 //!
 //! Callers: [`crate::worker`] starts one completer and hands it every settled claim.
 
 mod batch;
 mod resolve;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
-use crate::db::Pool;
+use crate::db::{DbError, Pool};
 use crate::metrics::Metrics;
 use crate::queue::{FinishError, Outcome, TaskStatus};
 
@@ -65,6 +70,21 @@ struct Shared {
     /// The instance id, written as `lease_owner`: every write is fenced on it.
     owner: String,
     metrics: Arc<Metrics>,
+    /// Fired by [`Completer::give_up`]: claims still waiting for the database return.
+    give_up: CancellationToken,
+    /// How many claims returned unsettled because of it.
+    abandoned: AtomicUsize,
+}
+
+impl Shared {
+    /// A claim given up on: counted, and answered as an outage, so that the caller logs that
+    /// its lease will expire.
+    fn abandon(&self) -> Result<TaskStatus, FinishError> {
+        self.abandoned.fetch_add(1, Ordering::Relaxed);
+        Err(FinishError::Db(DbError::unavailable(
+            "the daemon stopped before the database answered",
+        )))
+    }
 }
 
 impl Completer {
@@ -79,8 +99,23 @@ impl Completer {
                 pool,
                 owner,
                 metrics,
+                give_up: CancellationToken::new(),
+                abandoned: AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// Stop waiting for the database: every claim still retrying its write, or waiting for
+    /// its batch, returns at once, unsettled. Its row stays RUNNING under this daemon's lease,
+    /// which expires; then a daemon runs the task again. Only for a stop that has waited long
+    /// enough.
+    pub fn give_up(&self) {
+        self.shared.give_up.cancel();
+    }
+
+    /// How many claims [`Completer::give_up`] left unsettled.
+    pub fn abandoned(&self) -> usize {
+        self.shared.abandoned.load(Ordering::Relaxed)
     }
 
     /// Queue `outcome` of `claim` for the next batch, waiting for room in the queue. Returns
@@ -110,7 +145,8 @@ impl Completer {
     /// # Errors
     ///
     /// [`FinishError::NotRunning`] when the claim was lost, [`FinishError::NotFound`] when the
-    /// task was deleted: the result is dropped. Database failures are retried, never returned.
+    /// task was deleted: the result is dropped. Database failures are retried, and returned
+    /// only after [`Completer::give_up`].
     pub async fn write(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
         // Boxed, here and in `Pending::answer`: settling alone is the rare path, and its large
         // future would otherwise be part of every claim's task, copied at each spawn.
@@ -137,7 +173,11 @@ impl Pending {
     pub async fn answer(self) -> Result<TaskStatus, FinishError> {
         let Claim { id, attempt } = self.claim;
         let failed = match self.answer {
-            Ok(receiver) => match receiver.await {
+            Ok(receiver) => match tokio::select! {
+                biased;
+                answer = receiver => answer,
+                _ = self.shared.give_up.cancelled() => return self.shared.abandon(),
+            } {
                 Ok(Ok(result)) => return result,
                 Ok(Err(failed)) => failed,
                 // The batching task dropped the finish unanswered: it may have been sent.

@@ -18,7 +18,8 @@
 //! 5. No row: the task was deleted.
 //!
 //! The result in memory is then accepted, written again, or dropped; the analyzer is never
-//! asked again.
+//! asked again. A stopping daemon may give up on an unreachable database
+//! ([`super::Completer::give_up`]): the claim then returns unsettled, its lease left to expire.
 
 use std::time::Duration;
 
@@ -44,10 +45,19 @@ pub(super) async fn settle(
     let Claim { id, attempt } = claim;
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
-        let result = match shared.pool.get().await {
-            Err(err) => Err(FinishError::Db(err)),
-            Ok(client) if outcome_unknown => resolve(shared, &client, claim, action).await,
-            Ok(client) => apply(shared, &client, claim, action).await,
+        let write = async {
+            match shared.pool.get().await {
+                Err(err) => Err(FinishError::Db(err)),
+                Ok(client) if outcome_unknown => resolve(shared, &client, claim, action).await,
+                Ok(client) => apply(shared, &client, claim, action).await,
+            }
+        };
+        // A stopping daemon that gave up on the database: the statement may still land; if
+        // it does not, the lease expires. Either way this claim is never written again.
+        let result = tokio::select! {
+            biased;
+            result = write => result,
+            _ = shared.give_up.cancelled() => return shared.abandon(),
         };
         match result {
             Err(FinishError::Db(err)) => {
@@ -68,7 +78,10 @@ pub(super) async fn settle(
                     // The server answered with an error: nothing was written.
                     tracing::warn!(id, attempt, error, retry_in_ms, "finish failed; retrying");
                 }
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.give_up.cancelled() => return shared.abandon(),
+                }
             }
             other => return other,
         }

@@ -9,8 +9,8 @@ use pgtaskd::queue::{self, TaskStatus};
 
 use crate::support::daemon::{binary, tempfile_path::TempPath};
 use crate::support::{
-    enqueue, eventually, expected_counts, insert_payloads, within, DaemonProcess, GatedAnalyzer,
-    InProcessDaemon, TestDb, WAIT,
+    enqueue, eventually, expected_counts, insert_payloads, wait_status, within, Cluster,
+    DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,4 +348,45 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Stopped while the database is down, a daemon does not wait for it forever: its last
+/// claim's finish retries for one more grace, then the daemon returns (exit 69 for the
+/// binary), the row left RUNNING under its lease. Once the server is back and the lease has
+/// expired, another daemon runs the task: nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_database_is_down_gives_up_after_the_grace_and_leaves_the_claim_to_its_lease(
+) {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let held = GatedAnalyzer::closed();
+    let config = "[shutdown]\ngrace = \"1s\"\n[worker]\nlease = \"2s\"\n";
+    let mut first = InProcessDaemon::start(&db, db.config(config), held.clone()).await;
+    let id = enqueue(&client, "finished while the server is down").await;
+    held.entered(1).await;
+    drop(client);
+    cluster.stop_server(true);
+    first.shutdown.trigger();
+    // The analyzer returns within the grace; its finish cannot reach the server.
+    held.open();
+    let result = within(
+        Duration::from_secs(30),
+        "the daemon to give up on the database",
+        first.join_result(),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(pgtaskd::daemon::DaemonError::Unsettled(1))),
+        "one claim left unsettled: {result:?}"
+    );
+
+    cluster.start_server();
+    let client = db.client().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Running, "left to its lease");
+    let second = InProcessDaemon::start(&db, db.config(config), GatedAnalyzer::counting()).await;
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(task.attempt, 2, "run again after the lease expired");
+    second.stop().await;
 }

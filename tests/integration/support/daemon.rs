@@ -52,6 +52,14 @@ impl InProcessDaemon {
             .expect("the daemon ran without error");
     }
 
+    /// Wait for `run` to return after a shutdown was triggered, and give its result.
+    pub async fn join_result(&mut self) -> Result<(), pgtaskd::daemon::DaemonError> {
+        let handle = self.handle.take().expect("joined once");
+        within(WAIT, "the daemon to stop", handle)
+            .await
+            .expect("the daemon task did not panic")
+    }
+
     /// Whether `run` has returned.
     pub fn is_finished(&self) -> bool {
         self.handle.as_ref().is_none_or(|h| h.is_finished())
