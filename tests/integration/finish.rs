@@ -7,7 +7,10 @@ use pgtaskd::analyzer::{analyze, Counts};
 use pgtaskd::queue::{self, FinishError, Outcome, TaskStatus};
 use tokio_postgres::Client;
 
-use crate::support::{count, eventually, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
+use crate::support::{
+    blocks_touched, count, eventually, statistics_say_empty, GatedAnalyzer, InProcessDaemon,
+    TestDb, WAIT,
+};
 
 const OWNER: &str = "test-owner";
 
@@ -321,36 +324,6 @@ async fn an_analyzer_that_panics_leaves_the_task_failed_inline_or_on_a_blocking_
     }
 }
 
-/// Shared buffers (hit or read) one call of `call` touched: the function's own statements
-/// included, which run inside the call's scan.
-async fn blocks_touched(client: &Client, call: &str) -> i64 {
-    let plan: Vec<String> = client
-        .query(
-            &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM {call}"),
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    // The first `Buffers:` line is the top node's (planning's come after).
-    let Some(line) = plan
-        .iter()
-        .find(|line| line.trim_start().starts_with("Buffers:"))
-    else {
-        return 0;
-    };
-    let shared = line.split(',').next().unwrap_or_default();
-    ["hit=", "read="]
-        .iter()
-        .filter_map(|key| {
-            let at = shared.find(key)? + key.len();
-            shared[at..].split_whitespace().next()?.parse::<i64>().ok()
-        })
-        .sum()
-}
-
 /// A daemon's session plans the finish and the cancel once, maybe while the table is empty
 /// (a fresh queue, or one just drained and vacuumed: its statistics then say "no rows"
 /// however it grows, until the next vacuum or analyze). Once the table holds many rows, each
@@ -360,18 +333,7 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
     const ROWS: i64 = 60_000;
     let db = TestDb::new().await;
     let client = db.client().await;
-    client
-        .batch_execute(
-            "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
-             INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
-             DELETE FROM pgtaskd.tasks;",
-        )
-        .await
-        .unwrap();
-    client
-        .batch_execute("VACUUM ANALYZE pgtaskd.tasks")
-        .await
-        .unwrap();
+    statistics_say_empty(&client).await;
     // This session plans every statement of both functions while the table is empty: a
     // finish, a cancel of a QUEUED task, a cancel of a RUNNING one, and a cancel of neither.
     let (id, attempt) = claim_one(&client, "planned while empty").await;

@@ -8,8 +8,8 @@ use pgtaskd::queue::{self, TaskStatus};
 use tokio::sync::Barrier;
 
 use crate::support::{
-    assert_all_succeeded, audit, count, eventually, insert_payloads, wait_count, within,
-    DaemonProcess, TestDb, WAIT,
+    assert_all_succeeded, audit, count, eventually, insert_payloads, statistics_say_empty,
+    wait_count, within, DaemonProcess, TestDb, WAIT,
 };
 
 const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
@@ -316,18 +316,7 @@ async fn retention_prunes_a_grown_table_whose_statistics_say_it_is_empty() {
     const ROWS: i64 = 20_000;
     let db = TestDb::new().await;
     let client = db.client().await;
-    client
-        .batch_execute(
-            "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
-             INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
-             DELETE FROM pgtaskd.tasks;",
-        )
-        .await
-        .unwrap();
-    client
-        .batch_execute("VACUUM ANALYZE pgtaskd.tasks")
-        .await
-        .unwrap();
+    statistics_say_empty(&client).await;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)

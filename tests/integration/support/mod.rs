@@ -296,6 +296,53 @@ pub async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
     payloads
 }
 
+/// Leave the task table as a drained queue's after its vacuum: statistics that say "no rows",
+/// kept so (autovacuum off for the table) however the test then fills it.
+pub async fn statistics_say_empty(client: &Client) {
+    client
+        .batch_execute(
+            "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
+             INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
+             DELETE FROM pgtaskd.tasks;",
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("VACUUM ANALYZE pgtaskd.tasks")
+        .await
+        .unwrap();
+}
+
+/// Shared buffers (hit or read) one call of `call` touched: the function's own statements
+/// included, which run inside the call's scan.
+pub async fn blocks_touched(client: &Client, call: &str) -> i64 {
+    let plan: Vec<String> = client
+        .query(
+            &format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM {call}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    // The first `Buffers:` line is the top node's (planning's come after).
+    let Some(line) = plan
+        .iter()
+        .find(|line| line.trim_start().starts_with("Buffers:"))
+    else {
+        return 0;
+    };
+    let shared = line.split(',').next().unwrap_or_default();
+    ["hit=", "read="]
+        .iter()
+        .filter_map(|key| {
+            let at = shared.find(key)? + key.len();
+            shared[at..].split_whitespace().next()?.parse::<i64>().ok()
+        })
+        .sum()
+}
+
 /// The single `bigint` a query returns.
 pub async fn count(client: &Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
