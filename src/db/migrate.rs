@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0011_plans_by_key",
         sql: include_str!("../../sql/0011_plans_by_key.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_claim_after",
+        sql: include_str!("../../sql/0012_claim_after.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

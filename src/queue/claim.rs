@@ -95,6 +95,26 @@ pub struct ClaimLimits {
     pub max_payload: Option<u64>,
 }
 
+/// A task's place in the order claims take tasks in: highest priority first, then lowest
+/// id. A claim given one starts after it ([`claim_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub priority: i32,
+    pub id: i64,
+}
+
+impl Position {
+    /// The later of two positions in claim order.
+    pub fn later(self, other: Position) -> Position {
+        let key = |p: Position| (std::cmp::Reverse(p.priority), p.id);
+        if key(other) > key(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
 /// What one claim took.
 #[derive(Debug, Default)]
 pub struct ClaimBatch {
@@ -105,12 +125,15 @@ pub struct ClaimBatch {
     /// The size of the first due task that the byte budget left out, if any: claim again once
     /// that much is free.
     pub left_out: Option<u64>,
+    /// The position of the last task claimed, in claim order.
+    pub last: Option<Position>,
 }
 
-/// The statement lives in `pgtaskd.claim` (sql/0004_hardening.sql), whose planner settings
+/// The statement lives in `pgtaskd.claim` (sql/0012_claim_after.sql), whose planner settings
 /// keep the ordered index plan however stale the table's statistics are.
-const CLAIM_WITHIN: &str = "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s \
-     FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7)";
+const CLAIM_AFTER: &str =
+    "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority \
+     FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
 /// `run_at` has come, highest priority first, then oldest, within `limits`: once the next
@@ -129,6 +152,27 @@ pub async fn claim_within(
     limits: ClaimLimits,
     lease: Duration,
 ) -> Result<ClaimBatch, DbError> {
+    claim_after(client, owner, queues, limits, lease, None).await
+}
+
+/// [`claim_within`], reading only the tasks after `after` in claim order when it is given
+/// (positioned by the index: the dead entries of tasks claimed before it are never read). It
+/// does not see a task before the position, whatever its priority or age: the caller claims
+/// without one often enough (docs/design.md, "Claims after a position").
+///
+/// # Errors
+///
+/// As [`claim_within`].
+pub async fn claim_after(
+    client: &Client,
+    owner: &str,
+    queues: &[String],
+    limits: ClaimLimits,
+    lease: Duration,
+    after: Option<Position>,
+) -> Result<ClaimBatch, DbError> {
+    let after_priority = after.map(|p| p.priority);
+    let after_id = after.map(|p| p.id);
     let max_tasks = i64::try_from(limits.tasks).unwrap_or(i64::MAX);
     let max_bytes = i64::try_from(limits.bytes).unwrap_or(i64::MAX);
     let max_payload = limits
@@ -137,7 +181,7 @@ pub async fn claim_within(
     let lease_ms = lease.as_millis() as f64;
     let rows = client
         .query_typed(
-            CLAIM_WITHIN,
+            CLAIM_AFTER,
             &[
                 (&queues, Type::TEXT_ARRAY),
                 (&max_tasks, Type::INT8),
@@ -146,6 +190,8 @@ pub async fn claim_within(
                 (&max_bytes, Type::INT8),
                 (&limits.take_one, Type::BOOL),
                 (&max_payload, Type::INT8),
+                (&after_priority, Type::INT4),
+                (&after_id, Type::INT8),
             ],
         )
         .await?;
@@ -158,6 +204,10 @@ pub async fn claim_within(
         };
         let attempt = row.get(1);
         let waited = row.get(4);
+        batch.last = Some(Position {
+            priority: row.get(5),
+            id,
+        });
         let payload = match row.get::<_, Option<Utf8>>(2) {
             None => None,
             Some(Utf8(text)) if text.len() < KEEP_IN_ROW_FROM => {

@@ -38,7 +38,9 @@ pub mod vacuum;
 pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
-pub use claim::{claim, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload};
+pub use claim::{
+    claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
+};
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{heartbeat, Extended};

@@ -1,12 +1,21 @@
 //! Claiming: the fill loop that claims batches while the intake has room, starting each
 //! claimed task, and giving back the tasks of a claim whose answer was lost.
 //!
+//! Claims start from the front of the queue, except while those claims are slow: a held xmin
+//! horizon leaves the entries of every task claimed since at the front of the claim index,
+//! and each claim from the start walks them all. After a claim from the start that took at
+//! least [`SLOW_CLAIM`] and came back full, the next claims start after the last task it
+//! took ([`Floor`]), for ten times its duration and at most one poll interval; then one claims
+//! from the start again. What such a claim cannot see (a task of a higher priority inserted
+//! since, one given back or retried, a late commit of a lower id) waits at most that long
+//! (docs/design.md, "Claims after a position"). Only a worker of one queue does this.
+//!
 //! Called by [`Worker::run`] (one fill per scan, see `idle.rs` for what follows a scan) and
 //! [`Worker::run_once`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -14,13 +23,66 @@ use tokio_util::sync::CancellationToken;
 use super::intake::Room;
 use super::Worker;
 use crate::db::DbError;
-use crate::queue::{self, ClaimLimits, FinishError};
+use crate::queue::{self, ClaimLimits, FinishError, Position};
 
 /// Claim statements that may be on their way at once.
 const CLAIMS_IN_FLIGHT: usize = 2;
 /// The most tasks one claim statement takes: the ceiling's batch (`bench --mode ceiling`). A
 /// claim of 100 cost the server measurably more per task in a drain (docs/benchmark.md).
 pub(super) const MAX_CLAIM_BATCH: usize = 500;
+
+/// A claim from the start at least this slow makes the next claims start after a position.
+/// A claim of 500 short texts takes a few milliseconds; one that walks the index entries left
+/// by a held horizon takes tens to thousands.
+pub(super) const SLOW_CLAIM: Duration = Duration::from_millis(20);
+
+/// How many times a slow claim from the start's duration the claims after a position go on.
+const AFTER_SLOW_CLAIM: u32 = 10;
+
+/// Where the next claim may start, and what the last claim from the start cost.
+#[derive(Debug, Default)]
+pub(super) struct Floor {
+    /// The last task of the latest full claim, in claim order.
+    at: Option<Position>,
+    /// The latest claim from the start: when it ended, and how long it took.
+    from_start: Option<(Instant, Duration)>,
+}
+
+impl Floor {
+    /// Where the next claim starts at `now`: after [`Floor::at`] while the latest claim from
+    /// the start was slow and ended less than ten times its duration ago (at most `poll`);
+    /// `None`: from the start.
+    pub(super) fn next(&self, now: Instant, poll: Duration) -> Option<Position> {
+        let at = self.at?;
+        let (ended, took) = self.from_start?;
+        let window = (took * AFTER_SLOW_CLAIM).min(poll);
+        (took >= SLOW_CLAIM && now.saturating_duration_since(ended) < window).then_some(at)
+    }
+
+    /// Record a claim that started `after` (or from the start), took `took` and ended at
+    /// `now`: `more` when it took all it had room for (there may be more), `last` its last
+    /// task. A claim that found less than it could take ends the positions: the next claim
+    /// starts from the start.
+    pub(super) fn record(
+        &mut self,
+        after: Option<Position>,
+        took: Duration,
+        now: Instant,
+        more: bool,
+        last: Option<Position>,
+    ) {
+        if after.is_none() {
+            // What it saw replaces the positions before it (it may have found a task of a
+            // higher priority, before them in claim order).
+            self.from_start = Some((now, took));
+            self.at = None;
+        }
+        self.at = match (more, last) {
+            (true, Some(last)) => Some(self.at.map_or(last, |at| at.later(last))),
+            _ => None,
+        };
+    }
+}
 
 /// What one scan ([`Worker::fill`]) did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -170,16 +232,23 @@ impl Worker {
             take_one: room.take_one,
             max_payload: inner.config.max_payload_bytes,
         };
+        let after = match inner.floor.lock() {
+            Ok(floor) if inner.config.queues.len() == 1 => {
+                floor.next(Instant::now(), inner.config.poll_interval)
+            }
+            _ => None,
+        };
         let batch = async {
             let client = inner.pool.get().await?;
             let sent = Instant::now();
             let batch = client
-                .bounded(queue::claim_within(
+                .bounded(queue::claim_after(
                     &client,
                     &inner.instance,
                     &inner.config.queues,
                     limits,
                     inner.config.lease,
+                    after,
                 ))
                 .await?;
             Ok::<_, DbError>((batch, sent.elapsed()))
@@ -193,6 +262,11 @@ impl Worker {
             }
         };
         let claimed = batch.tasks.len();
+        let full = claimed == room.tasks;
+        if let Ok(mut floor) = inner.floor.lock() {
+            let more = full || batch.left_out.is_some();
+            floor.record(after, took, Instant::now(), more, batch.last);
+        }
         inner.intake.claimed(room, claimed, batch.bytes, took);
         for task in batch.tasks {
             let cancel = inner.abort.child_token();
@@ -203,8 +277,98 @@ impl Worker {
         }
         Ok(ClaimReport {
             claimed,
-            full: claimed == room.tasks,
+            full,
             left_out: batch.left_out,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(priority: i32, id: i64) -> Option<Position> {
+        Some(Position { priority, id })
+    }
+
+    const POLL: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_fast_claim_from_the_start_keeps_every_claim_at_the_start() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), None);
+    }
+
+    #[test]
+    fn after_a_slow_full_claim_the_next_ones_start_after_its_last_task_for_ten_times_its_duration()
+    {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(50);
+        floor.record(None, slow, t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), at(0, 500));
+        // A claim after it that came back full moves the position on.
+        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 1000));
+        assert_eq!(floor.next(t0 + slow * 9, POLL), at(0, 1000));
+        assert_eq!(
+            floor.next(t0 + slow * 10, POLL),
+            None,
+            "then from the start"
+        );
+    }
+
+    #[test]
+    fn the_claims_after_a_position_last_at_most_a_poll_interval() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_secs(1), t0, true, at(0, 500));
+        assert_eq!(
+            floor.next(t0 + Duration::from_millis(1999), POLL),
+            at(0, 500)
+        );
+        assert_eq!(floor.next(t0 + POLL, POLL), None);
+    }
+
+    #[test]
+    fn a_claim_that_found_less_than_it_could_take_sends_the_next_to_the_start() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, false, at(0, 600));
+        assert_eq!(floor.next(t0, POLL), None);
+        floor.record(None, Duration::from_millis(50), t0, false, at(0, 700));
+        assert_eq!(
+            floor.next(t0, POLL),
+            None,
+            "a drained queue has no position"
+        );
+    }
+
+    #[test]
+    fn a_claim_from_the_start_replaces_the_position_with_its_own() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 5000));
+        // Tasks of priority 5 were inserted since: the next claim from the start takes some.
+        floor.record(None, Duration::from_millis(50), t0, true, at(5, 600));
+        assert_eq!(
+            floor.next(t0, POLL),
+            at(5, 600),
+            "the rest of priority 5 is not skipped"
+        );
+    }
+
+    #[test]
+    fn concurrent_claims_keep_the_later_position_in_claim_order() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(5, 900));
+        // A lower priority is later in claim order than any id of a higher one.
+        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(3, 10));
+        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(5, 1400));
+        assert_eq!(floor.next(t0, POLL), at(3, 10));
     }
 }

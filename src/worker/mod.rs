@@ -122,6 +122,8 @@ struct Inner {
     relisten: AtomicBool,
     /// Whether this daemon's idle flag is written (`idle.rs`).
     flag: idle::Flag,
+    /// Where the next claim may start while claims from the start are slow (`claim.rs`).
+    floor: std::sync::Mutex<claim::Floor>,
 }
 
 impl Worker {
@@ -159,6 +161,7 @@ impl Worker {
                 claim_unanswered: AtomicBool::new(false),
                 relisten: AtomicBool::new(false),
                 flag: idle::Flag::default(),
+                floor: std::sync::Mutex::default(),
             }),
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pgtaskd::queue;
 use tokio::sync::Barrier;
 
-use crate::support::{within, TestDb, WAIT};
+use crate::support::{blocks_touched, count, within, TestDb, WAIT};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -191,4 +191,142 @@ async fn a_claim_sets_the_lease_from_the_database_clock() {
     assert_eq!(row.get::<_, &str>(0), "me");
     assert!((row.get::<_, f64>(1) - 90.0).abs() < 0.01);
     assert!(row.get::<_, bool>(2));
+}
+
+fn limits(tasks: usize) -> queue::ClaimLimits {
+    queue::ClaimLimits {
+        tasks,
+        bytes: u64::MAX,
+        take_one: true,
+        max_payload: None,
+    }
+}
+
+/// Claims after a position (docs/design.md, "Claims after a position"): the tasks after it
+/// in claim order (the rest of its priority by id, then the lower priorities), and none
+/// before it, whatever their priority.
+#[tokio::test]
+async fn a_claim_after_a_position_takes_the_tasks_after_it_in_claim_order_and_none_before() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // ids 1..=9, priority 1 for every third, 0 for the others.
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload, priority)
+             SELECT 'p' || i, CASE WHEN i % 3 = 0 THEN 1 ELSE 0 END FROM generate_series(1, 9) i",
+        )
+        .await
+        .unwrap();
+    let claim = |after, n| {
+        let client = &client;
+        async move {
+            let batch =
+                queue::claim_after(client, "claimer", &default_queue(), limits(n), LEASE, after)
+                    .await
+                    .unwrap();
+            let ids: Vec<i64> = batch.tasks.iter().map(|t| t.id).collect();
+            (ids, batch.last)
+        }
+    };
+    let after = Some(queue::Position { priority: 1, id: 3 });
+    let (ids, last) = claim(after, 3).await;
+    assert_eq!(
+        ids,
+        [6, 9, 1],
+        "the rest of priority 1, then priority 0 by id"
+    );
+    assert_eq!(last, Some(queue::Position { priority: 0, id: 1 }));
+    let (ids, _) = claim(Some(queue::Position { priority: 0, id: 4 }), 10).await;
+    assert_eq!(
+        ids,
+        [5, 7, 8],
+        "nothing before the position: 2 and 4 are left"
+    );
+    let (ids, _) = claim(None, 10).await;
+    assert_eq!(
+        ids,
+        [3, 2, 4],
+        "a claim from the start finds what the others skipped"
+    );
+}
+
+/// The reason for positions: while a snapshot is held, the claim index keeps an entry for
+/// every task claimed since, at the front of claim order. A claim from the start reads them
+/// all (and each one's row); a claim after the last position reads none of them.
+#[tokio::test]
+async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries_claimed_before() {
+    const CLAIMED: i64 = 40_000;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks")
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'claimed ' || i FROM generate_series(1, $1::int8) i",
+            &[&CLAIMED],
+        )
+        .await
+        .unwrap();
+    let mut last = None;
+    loop {
+        let batch = queue::claim_after(
+            &client,
+            "claimer",
+            &default_queue(),
+            limits(500),
+            LEASE,
+            last,
+        )
+        .await
+        .unwrap();
+        if batch.tasks.is_empty() {
+            break;
+        }
+        last = batch.last;
+    }
+    assert_eq!(
+        last,
+        Some(queue::Position {
+            priority: 0,
+            id: CLAIMED
+        })
+    );
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'waiting ' || i FROM generate_series(1, 20) i",
+        )
+        .await
+        .unwrap();
+    let call = |after: &str| {
+        format!("pgtaskd.claim(ARRAY['default'], 10, 'claimer', 30000, 1000000000, true, NULL, {after})")
+    };
+    let positioned = blocks_touched(&client, &call(&format!("0, {CLAIMED}"))).await;
+    let from_start = blocks_touched(&client, &call("NULL, NULL")).await;
+    let table_blocks = count(
+        &client,
+        "SELECT pg_relation_size('pgtaskd.tasks') / current_setting('block_size')::int8",
+    )
+    .await;
+    // About ten blocks for each task a claim takes (its row, its new version, three indexes).
+    assert!(
+        positioned <= 200,
+        "a claim after the position touched {positioned} blocks ({table_blocks} in the table)"
+    );
+    assert!(
+        from_start > 4 * positioned,
+        "a claim from the start touched {from_start} blocks, one after the position {positioned}: the test no longer shows the difference"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'"
+        )
+        .await,
+        0,
+        "both claims took their 10"
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
 }
