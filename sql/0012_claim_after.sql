@@ -42,30 +42,15 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
-        SELECT c.id, c.priority, c.size
-          FROM unnest(claim.queues) AS q(name)
-         CROSS JOIN LATERAL (
-                -- From the start of the queue's QUEUED rows.
-                SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
-                  FROM pgtaskd.tasks AS k
-                 WHERE claim.after_id IS NULL
-                   AND k.status = 'QUEUED'
-                   AND k.queue = q.name
-                   AND k.run_at <= now()
-                 ORDER BY k.priority DESC, k.id
-                 LIMIT claim.max_tasks
-                   FOR UPDATE SKIP LOCKED
-               ) AS c
-         WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
-        UNION ALL
+        -- No position is before every task: all of it is "the lower priorities" below
+        -- (a smallint priority is always under 32768), read from the start of the queue.
         SELECT c.id, c.priority, c.size
           FROM unnest(claim.queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- After the position: the rest of its priority...
                 SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
                   FROM pgtaskd.tasks AS k
-                 WHERE claim.after_id IS NOT NULL
-                   AND k.status = 'QUEUED'
+                 WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority = claim.after_priority
                    AND k.id > claim.after_id
@@ -82,10 +67,9 @@ BEGIN
                 -- ...then the lower priorities.
                 SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
                   FROM pgtaskd.tasks AS k
-                 WHERE claim.after_id IS NOT NULL
-                   AND k.status = 'QUEUED'
+                 WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
-                   AND k.priority < claim.after_priority
+                   AND k.priority < coalesce(claim.after_priority, 32768)
                    AND k.run_at <= now()
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks

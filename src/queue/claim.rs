@@ -96,22 +96,23 @@ pub struct ClaimLimits {
 }
 
 /// A task's place in the order claims take tasks in: highest priority first, then lowest
-/// id. A claim given one starts after it ([`claim_after`]).
+/// id, which is how positions compare (a later position is greater). A claim given one
+/// starts after it ([`claim_after`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
     pub priority: i32,
     pub id: i64,
 }
 
-impl Position {
-    /// The later of two positions in claim order.
-    pub fn later(self, other: Position) -> Position {
-        let key = |p: Position| (std::cmp::Reverse(p.priority), p.id);
-        if key(other) > key(self) {
-            other
-        } else {
-            self
-        }
+impl Ord for Position {
+    fn cmp(&self, other: &Position) -> std::cmp::Ordering {
+        (other.priority, self.id).cmp(&(self.priority, other.id))
+    }
+}
+
+impl PartialOrd for Position {
+    fn partial_cmp(&self, other: &Position) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 

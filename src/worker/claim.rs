@@ -34,7 +34,7 @@ pub(super) const MAX_CLAIM_BATCH: usize = 500;
 /// A claim from the start at least this slow makes the next claims start after a position.
 /// A claim of 500 short texts takes a few milliseconds; one that walks the index entries left
 /// by a held horizon takes tens to thousands.
-pub(super) const SLOW_CLAIM: Duration = Duration::from_millis(20);
+const SLOW_CLAIM: Duration = Duration::from_millis(20);
 
 /// How many times a slow claim from the start's duration the claims after a position go on.
 const AFTER_SLOW_CLAIM: u32 = 10;
@@ -78,7 +78,7 @@ impl Floor {
             self.at = None;
         }
         self.at = match (more, last) {
-            (true, Some(last)) => Some(self.at.map_or(last, |at| at.later(last))),
+            (true, Some(last)) => Some(self.at.map_or(last, |at| at.max(last))),
             _ => None,
         };
     }
