@@ -52,6 +52,9 @@ pub async fn run(
 }
 
 /// Delete every finished row older than `older_than` now, batch by batch; returns how many.
+/// The first batch reads from the oldest finished row, each next one from where the last
+/// ended ([`queue::prune::Pruned::last`]): a pass reads the dead index entries of the rows
+/// deleted before it once, not once per batch (docs/design.md, "Vacuum").
 ///
 /// # Errors
 ///
@@ -59,10 +62,13 @@ pub async fn run(
 pub async fn run_once(pool: &Pool, older_than: Duration) -> Result<u64, DbError> {
     let client = pool.get().await?;
     let mut total = 0;
+    let mut from = None;
     loop {
-        let deleted = client
-            .bounded(queue::prune(&client, older_than, BATCH))
+        let pruned = client
+            .bounded(queue::prune(&client, older_than, BATCH, from))
             .await?;
+        let deleted = pruned.deleted;
+        from = pruned.last.or(from);
         total += deleted;
         if deleted < BATCH as u64 {
             if total > 0 {

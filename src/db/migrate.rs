@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0012_claim_after",
         sql: include_str!("../../sql/0012_claim_after.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_positions",
+        sql: include_str!("../../sql/0013_positions.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

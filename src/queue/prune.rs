@@ -3,42 +3,70 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
 
-/// The rows are picked once, into an array, and then deleted by primary key: written as
-/// `WHERE id IN (SELECT ...)`, the planner may turn the pick into a semi-join, and with
-/// statistics taken while the table was empty (a vacuum of an emptied queue, with autovacuum
-/// off or before its next analyze) it chose to walk the whole primary key and run the locking
-/// pick once per row: over 10 minutes for one batch of a 400,000-row table, cancelled by the
-/// statement timeout at every retention tick while the table grew (the claim's re-check is
-/// written the same way for the same reason).
-const PRUNE: &str = "
-DELETE FROM pgtaskd.tasks
- WHERE id = ANY (ARRAY(
-    SELECT id
-      FROM pgtaskd.tasks
-     WHERE finished_at < now() - $1 * interval '1 millisecond'
-       AND status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-     ORDER BY finished_at
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
- ))
-   AND status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
+/// The batch lives in `pgtaskd.prune` (sql/0013_positions.sql). Its rows are picked once,
+/// into an array, and then deleted by primary key: written as `WHERE id IN (SELECT ...)`, the
+/// planner may turn the pick into a semi-join, and with statistics taken while the table was
+/// empty it chose to walk the whole primary key and run the locking pick once per row. The
+/// function's planner settings keep the pick an ordered scan of `tasks_finished_idx` that
+/// stops at its limit: under the same statistics the statement alone was planned as a bitmap
+/// scan of every row older than the window, sorted, for every batch. It reads from
+/// `from_finished` on (null: the index's start): the entries of rows deleted before stay at
+/// the front until a vacuum removes them, and while the xmin horizon is held back none can,
+/// so every batch from the start would walk the entries of every row deleted since the hold
+/// began (see [`Pruned::last`]).
+const PRUNE: &str = "SELECT deleted, last_finished FROM pgtaskd.prune($1, $2, $3)";
 
-/// Delete up to `limit` rows that finished more than `older_than` ago; returns how many.
+/// What one prune statement deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub deleted: u64,
+    /// The latest `finished_at` among them: the next batch of the same pass starts there
+    /// (`>=`, rows of one finish share it). A row finished before it that is still there (one
+    /// locked by another deleter, or whose finish committed after this batch) is left to the
+    /// next pass, which starts from the beginning. `None` when none was deleted.
+    pub last: Option<DateTime<Utc>>,
+}
+
+/// Delete up to `limit` rows that finished more than `older_than` ago, and at or after
+/// `from` when given, oldest first.
 ///
 /// # Errors
 ///
 /// Database failures; nothing was deleted.
-pub async fn prune(client: &Client, older_than: Duration, limit: i64) -> Result<u64, DbError> {
+pub async fn prune(
+    client: &Client,
+    older_than: Duration,
+    limit: i64,
+    from: Option<DateTime<Utc>>,
+) -> Result<Pruned, DbError> {
     let older_ms = older_than.as_millis() as f64;
-    let deleted = client
-        .execute_typed(PRUNE, &[(&older_ms, Type::FLOAT8), (&limit, Type::INT8)])
+    let rows = client
+        .query_typed(
+            PRUNE,
+            &[
+                (&older_ms, Type::FLOAT8),
+                (&limit, Type::INT8),
+                (&from, Type::TIMESTAMPTZ),
+            ],
+        )
         .await?;
-    Ok(deleted)
+    // An aggregate: always one row.
+    let Some(row) = rows.first() else {
+        return Ok(Pruned {
+            deleted: 0,
+            last: None,
+        });
+    };
+    Ok(Pruned {
+        deleted: row.try_get::<_, i64>(0)?.max(0) as u64,
+        last: row.try_get(1)?,
+    })
 }
 
 /// Whether this session's role may vacuum the table: its owner (or a member of the owner's

@@ -250,6 +250,43 @@ async fn a_claim_after_a_position_takes_the_tasks_after_it_in_claim_order_and_no
     );
 }
 
+/// A position needs both halves (schema 13): a caller of `pgtaskd.claim` who passes a
+/// priority without an id, or an id without a priority, gets a claim from the start, not one
+/// that skips the priority it named and everything above it.
+#[tokio::test]
+async fn a_claim_given_half_a_position_claims_from_the_start() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // Priorities 2, 1, 0, 2, 1, 0 for ids 1..=6.
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload, priority)
+             SELECT 'p' || i, 2 - (i - 1) % 3 FROM generate_series(1, 6) i",
+        )
+        .await
+        .unwrap();
+    let claim = |after_priority: Option<i32>, after_id: Option<i64>| {
+        let client = &client;
+        async move {
+            let rows = within(
+                WAIT,
+                "a claim of pgtaskd.claim's own",
+                client.query(
+                    "SELECT task_id FROM pgtaskd.claim(ARRAY['default'], 2, 'caller', 30000, \
+                     1000000, true, 1000000, $1, $2)",
+                    &[&after_priority, &after_id],
+                ),
+            )
+            .await
+            .unwrap();
+            rows.iter().map(|r| r.get(0)).collect::<Vec<i64>>()
+        }
+    };
+    assert_eq!(claim(Some(1), None).await, [1, 4], "priority 2 first");
+    assert_eq!(claim(None, Some(5)).await, [2, 5], "then priority 1");
+    assert_eq!(claim(None, None).await, [3, 6]);
+}
+
 /// The reason for positions: while a snapshot is held, the claim index keeps an entry for
 /// every task claimed since, at the front of claim order. A claim from the start reads them
 /// all (and each one's row); a claim after the last position reads none of them.

@@ -308,6 +308,93 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
     assert_eq!(left, ["recent", "queued", "running"]);
 }
 
+/// Under a held snapshot the index entries of deleted rows stay at the front of
+/// `tasks_finished_idx`: a batch of a retention pass starts where the previous one ended and
+/// reads past none of them, where a batch from the start reads them all.
+#[tokio::test]
+async fn under_a_held_snapshot_a_prune_batch_starts_after_the_rows_the_pass_deleted() {
+    const ROWS: i64 = 8_000;
+    const BATCH: i64 = 1_000;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks")
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
+             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days' + i * interval '1 ms'
+               FROM generate_series(1, $1::int8) i",
+            &[&ROWS],
+        )
+        .await
+        .unwrap();
+    let old = Duration::from_secs(86_400);
+    let prune = |from| {
+        let client = &client;
+        async move {
+            within(
+                WAIT,
+                "a prune batch",
+                queue::prune(client, old, BATCH, from),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let mut from = None;
+    for _ in 0..(ROWS / BATCH) / 2 {
+        let pruned = prune(from).await;
+        assert_eq!(pruned.deleted, BATCH as u64);
+        assert!(pruned.last >= from, "positions only move on");
+        from = pruned.last;
+    }
+    // What one more batch reads of the index, from the start and from the position (each in
+    // a transaction rolled back, so that both see the same rows). The session's counter also
+    // holds what earlier statements read until it is flushed, which never happens inside a
+    // transaction: the batch's own is the difference.
+    let entries_read = |from| {
+        let client = &client;
+        async move {
+            const READ: &str =
+                "SELECT pg_stat_get_xact_tuples_returned('pgtaskd.tasks_finished_idx'::regclass)";
+            client.batch_execute("BEGIN").await.unwrap();
+            let before = count(client, READ).await;
+            let pruned = prune(from).await;
+            let read = count(client, READ).await - before;
+            client.batch_execute("ROLLBACK").await.unwrap();
+            assert_eq!(pruned.deleted, BATCH as u64);
+            read
+        }
+    };
+    let from_start = entries_read(None).await;
+    let after = entries_read(from).await;
+    let deleted = ROWS / 2;
+    assert!(
+        from_start >= deleted,
+        "from the start, the {deleted} entries of deleted rows are read ({from_start})"
+    );
+    assert!(
+        after <= BATCH + 10,
+        "from the position, only the batch's own ({after} entries read, {from_start} from the start)"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    let rest = within(
+        WAIT,
+        "the rest of the pass",
+        pgtaskd::retention::run_once(&db.pool(1), old),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        rest,
+        (ROWS - deleted) as u64,
+        "a pass deletes every row left"
+    );
+}
+
 /// A queue emptied and vacuumed has statistics that say "no rows" until its next analyze
 /// (never, with autovacuum off). A burst of finished rows then must not make the prune's plan
 /// walk the whole table once per row picked: the batches still take milliseconds.

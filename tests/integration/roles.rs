@@ -129,7 +129,7 @@ async fn the_daemon_runs_under_its_role_without_ddl_rights() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_upgrade() {
+async fn a_daemon_role_granted_before_schema_3_may_claim_finish_and_prune_after_the_upgrade() {
     let cluster = Cluster::start();
     let db = TestDb::empty_on(&cluster).await;
     let mut owner = db.client().await;
@@ -182,18 +182,37 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_and_finish_after_the_up
         .unwrap()
         .get(0);
     assert!(flags, "the upgrade lets the daemon's role flag itself idle");
+    let prune = "pgtaskd.prune(float8, bigint, timestamptz)";
+    let (may, anyone): (bool, bool) = {
+        let row = owner
+            .query_one(
+                &format!(
+                    "SELECT has_function_privilege('worker', '{prune}', 'EXECUTE'),
+                            has_function_privilege('public', '{prune}', 'EXECUTE')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(
+        may && !anyone,
+        "the upgrade grants retention's batch (schema 13) to the daemon's role only"
+    );
 
     let (_, url) = role_client(&db, "worker").await;
     owner
         .batch_execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('after the upgrade')")
         .await
         .unwrap();
-    let mut daemon = DaemonProcess::start_url(&url, "", &[]);
+    // Retention on: the finished task is then pruned under the same role.
+    let mut daemon = DaemonProcess::start_url(&url, "[retention]\nfinished_after = \"1s\"\n", &[]);
     wait_count(
         &owner,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
-        1,
-        "the task to finish under the daemon's role",
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' OR finished_at IS NULL",
+        0,
+        "the task to finish and be pruned under the daemon's role",
     )
     .await;
     daemon.signal(libc::SIGTERM);
