@@ -6,9 +6,12 @@
 //! and each claim from the start walks them all. After a claim from the start that took at
 //! least [`SLOW_CLAIM`] and came back full, the next claims start after the last task it
 //! took ([`Floor`]), for ten times its duration and at most one poll interval; then one claims
-//! from the start again. What such a claim cannot see (a task of a higher priority inserted
-//! since, one given back or retried, a late commit of a lower id) waits at most that long
-//! (docs/design.md, "Claims after a position"). Only a worker of one queue does this.
+//! from the start again, and while it is on its way the others still claim after the
+//! position: claims from the start that walk a held horizon's entries never take both claim
+//! slots. What such a claim cannot see (a task of a higher priority inserted since, one given
+//! back or retried, a late commit of a lower id) waits at most until the next claim from the
+//! start has come back (docs/design.md, "Claims after a position"). Only a worker of one
+//! queue does this.
 //!
 //! Called by [`Worker::run`] (one fill per scan, see `idle.rs` for what follows a scan) and
 //! [`Worker::run_once`].
@@ -46,17 +49,36 @@ pub(super) struct Floor {
     at: Option<Position>,
     /// The latest claim from the start: when it ended, and how long it took.
     from_start: Option<(Instant, Duration)>,
+    /// A claim from the start is on its way.
+    starting: bool,
 }
 
 impl Floor {
-    /// Where the next claim starts at `now`: after [`Floor::at`] while the latest claim from
-    /// the start was slow and ended less than ten times its duration ago (at most `poll`);
-    /// `None`: from the start.
-    pub(super) fn next(&self, now: Instant, poll: Duration) -> Option<Position> {
-        let at = self.at?;
-        let (ended, took) = self.from_start?;
-        let window = (took * AFTER_SLOW_CLAIM).min(poll);
-        (took >= SLOW_CLAIM && now.saturating_duration_since(ended) < window).then_some(at)
+    /// Where the claim about to be sent at `now` starts: after [`Floor::at`] while the latest
+    /// claim from the start was slow and either ended less than ten times its duration ago
+    /// (at most `poll`) or has a successor on its way; `None`: from the start, and then that
+    /// claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is called
+    /// for it.
+    pub(super) fn next(&mut self, now: Instant, poll: Duration) -> Option<Position> {
+        let after = self
+            .at
+            .zip(self.from_start)
+            .and_then(|(at, (ended, took))| {
+                let window = (took * AFTER_SLOW_CLAIM).min(poll);
+                let recent = now.saturating_duration_since(ended) < window;
+                (took >= SLOW_CLAIM && (recent || self.starting)).then_some(at)
+            });
+        if after.is_none() {
+            self.starting = true;
+        }
+        after
+    }
+
+    /// A claim that started `after` (or from the start) failed: nothing is learned from it.
+    pub(super) fn abandon(&mut self, after: Option<Position>) {
+        if after.is_none() {
+            self.starting = false;
+        }
     }
 
     /// Record a claim that started `after` (or from the start), took `took` and ended at
@@ -76,6 +98,7 @@ impl Floor {
             // higher priority, before them in claim order).
             self.from_start = Some((now, took));
             self.at = None;
+            self.starting = false;
         }
         self.at = match (more, last) {
             (true, Some(last)) => Some(self.at.map_or(last, |at| at.max(last))),
@@ -232,10 +255,9 @@ impl Worker {
             take_one: room.take_one,
             max_payload: inner.config.max_payload_bytes,
         };
+        let one_queue = inner.config.queues.len() == 1;
         let after = match inner.floor.lock() {
-            Ok(floor) if inner.config.queues.len() == 1 => {
-                floor.next(Instant::now(), inner.config.poll_interval)
-            }
+            Ok(mut floor) if one_queue => floor.next(Instant::now(), inner.config.poll_interval),
             _ => None,
         };
         let batch = async {
@@ -257,6 +279,9 @@ impl Worker {
         let (batch, took) = match batch {
             Ok(answer) => answer,
             Err(err) => {
+                if let Ok(mut floor) = inner.floor.lock() {
+                    floor.abandon(after);
+                }
                 inner.intake.unreserve(room);
                 return Err(err);
             }
@@ -329,6 +354,51 @@ mod tests {
             at(0, 500)
         );
         assert_eq!(floor.next(t0 + POLL, POLL), None);
+    }
+
+    #[test]
+    fn while_a_slow_claim_from_the_start_is_on_its_way_the_others_claim_after_the_position() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor.record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        assert_eq!(
+            floor.next(later, POLL),
+            None,
+            "the window is over: one from the start"
+        );
+        assert_eq!(
+            floor.next(later, POLL),
+            at(0, 500),
+            "the second claim slot does not walk the same entries"
+        );
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            later,
+            true,
+            at(0, 1000),
+        );
+        assert_eq!(floor.next(later, POLL), at(0, 1000));
+        // It came back, slow again: its window starts.
+        let back = later + slow;
+        floor.record(None, slow, back, true, at(0, 1200));
+        assert_eq!(floor.next(back, POLL), at(0, 1200));
+        // Past that window, one goes from the start; it fails: the next goes from the start.
+        let past = back + POLL;
+        assert_eq!(floor.next(past, POLL), None);
+        floor.abandon(None);
+        assert_eq!(floor.next(past, POLL), None);
+    }
+
+    #[test]
+    fn fast_claims_from_the_start_may_overlap() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), None);
+        assert_eq!(floor.next(t0, POLL), None);
     }
 
     #[test]
