@@ -10,7 +10,8 @@
 //! - the producer inserts `rate × elapsed` tasks in all, one statement every [`INSERT_TICK`],
 //!   task `k` of the run getting the workload's text `k mod 20,000`;
 //! - the sampler, every [`SAMPLE`] (or half a period when periods are shorter), reads the
-//!   backlog, the table's sizes, dead tuples and autovacuum count, and the rows that finished
+//!   backlog (counted from the oldest QUEUED id it saw last: see [`look`]), the table's sizes,
+//!   dead tuples and autovacuum count, and the rows that finished
 //!   since its last read and at least [`LAG`] ago (a finish's `finished_at` is its
 //!   transaction's start, so a row may commit after rows with later stamps; the lag, beyond
 //!   the daemon's statement timeout, lets every such commit land before its stamp is read).
@@ -251,9 +252,17 @@ pub(super) async fn soak(
     let mut finished = Finished::default();
     let mut read_from = t0;
     let mut hold_span = None;
+    let mut backlog_from = 0i64;
     let outcome = async {
         loop {
-            let sample = look(client, queue, t0, inserted.load(Ordering::SeqCst)).await?;
+            let sample = look(
+                client,
+                queue,
+                t0,
+                inserted.load(Ordering::SeqCst),
+                &mut backlog_from,
+            )
+            .await?;
             let period = soak.period.as_secs_f64();
             if samples
                 .last()
@@ -480,24 +489,37 @@ async fn hold_snapshot(
 }
 
 /// One sample, and the database's clock when it was taken.
+///
+/// The backlog is counted from `backlog_from`, the oldest QUEUED id the last sample saw, which
+/// it moves on: a count from the start of the claim index would walk the entries of every task
+/// claimed since a held snapshot began (the cost the daemon's claims after a position avoid),
+/// once a second, and the bench would load the server it measures. Nothing is QUEUED below
+/// it: the producer is one session inserting in id order, at priority 0, and the daemon gives
+/// no task back while it runs.
 async fn look(
     client: &Client,
     queue: &str,
     t0: DateTime<Utc>,
     inserted: u64,
+    backlog_from: &mut i64,
 ) -> Result<(Sample, DateTime<Utc>), BenchError> {
     let row = client
         .query_one(
-            "SELECT clock_timestamp(),
-                    (SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED'),
+            "SELECT clock_timestamp(), b.n, b.oldest,
                     coalesce(s.n_dead_tup, 0), coalesce(s.autovacuum_count, 0),
                     pg_table_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
                     pg_indexes_size(c.oid)
-               FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+               FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid,
+                    LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.tasks
+                              WHERE queue = $1 AND priority = 0 AND id >= $2
+                                AND status = 'QUEUED') b
               WHERE c.oid = 'pgtaskd.tasks'::regclass",
-            &[&queue],
+            &[&queue, &*backlog_from],
         )
         .await?;
+    if let Some(oldest) = row.get::<_, Option<i64>>(2) {
+        *backlog_from = oldest;
+    }
     let at: DateTime<Utc> = row.get(0);
     let mib = |i: usize| row.get::<_, i64>(i) as f64 / (1024.0 * 1024.0);
     Ok((
@@ -505,11 +527,11 @@ async fn look(
             at_s: seconds_between(t0, at),
             inserted,
             backlog: row.get(1),
-            dead_tuples: row.get(2),
-            autovacuums: row.get(3),
-            table_mib: mib(4),
-            toast_mib: mib(5),
-            index_mib: mib(6),
+            dead_tuples: row.get(3),
+            autovacuums: row.get(4),
+            table_mib: mib(5),
+            toast_mib: mib(6),
+            index_mib: mib(7),
         },
         at,
     ))
