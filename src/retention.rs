@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::jitter;
@@ -21,6 +22,9 @@ const MAX_INTERVAL: Duration = Duration::from_secs(60);
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// The most rows one statement deletes, so that no statement holds many locks for long.
 const BATCH: i64 = 1000;
+/// One pass in this many starts from the oldest finished row; the others where the last pass
+/// ended.
+const FROM_START_EVERY: u32 = 8;
 
 /// How often to prune rows kept for `older_than`: a quarter of it, so that a row outlives the
 /// window by at most a quarter of it and the table holds at most 1.25 windows of finished
@@ -37,10 +41,21 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let every = interval(older_than);
+    let mut from = None;
+    let mut passes: u32 = 0;
     loop {
-        match run_once(&pool, older_than).await {
-            Ok(deleted) => {
+        let start = if passes % FROM_START_EVERY == 0 {
+            None
+        } else {
+            from
+        };
+        passes = passes.wrapping_add(1);
+        match pass(&pool, older_than, start).await {
+            Ok((deleted, last)) => {
                 pruned.fetch_add(deleted, Ordering::Relaxed);
+                // A pass from the oldest row may have found only rows left behind: positions
+                // only move on.
+                from = from.max(last);
             }
             Err(err) => tracing::warn!(error = %err, "retention could not run"),
         }
@@ -52,29 +67,45 @@ pub async fn run(
 }
 
 /// Delete every finished row older than `older_than` now, batch by batch; returns how many.
-/// The first batch reads from the oldest finished row, each next one from where the last
-/// ended ([`queue::prune::Pruned::last`]): a pass reads the dead index entries of the rows
-/// deleted before it once, not once per batch (docs/design.md, "Vacuum").
 ///
 /// # Errors
 ///
 /// Database failures.
 pub async fn run_once(pool: &Pool, older_than: Duration) -> Result<u64, DbError> {
+    Ok(pass(pool, older_than, None).await?.0)
+}
+
+/// One pass: delete every finished row older than `older_than` from `from` on (`None`: from
+/// the oldest), batch by batch. The first batch reads from `from`, each next one from where
+/// the last ended ([`queue::prune::Pruned::last`]), so that a pass reads the dead index
+/// entries of the rows deleted before it once, not once per batch; and [`run`] starts most
+/// passes where the last one ended, so that under a held xmin horizon a pass does not walk the
+/// entries of every row deleted since the hold began, which grow with the hold until they take
+/// longer than the statement timeout. A row left before the position (locked by another
+/// deleter, or its finish committed late) is pruned by the next pass from the oldest, at most
+/// [`FROM_START_EVERY`] passes later (docs/design.md, "Vacuum"). Returns how many rows it
+/// deleted and the latest `finished_at` among them.
+async fn pass(
+    pool: &Pool,
+    older_than: Duration,
+    mut from: Option<DateTime<Utc>>,
+) -> Result<(u64, Option<DateTime<Utc>>), DbError> {
     let client = pool.get().await?;
     let mut total = 0;
-    let mut from = None;
+    let mut last = None;
     loop {
         let pruned = client
             .bounded(queue::prune(&client, older_than, BATCH, from))
             .await?;
         let deleted = pruned.deleted;
         from = pruned.last.or(from);
+        last = pruned.last.or(last);
         total += deleted;
         if deleted < BATCH as u64 {
             if total > 0 {
                 tracing::info!(deleted = total, "finished rows pruned");
             }
-            return Ok(total);
+            return Ok((total, last));
         }
     }
 }

@@ -7,11 +7,12 @@
 //! least [`SLOW_CLAIM`] and came back full, the next claims start after the last task it
 //! took ([`Floor`]), for ten times its duration and at most one poll interval; then one claims
 //! from the start again, and while it is on its way the others still claim after the
-//! position: claims from the start that walk a held horizon's entries never take both claim
-//! slots. What such a claim cannot see (a task of a higher priority inserted since, one given
-//! back or retried, a late commit of a lower id) waits at most until the next claim from the
-//! start has come back (docs/design.md, "Claims after a position"). Only a worker of one
-//! queue does this.
+//! position: while there is a position, claims from the start that walk a held horizon's
+//! entries do not take both claim slots. What such a claim cannot see (a task of a higher
+//! priority inserted since, one given back or retried, a late commit of a lower id) waits at
+//! most until the next claim from the start has come back: a poll interval plus that claim's
+//! own duration (docs/design.md, "Claims after a position"). Only a worker of one queue does
+//! this.
 //!
 //! Called by [`Worker::run`] (one fill per scan, see `idle.rs` for what follows a scan) and
 //! [`Worker::run_once`].
@@ -49,8 +50,8 @@ pub(super) struct Floor {
     at: Option<Position>,
     /// The latest claim from the start: when it ended, and how long it took.
     from_start: Option<(Instant, Duration)>,
-    /// A claim from the start is on its way.
-    starting: bool,
+    /// Claims from the start on their way.
+    starting: usize,
 }
 
 impl Floor {
@@ -66,10 +67,10 @@ impl Floor {
             .and_then(|(at, (ended, took))| {
                 let window = (took * AFTER_SLOW_CLAIM).min(poll);
                 let recent = now.saturating_duration_since(ended) < window;
-                (took >= SLOW_CLAIM && (recent || self.starting)).then_some(at)
+                (took >= SLOW_CLAIM && (recent || self.starting > 0)).then_some(at)
             });
         if after.is_none() {
-            self.starting = true;
+            self.starting += 1;
         }
         after
     }
@@ -77,7 +78,7 @@ impl Floor {
     /// A claim that started `after` (or from the start) failed: nothing is learned from it.
     pub(super) fn abandon(&mut self, after: Option<Position>) {
         if after.is_none() {
-            self.starting = false;
+            self.starting = self.starting.saturating_sub(1);
         }
     }
 
@@ -98,12 +99,31 @@ impl Floor {
             // higher priority, before them in claim order).
             self.from_start = Some((now, took));
             self.at = None;
-            self.starting = false;
+            self.starting = self.starting.saturating_sub(1);
         }
         self.at = match (more, last) {
             (true, Some(last)) => Some(self.at.map_or(last, |at| at.max(last))),
             _ => None,
         };
+    }
+}
+
+/// A claim the [`Floor`] chose a start for and has not been told about yet: dropped before
+/// [`Floor::record`] (the claim failed, panicked or was dropped), it abandons the claim, so
+/// that a claim from the start never stays counted as on its way.
+struct Pending<'a> {
+    floor: &'a std::sync::Mutex<Floor>,
+    after: Option<Position>,
+    recorded: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            if let Ok(mut floor) = self.floor.lock() {
+                floor.abandon(self.after);
+            }
+        }
     }
 }
 
@@ -260,6 +280,12 @@ impl Worker {
             Ok(mut floor) if one_queue => floor.next(Instant::now(), inner.config.poll_interval),
             _ => None,
         };
+        // Until it is recorded, however this claim ends (an error, a panic, a drop).
+        let mut pending = Pending {
+            floor: &inner.floor,
+            after,
+            recorded: !one_queue,
+        };
         let batch = async {
             let client = inner.pool.get().await?;
             let sent = Instant::now();
@@ -279,9 +305,6 @@ impl Worker {
         let (batch, took) = match batch {
             Ok(answer) => answer,
             Err(err) => {
-                if let Ok(mut floor) = inner.floor.lock() {
-                    floor.abandon(after);
-                }
                 inner.intake.unreserve(room);
                 return Err(err);
             }
@@ -291,6 +314,7 @@ impl Worker {
         if let Ok(mut floor) = inner.floor.lock() {
             let more = full || batch.left_out.is_some();
             floor.record(after, took, Instant::now(), more, batch.last);
+            pending.recorded = true;
         }
         inner.intake.claimed(room, claimed, batch.bytes, took);
         for task in batch.tasks {
@@ -390,6 +414,57 @@ mod tests {
         assert_eq!(floor.next(past, POLL), None);
         floor.abandon(None);
         assert_eq!(floor.next(past, POLL), None);
+    }
+
+    #[test]
+    fn each_claim_from_the_start_on_its_way_counts_until_it_comes_back() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor.record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        // A claim after the position came back with less than it had room for: no position,
+        // so two claims from the start may be on their way at once.
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            later,
+            false,
+            at(0, 600),
+        );
+        assert_eq!(floor.next(later, POLL), None);
+        assert_eq!(floor.next(later, POLL), None);
+        // The first comes back (slow, full) while the second is still on its way.
+        floor.record(None, slow, later + slow, true, at(0, 1100));
+        let past = later + slow + POLL;
+        assert_eq!(
+            floor.next(past, POLL),
+            at(0, 1100),
+            "one from the start is still on its way"
+        );
+        floor.abandon(None);
+        assert_eq!(floor.next(past, POLL), None, "now none is");
+    }
+
+    #[test]
+    fn a_claim_dropped_before_it_was_recorded_is_no_longer_on_its_way() {
+        let floor = std::sync::Mutex::new(Floor::default());
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor
+            .lock()
+            .unwrap()
+            .record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        let after = floor.lock().unwrap().next(later, POLL);
+        assert_eq!(after, None);
+        drop(Pending {
+            floor: &floor,
+            after,
+            recorded: false,
+        });
+        assert_eq!(floor.lock().unwrap().starting, 0);
+        assert_eq!(floor.lock().unwrap().next(later, POLL), None);
     }
 
     #[test]
