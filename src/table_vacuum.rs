@@ -18,8 +18,10 @@
 //! autovacuum is off too: then nothing vacuums the table). The `VACUUM` runs on a session of
 //! its own, opened for it, with no statement timeout (a first vacuum of a large table may take
 //! minutes, and blocks no claim: it takes only a `SHARE UPDATE EXCLUSIVE` lock), never on a
-//! pooled session the workers need. After a vacuum that took `d`, the next waits at least `d`,
-//! so that vacuums take at most half the time however fast the queue turns. One that failed is
+//! pooled session the workers need. After a vacuum that took `d`, the next waits `d`, at most
+//! [`MAX_PAUSE`]: short vacuums take at most half the time however fast the queue turns, and a
+//! long one (it had much to remove: a busy queue, the end of a held horizon) is followed soon
+//! by the next, which then has less. One that failed is
 //! tried again a minute later. `SKIP_LOCKED`: a vacuum already running (autovacuum's, another
 //! daemon's) makes this one a no-op.
 //!
@@ -49,6 +51,11 @@ pub const VACUUM_AFTER: u64 = 5000;
 const CHECK: Duration = Duration::from_secs(1);
 /// How often whether autovacuum covers the table is read again.
 const RECHECK: Duration = Duration::from_secs(60);
+/// The longest pause after a vacuum. Waiting as long as the vacuum took, a vacuum of a minute
+/// (the one after a two-minute held snapshot, at 16,600 tasks/s) was followed by a minute with
+/// none, whose dead versions the next one took as long to remove: the table grew again
+/// (README, "Performance").
+const MAX_PAUSE: Duration = Duration::from_secs(5);
 /// How long after a failed vacuum the next is tried.
 const RETRY: Duration = Duration::from_secs(60);
 /// The longest a vacuum waits for a horizon that held back the last one: a reading that
@@ -123,7 +130,7 @@ pub async fn run(
                         Ok(()) => {
                             pruned.fetch_sub(seen, Ordering::Relaxed);
                             claims_at_vacuum = claims;
-                            pause = started.elapsed().max(CHECK);
+                            pause = started.elapsed().clamp(CHECK, MAX_PAUSE);
                             let left = read_health(&pool).await.ok().map(|h| h.dead_tuples);
                             if let Some(xid) = held.vacuumed(horizon, left, Instant::now()) {
                                 tracing::info!(
