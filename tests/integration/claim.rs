@@ -7,7 +7,7 @@ use std::time::Duration;
 use pgtaskd::queue;
 use tokio::sync::Barrier;
 
-use crate::support::{blocks_touched, count, within, TestDb, WAIT};
+use crate::support::{blocks_touched, count, hold_snapshot, within, TestDb, WAIT};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -295,11 +295,7 @@ async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries
     const CLAIMED: i64 = 40_000;
     let db = TestDb::new().await;
     let client = db.client().await;
-    let holder = db.client().await;
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks")
-        .await
-        .unwrap();
+    let holder = hold_snapshot(&db).await;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload) SELECT 'claimed ' || i FROM generate_series(1, $1::int8) i",

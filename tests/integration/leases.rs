@@ -8,8 +8,8 @@ use pgtaskd::queue::{self, TaskStatus};
 use tokio::sync::Barrier;
 
 use crate::support::{
-    assert_all_succeeded, audit, count, eventually, insert_payloads, statistics_say_empty,
-    wait_count, within, DaemonProcess, TestDb, WAIT,
+    assert_all_succeeded, audit, count, eventually, hold_snapshot, insert_payloads,
+    statistics_say_empty, wait_count, within, DaemonProcess, TestDb, WAIT,
 };
 
 const SHORT_LEASE: &str = "[worker]\nconcurrency = 4\nlease = \"1s\"\npoll_interval = \"500ms\"\n";
@@ -317,11 +317,7 @@ async fn under_a_held_snapshot_a_prune_batch_starts_after_the_rows_the_pass_dele
     const BATCH: i64 = 1_000;
     let db = TestDb::new().await;
     let client = db.client().await;
-    let holder = db.client().await;
-    holder
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks")
-        .await
-        .unwrap();
+    let holder = hold_snapshot(&db).await;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)

@@ -348,6 +348,23 @@ pub async fn count(client: &Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// A session of `db` holding a `REPEATABLE READ` snapshot, and with it the xmin horizon: no
+/// row version that becomes dead after this call can be removed until the session commits or
+/// is dropped.
+pub async fn hold_snapshot(db: &TestDb) -> Client {
+    let holder = db.client().await;
+    within(
+        WAIT,
+        "a snapshot to be taken",
+        holder.batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks",
+        ),
+    )
+    .await
+    .unwrap();
+    holder
+}
+
 /// Wait until `sql` counts `want`.
 pub async fn wait_count(client: &Client, sql: &str, want: i64, what: &str) {
     eventually(WAIT, what, || async move {
