@@ -27,7 +27,8 @@ const BATCH: i64 = 1000;
 const FROM_START_EVERY: u32 = 8;
 
 /// How often to prune rows kept for `older_than`: a quarter of it, so that a row outlives the
-/// window by at most a quarter of it and the table holds at most 1.25 windows of finished
+/// window by at most a quarter of it (one left behind a pass's position, see `pass`: by at
+/// most `FROM_START_EVERY` passes) and the table holds at most 1.25 windows of finished
 /// rows; at most a minute (long windows: once a minute, as before) and at least a second.
 pub fn interval(older_than: Duration) -> Duration {
     (older_than / 4).clamp(MIN_INTERVAL, MAX_INTERVAL)
@@ -53,9 +54,11 @@ pub async fn run(
         match pass(&pool, older_than, start).await {
             Ok((deleted, last)) => {
                 pruned.fetch_add(deleted, Ordering::Relaxed);
-                // A pass from the oldest row may have found only rows left behind: positions
-                // only move on.
-                from = from.max(last);
+                // A pass deletes every prunable row from its start on: nothing prunable is
+                // left after its last, even when that is before the position it replaces (a
+                // pass from the oldest row that found only rows left behind; a server clock
+                // set back, which would otherwise leave the position in the future).
+                from = last.or(from);
             }
             Err(err) => tracing::warn!(error = %err, "retention could not run"),
         }

@@ -18,10 +18,12 @@
 //! autovacuum is off too: then nothing vacuums the table). The `VACUUM` runs on a session of
 //! its own, opened for it, with no statement timeout (a first vacuum of a large table may take
 //! minutes, and blocks no claim: it takes only a `SHARE UPDATE EXCLUSIVE` lock), never on a
-//! pooled session the workers need. After a vacuum that took `d`, the next waits `d`, at most
-//! [`MAX_PAUSE`]: short vacuums take at most half the time however fast the queue turns, and a
-//! long one (it had much to remove: a busy queue, the end of a held horizon) is followed soon
-//! by the next, which then has less. One that failed is
+//! pooled session the workers need. After a vacuum that took `d`, the next waits `d`, so that
+//! vacuums take at most half the time however fast the queue turns; except after one that had
+//! at least `MUCH_TO_REMOVE` dead row versions to remove (a busy queue, the end of a held
+//! horizon), whose length is that work: the next waits at most `MAX_PAUSE`, and then has
+//! less (a vacuum that is long because the table's indexes are large, each read whole, keeps
+//! the half). One that failed is
 //! tried again a minute later. `SKIP_LOCKED`: a vacuum already running (autovacuum's, another
 //! daemon's) makes this one a no-op.
 //!
@@ -31,7 +33,7 @@
 //! about a core from the claims and finishes during a two-minute held snapshot. So after a
 //! vacuum that left at least [`VACUUM_AFTER`] dead row versions behind, the next one waits
 //! until the horizon read before it ([`queue::vacuum_health`]) has moved, and at most
-//! [`HELD_WAIT_MAX`] ([`Held`]); it runs as soon as the horizon is released. A horizon that
+//! `HELD_WAIT_MAX` (`Held`); it runs as soon as the horizon is released. A horizon that
 //! cannot be read never makes a vacuum wait.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +58,10 @@ const RECHECK: Duration = Duration::from_secs(60);
 /// none, whose dead versions the next one took as long to remove: the table grew again
 /// (README, "Performance").
 const MAX_PAUSE: Duration = Duration::from_secs(5);
+const _: () = assert!(MAX_PAUSE.as_millis() >= CHECK.as_millis());
+/// Dead row versions (the statistics' estimate, before the vacuum) from which the pause after
+/// a vacuum is at most `MAX_PAUSE`.
+const MUCH_TO_REMOVE: i64 = 20 * VACUUM_AFTER as i64;
 /// How long after a failed vacuum the next is tried.
 const RETRY: Duration = Duration::from_secs(60);
 /// The longest a vacuum waits for a horizon that held back the last one: a reading that
@@ -112,8 +118,9 @@ pub async fn run(
                 Some(false) => return,
                 None => pause = RETRY,
                 Some(true) => {
-                    let horizon = read_health(&pool).await.ok().and_then(|h| h.horizon);
-                    let horizon = horizon.map(|h| h.xid);
+                    let before = read_health(&pool).await.ok();
+                    let dead_before = before.as_ref().map_or(0, |h| h.dead_tuples);
+                    let horizon = before.and_then(|h| h.horizon).map(|h| h.xid);
                     if held.waits(horizon, Instant::now()) {
                         tokio::select! {
                             _ = stop.cancelled() => return,
@@ -130,7 +137,10 @@ pub async fn run(
                         Ok(()) => {
                             pruned.fetch_sub(seen, Ordering::Relaxed);
                             claims_at_vacuum = claims;
-                            pause = started.elapsed().clamp(CHECK, MAX_PAUSE);
+                            pause = started.elapsed().max(CHECK);
+                            if dead_before >= MUCH_TO_REMOVE {
+                                pause = pause.min(MAX_PAUSE);
+                            }
                             let left = read_health(&pool).await.ok().map(|h| h.dead_tuples);
                             if let Some(xid) = held.vacuumed(horizon, left, Instant::now()) {
                                 tracing::info!(

@@ -91,9 +91,21 @@ pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Comple
             commit(&pool, &owner, batch).await;
             drop(slot);
         });
-        while commits.try_join_next().is_some() {}
+        while let Some(done) = commits.try_join_next() {
+            said_if_panicked(done);
+        }
     }
-    while commits.join_next().await.is_some() {}
+    while let Some(done) = commits.join_next().await {
+        said_if_panicked(done);
+    }
+}
+
+/// A commit that panicked dropped its claims' reply channels: each of them is settled alone
+/// (a re-read first). Say so, rather than leave it to stderr.
+fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
+    if let Err(err) = done {
+        tracing::error!(error = %err, "a finish batch's commit panicked; its claims are settled one by one");
+    }
 }
 
 /// Commit one batch and answer every claim in it.
