@@ -12,6 +12,7 @@
 //! re-run) or known to be nothing (the server refused: write again);
 //! [`super::Pending::answer`] then settles each claim alone.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -70,21 +71,21 @@ pub(super) struct Completion {
 pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Completion>) {
     let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
     let mut commits = JoinSet::new();
+    let mut carried = None;
     loop {
         // A batch forms only once it can be sent: while every slot is busy, it accumulates.
         let slot = Arc::clone(&slots)
             .acquire_owned()
             .await
             .expect("never closed");
-        let Some(first) = rx.recv().await else { break };
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(completion) => batch.push(completion),
-                Err(_) => break,
-            }
-        }
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match rx.recv().await {
+                Some(first) => first,
+                None => break,
+            },
+        };
+        let batch = gather(first, &mut rx, &mut carried);
         let pool = pool.clone();
         let owner = owner.clone();
         commits.spawn(async move {
@@ -98,6 +99,32 @@ pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Comple
     while let Some(done) = commits.join_next().await {
         said_if_panicked(done);
     }
+}
+
+/// A batch: `first` and what else is queued, up to [`MAX_BATCH`], ending before a second
+/// finish of a task already in it, which is left in `carried` to start the next batch. One
+/// daemon may hold two claims of one task (its lease expired while its analyzer ran, and it
+/// claimed the task again): `pgtaskd.finish` answers per task id, so in one statement the
+/// stale claim would be told the new claim's write, and the new one nothing.
+fn gather(
+    first: Completion,
+    rx: &mut mpsc::Receiver<Completion>,
+    carried: &mut Option<Completion>,
+) -> Vec<Completion> {
+    let mut ids = HashSet::from([first.finish.id]);
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    batch.push(first);
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(completion) if ids.insert(completion.finish.id) => batch.push(completion),
+            Ok(again) => {
+                *carried = Some(again);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    batch
 }
 
 /// A commit that panicked dropped its claims' reply channels: each of them is settled alone
@@ -137,5 +164,61 @@ async fn commit(pool: &Pool, owner: &str, mut batch: Vec<Completion>) {
                 let _ = completion.reply.send(Err(failed.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyzer::Counts;
+    use crate::queue::Outcome;
+
+    fn completion(id: i64, attempt: i32) -> Completion {
+        let (reply, _) = oneshot::channel();
+        Completion {
+            finish: Finish {
+                id,
+                attempt,
+                outcome: Outcome::Succeeded(Counts::default()),
+            },
+            reply,
+        }
+    }
+
+    fn ids(batch: &[Completion]) -> Vec<(i64, i32)> {
+        batch
+            .iter()
+            .map(|c| (c.finish.id, c.finish.attempt))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_takes_what_is_queued_up_to_its_limit() {
+        let (tx, mut rx) = mpsc::channel(MAX_BATCH + 10);
+        for id in 1..=(MAX_BATCH as i64 + 5) {
+            tx.try_send(completion(id, 1)).unwrap();
+        }
+        let mut carried = None;
+        let first = rx.try_recv().unwrap();
+        let batch = gather(first, &mut rx, &mut carried);
+        assert_eq!(batch.len(), MAX_BATCH);
+        assert!(carried.is_none());
+        assert_eq!(rx.try_recv().unwrap().finish.id, MAX_BATCH as i64 + 1);
+    }
+
+    #[test]
+    fn a_second_finish_of_one_task_starts_the_next_batch() {
+        let (tx, mut rx) = mpsc::channel(10);
+        for (id, attempt) in [(7, 1), (8, 1), (7, 2), (9, 1)] {
+            tx.try_send(completion(id, attempt)).unwrap();
+        }
+        let mut carried = None;
+        let first = rx.try_recv().unwrap();
+        let batch = gather(first, &mut rx, &mut carried);
+        assert_eq!(ids(&batch), [(7, 1), (8, 1)]);
+        let next = carried.take().expect("carried to the next batch");
+        let batch = gather(next, &mut rx, &mut carried);
+        assert_eq!(ids(&batch), [(7, 2), (9, 1)]);
+        assert!(carried.is_none());
     }
 }
