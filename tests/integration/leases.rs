@@ -308,6 +308,22 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
     assert_eq!(left, ["recent", "queued", "running"]);
 }
 
+/// `rows` CANCELED rows that finished two days ago, a millisecond apart, in id order.
+async fn insert_finished_two_days_ago(client: &tokio_postgres::Client, rows: i64) {
+    within(
+        WAIT,
+        "finished rows to be inserted",
+        client.execute(
+            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
+             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days' + i * interval '1 ms'
+               FROM generate_series(1, $1::int8) i",
+            &[&rows],
+        ),
+    )
+    .await
+    .unwrap();
+}
+
 /// Under a held snapshot the index entries of deleted rows stay at the front of
 /// `tasks_finished_idx`: a batch of a retention pass starts where the previous one ended and
 /// reads past none of them, where a batch from the start reads them all.
@@ -318,15 +334,7 @@ async fn under_a_held_snapshot_a_prune_batch_starts_after_the_rows_the_pass_dele
     let db = TestDb::new().await;
     let client = db.client().await;
     let holder = hold_snapshot(&db).await;
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
-             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days' + i * interval '1 ms'
-               FROM generate_series(1, $1::int8) i",
-            &[&ROWS],
-        )
-        .await
-        .unwrap();
+    insert_finished_two_days_ago(&client, ROWS).await;
     let old = Duration::from_secs(86_400);
     let prune = |from| {
         let client = &client;
@@ -400,15 +408,7 @@ async fn retention_prunes_a_grown_table_whose_statistics_say_it_is_empty() {
     let db = TestDb::new().await;
     let client = db.client().await;
     statistics_say_empty(&client).await;
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
-             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days' + i * interval '1 ms'
-               FROM generate_series(1, $1::int8) i",
-            &[&ROWS],
-        )
-        .await
-        .unwrap();
+    insert_finished_two_days_ago(&client, ROWS).await;
     assert_eq!(
         count(
             &client,
