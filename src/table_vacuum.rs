@@ -32,7 +32,7 @@
 //! vacuum reads every page written since for nothing: measured, vacuums back to back took
 //! about a core from the claims and finishes during a two-minute held snapshot. So after a
 //! vacuum that left at least [`VACUUM_AFTER`] dead row versions behind, the next one waits
-//! until the horizon read before it ([`queue::vacuum_health`]) has moved, and at most
+//! until the horizon read before it (`pgtaskd.vacuum_health()`) has moved, and at most
 //! `HELD_WAIT_MAX` (`Held`); it runs as soon as the horizon is released. A horizon that
 //! cannot be read never makes a vacuum wait.
 
@@ -118,7 +118,7 @@ pub async fn run(
                 Some(false) => return,
                 None => pause = RETRY,
                 Some(true) => {
-                    let before = read_health(&pool).await.ok();
+                    let before = crate::vacuum::read(&pool).await.ok();
                     let dead_before = before.as_ref().map_or(0, |h| h.dead_tuples);
                     let horizon = before.and_then(|h| h.horizon).map(|h| h.xid);
                     if held.waits(horizon, Instant::now()) {
@@ -141,7 +141,7 @@ pub async fn run(
                             if dead_before >= MUCH_TO_REMOVE {
                                 pause = pause.min(MAX_PAUSE);
                             }
-                            let left = read_health(&pool).await.ok().map(|h| h.dead_tuples);
+                            let left = crate::vacuum::read(&pool).await.ok().map(|h| h.dead_tuples);
                             if let Some(xid) = held.vacuumed(horizon, left, Instant::now()) {
                                 tracing::info!(
                                     xid,
@@ -197,11 +197,6 @@ impl Held {
             _ => false,
         }
     }
-}
-
-async fn read_health(pool: &Pool) -> Result<queue::VacuumHealth, DbError> {
-    let client = pool.get().await?;
-    client.bounded(queue::vacuum_health(&client)).await
 }
 
 async fn read_autovacuum_off(pool: &Pool) -> Result<bool, DbError> {

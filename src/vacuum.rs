@@ -67,7 +67,9 @@ pub async fn run(
     }
 }
 
-async fn read(pool: &Pool) -> Result<VacuumHealth, DbError> {
+/// One reading of the vacuum health on a pooled session (also the daemon's vacuum's, in
+/// `crate::table_vacuum`).
+pub(crate) async fn read(pool: &Pool) -> Result<VacuumHealth, DbError> {
     let session = pool.get().await?;
     session.bounded(queue::vacuum_health(&session)).await
 }
