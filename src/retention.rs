@@ -52,13 +52,14 @@ pub async fn run(
         };
         passes = passes.wrapping_add(1);
         match pass(&pool, older_than, start).await {
-            Ok((deleted, last)) => {
+            Ok((deleted, end)) => {
                 pruned.fetch_add(deleted, Ordering::Relaxed);
                 // A pass deletes every prunable row from its start on: nothing prunable is
-                // left after its last, even when that is before the position it replaces (a
-                // pass from the oldest row that found only rows left behind; a server clock
-                // set back, which would otherwise leave the position in the future).
-                from = last.or(from);
+                // left after where it ended, even when that is before the position it
+                // replaces (a pass from the oldest row that found only rows left behind; a
+                // server clock set back, which would otherwise leave the position in the
+                // future). A pass from the oldest row that deleted nothing keeps it.
+                from = end.or(from);
             }
             Err(err) => tracing::warn!(error = %err, "retention could not run"),
         }
@@ -87,7 +88,8 @@ pub async fn run_once(pool: &Pool, older_than: Duration) -> Result<u64, DbError>
 /// longer than the statement timeout. A row left before the position (locked by another
 /// deleter, or its finish committed late) is pruned by the next pass from the oldest, at most
 /// [`FROM_START_EVERY`] passes later (docs/design.md, "Vacuum"). Returns how many rows it
-/// deleted and the latest `finished_at` among them.
+/// deleted and where it ended: the latest `finished_at` among them, or `from` when it deleted
+/// none.
 async fn pass(
     pool: &Pool,
     older_than: Duration,
@@ -95,20 +97,18 @@ async fn pass(
 ) -> Result<(u64, Option<DateTime<Utc>>), DbError> {
     let client = pool.get().await?;
     let mut total = 0;
-    let mut last = None;
     loop {
         let pruned = client
             .bounded(queue::prune(&client, older_than, BATCH, from))
             .await?;
         let deleted = pruned.deleted;
         from = pruned.last.or(from);
-        last = pruned.last.or(last);
         total += deleted;
         if deleted < BATCH as u64 {
             if total > 0 {
                 tracing::info!(deleted = total, "finished rows pruned");
             }
-            return Ok((total, last));
+            return Ok((total, from));
         }
     }
 }
