@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0013_positions",
         sql: include_str!("../../sql/0013_positions.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_idle_hint",
+        sql: include_str!("../../sql/0014_idle_hint.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

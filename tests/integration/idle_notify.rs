@@ -567,3 +567,244 @@ async fn a_producers_search_path_cannot_reach_into_the_trigger() {
         "with a live flag, the insert notified through pg_catalog's pg_notify"
     );
 }
+
+/// How many times the trigger's function ran for one INSERT of `producer`'s, counted in a
+/// transaction that is then rolled back (`track_functions`; the view also shows counts of
+/// earlier transactions not yet reported, so the count is taken before and after).
+async fn function_calls_of_an_insert(producer: &Client) -> i64 {
+    const CALLS: &str = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
+                          WHERE schemaname = 'pgtaskd' AND funcname = 'notify_tasks'";
+    within(WAIT, "a counted insert", async {
+        producer
+            .batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
+            .await
+            .unwrap();
+        let before = count(producer, CALLS).await;
+        producer
+            .batch_execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('counted')")
+            .await
+            .unwrap();
+        let after = count(producer, CALLS).await;
+        producer.batch_execute("ROLLBACK").await.unwrap();
+        after - before
+    })
+    .await
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Schema 14: the trigger's `WHEN` reads `pgtaskd.idle_until`, which every write of a flag
+/// sets from the flags table, so the function runs only while some flag is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_calls_the_triggers_function_only_while_a_flag_is_live() {
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    let daemon = db.client().await;
+    assert_eq!(function_calls_of_an_insert(&owner).await, 0, "no flag yet");
+    within(WAIT, "two flags", async {
+        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR)
+            .await
+            .unwrap();
+        pgtaskd::queue::flag_idle(&daemon, "daemon-b", HOUR)
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(
+        function_calls_of_an_insert(&owner).await,
+        1,
+        "two live flags"
+    );
+    within(WAIT, "a cleared flag", async {
+        pgtaskd::queue::clear_idle(&daemon, "daemon-a")
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(
+        function_calls_of_an_insert(&owner).await,
+        1,
+        "the other flag still counts"
+    );
+    within(WAIT, "the other flag removed", async {
+        pgtaskd::queue::remove_idle(&daemon, "daemon-b")
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(function_calls_of_an_insert(&owner).await, 0, "no live flag");
+    // A flag that expires by itself (a killed daemon's) stops counting with no write.
+    within(WAIT, "a short flag", async {
+        pgtaskd::queue::flag_idle(&daemon, "daemon-a", Duration::from_secs(2))
+            .await
+            .unwrap()
+    })
+    .await;
+    eventually(WAIT, "the short flag to expire", || async {
+        (function_calls_of_an_insert(&owner).await == 0).then_some(())
+    })
+    .await;
+    // An operator's DELETE counts as a write too.
+    within(WAIT, "a flag, then the operator's delete", async {
+        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR)
+            .await
+            .unwrap();
+        assert_eq!(function_calls_of_an_insert(&owner).await, 1);
+        owner
+            .batch_execute("DELETE FROM pgtaskd.idle_daemons")
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(
+        function_calls_of_an_insert(&owner).await,
+        0,
+        "flags deleted"
+    );
+}
+
+/// Two daemons, one going idle while the other goes busy, each a write of the flags whose
+/// trigger sets `pgtaskd.idle_until` from the flags it sees: the idle one's flag must count
+/// whichever commits last. Forced both ways (the later writer waits for the earlier one's
+/// turn while its transaction is open), then raced freely behind a barrier, 30 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    let a = Arc::new(db.client().await);
+    let b = Arc::new(db.client().await);
+    let waiting_for_a_lock = "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    for busy_first in [true, false] {
+        within(WAIT, "b flagged, a busy", async {
+            pgtaskd::queue::flag_idle(&b, "daemon-b", HOUR)
+                .await
+                .unwrap();
+            pgtaskd::queue::clear_idle(&a, "daemon-a").await.unwrap();
+        })
+        .await;
+        // The first writer's transaction stays open with its turn taken.
+        let (first, first_sql) = if busy_first {
+            (&b, "UPDATE pgtaskd.idle_daemons SET expires_at = '-infinity' WHERE instance = 'daemon-b'")
+        } else {
+            (
+                &a,
+                "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+                  VALUES ('daemon-a', now() + interval '1 hour')
+                  ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at",
+            )
+        };
+        within(WAIT, "the first write", async {
+            first.batch_execute("BEGIN").await.unwrap();
+            first.batch_execute(first_sql).await.unwrap();
+        })
+        .await;
+        let second = if busy_first {
+            let a = a.clone();
+            tokio::spawn(async move {
+                pgtaskd::queue::flag_idle(&a, "daemon-a", HOUR)
+                    .await
+                    .map(|_| ())
+            })
+        } else {
+            let b = b.clone();
+            tokio::spawn(async move { pgtaskd::queue::clear_idle(&b, "daemon-b").await })
+        };
+        eventually(WAIT, "the second writer to wait for its turn", || async {
+            (count(&owner, waiting_for_a_lock).await == 1).then_some(())
+        })
+        .await;
+        within(WAIT, "the first commit", first.batch_execute("COMMIT"))
+            .await
+            .unwrap();
+        within(WAIT, "the second write", second)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            count(&owner, LIVE_FLAGS).await,
+            1,
+            "busy first: {busy_first}"
+        );
+        assert_eq!(
+            function_calls_of_an_insert(&owner).await,
+            1,
+            "busy first: {busy_first}: the idle daemon's flag counts"
+        );
+    }
+    for round in 0..30 {
+        within(WAIT, "b flagged, a busy", async {
+            pgtaskd::queue::flag_idle(&b, "daemon-b", HOUR)
+                .await
+                .unwrap();
+            pgtaskd::queue::clear_idle(&a, "daemon-a").await.unwrap();
+        })
+        .await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let idle = {
+            let (a, barrier) = (a.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                pgtaskd::queue::flag_idle(&a, "daemon-a", HOUR)
+                    .await
+                    .map(|_| ())
+            })
+        };
+        let busy = {
+            let (b, barrier) = (b.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                pgtaskd::queue::clear_idle(&b, "daemon-b").await
+            })
+        };
+        within(WAIT, "both writes", async {
+            idle.await.unwrap().unwrap();
+            busy.await.unwrap().unwrap();
+        })
+        .await;
+        assert_eq!(
+            function_calls_of_an_insert(&owner).await,
+            1,
+            "round {round}: the idle daemon's flag counts"
+        );
+    }
+}
+
+/// The trigger's condition reads `pgtaskd.idle_until`, granted to PUBLIC. Where that grant
+/// was revoked, a producer still inserts; its inserts just never notify (the daemons find
+/// them at their poll tick), while a role that may read it still notifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_that_may_not_read_the_idle_hint_still_inserts() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    within(
+        WAIT,
+        "the role",
+        owner.batch_execute(
+            "CREATE ROLE unhinted LOGIN;
+             SELECT pgtaskd.grant_producer('unhinted');
+             REVOKE SELECT ON SEQUENCE pgtaskd.idle_until FROM PUBLIC;
+             INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+             VALUES ('a-flagged-daemon', now() + interval '1 hour');",
+        ),
+    )
+    .await
+    .unwrap();
+    let url = db.url.replace("user=postgres", "user=unhinted");
+    assert_ne!(url, db.url, "the test URL names the user");
+    let (producer, mut messages, _guard) = listening(&url).await;
+    within(
+        WAIT,
+        "the unhinted insert",
+        producer.batch_execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('unhinted')"),
+    )
+    .await
+    .expect("a role without SELECT on the sequence still inserts");
+    assert!(
+        !notified_before_marker(&producer, &mut messages, "marker unhinted").await,
+        "its insert does not notify"
+    );
+    let (_, notified) = insert_notifies(&owner, &mut messages, "hinted").await;
+    assert!(notified, "the owner's insert, with a live flag, notifies");
+}

@@ -2,7 +2,7 @@
 //! refused with exit 78.
 
 use crate::support::daemon::pgtaskd;
-use crate::support::TestDb;
+use crate::support::{within, TestDb, WAIT};
 
 #[tokio::test]
 async fn migrate_twice_is_a_no_op() {
@@ -123,4 +123,67 @@ async fn schema_8_sets_the_tables_vacuum_parameters() {
         4,
         "only the parameters sql/0008_autovacuum.sql explains: {options:?}"
     );
+}
+
+/// Schema 14 re-creates the insert trigger with its `WHEN` condition: an operator who had
+/// disabled it (sites that poll) finds it still disabled, and the flags already live when
+/// it was applied count for the condition at once.
+#[tokio::test]
+async fn schema_14_keeps_a_disabled_insert_trigger_disabled_and_counts_live_flags() {
+    let trigger_state = "SELECT tgenabled::text FROM pg_trigger
+         WHERE tgrelid = 'pgtaskd.tasks'::regclass AND tgname = 'tasks_notify'";
+    let hint_live = "SELECT coalesce(pg_sequence_last_value('pgtaskd.idle_until')::float8
+                              > date_part('epoch', now()) * 1000, false)";
+    for disabled in [true, false] {
+        let db = TestDb::empty().await;
+        let mut client = db.client().await;
+        within(
+            WAIT,
+            "schema 13",
+            pgtaskd::db::migrate::migrate_to(&mut client, 13),
+        )
+        .await
+        .unwrap();
+        within(
+            WAIT,
+            "a live flag",
+            client.batch_execute(
+                "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+                 VALUES ('flagged-before', now() + interval '1 hour')",
+            ),
+        )
+        .await
+        .unwrap();
+        if disabled {
+            within(
+                WAIT,
+                "the operator's switch",
+                client.batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify"),
+            )
+            .await
+            .unwrap();
+        }
+        let applied = within(
+            WAIT,
+            "schema 14",
+            pgtaskd::db::migrate::migrate(&mut client),
+        )
+        .await
+        .unwrap();
+        assert!(applied.contains(&14), "{applied:?}");
+        let state: String = within(WAIT, "the trigger", client.query_one(trigger_state, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            state,
+            if disabled { "D" } else { "O" },
+            "disabled: {disabled}"
+        );
+        let live: bool = within(WAIT, "the hint", client.query_one(hint_live, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert!(live, "the flag written before schema 14 counts");
+    }
 }
