@@ -15,13 +15,15 @@
 --
 -- The value is kept by a trigger on the flags table, so that every write of a flag (a daemon
 -- going idle, renewing, going busy, stopping; an operator's DELETE) sets it from the table.
--- Writers take their turn (a lock on the flags table that conflicts only with itself, so
--- neither the writes of the flags nor the insert trigger's reads wait for it, and only a role
--- that may write the flags can take it), and each reads the table after the previous one
--- committed, so the last value set is always computed from every committed flag: two daemons
--- going idle and busy at once never leave the value without the idle one's flag. The value
--- is set before the writing transaction commits, so an idle daemon's flag counts for the
--- condition no later than it counts for the function; the wake-up protocol (docs/design.md,
+-- Writers take their turn, before they lock any row (a lock on the flags table that conflicts
+-- only with itself and with vacuum's, so neither the writes of the flags nor the insert
+-- trigger's reads wait for it, and only a role that may write the flags can take it), and each
+-- reads the table after the previous one committed, so the last value a committed write set
+-- is computed from every committed flag: two daemons going idle and busy at once never leave
+-- the value without the idle one's flag. A writer that cannot get its turn within about a
+-- second (a vacuum of the flags table) only raises the value. The value is set before the
+-- writing transaction commits, so an idle daemon's flag counts for the condition no later
+-- than it counts for the function; the wake-up protocol (docs/design.md,
 -- "Idle flags") is unchanged.
 --
 -- The sequence is UNLOGGED where the server has them (PostgreSQL 15 and later), like the
@@ -34,9 +36,20 @@
 -- The trigger is re-created under its name, and left disabled if an operator had disabled it
 -- (`ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify` still turns notifications off).
 
+-- Applying this takes `pgtaskd.tasks`'s ACCESS EXCLUSIVE lock for a moment (to re-create the
+-- trigger), which a running vacuum of the table or a long producer transaction holds up while
+-- every insert queues behind the request: the migration waits for it at most 10 s (unless a
+-- shorter `lock_timeout` is set) and then fails with a lock timeout; run it again, ideally
+-- with the daemons stopped. That lock is taken first, before any lock on the flags table, so
+-- running daemons' flag writes never wait for it.
 DO $$
 BEGIN
-    IF current_setting('server_version_num')::int >= 150000 THEN
+    PERFORM pg_catalog.set_config('pgtaskd.lock_timeout_before_14',
+                                  pg_catalog.current_setting('lock_timeout'), true);
+    IF pg_catalog.current_setting('lock_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('lock_timeout', '10s', true);
+    END IF;
+    IF pg_catalog.current_setting('server_version_num')::int >= 150000 THEN
         EXECUTE 'CREATE UNLOGGED SEQUENCE pgtaskd.idle_until AS bigint MINVALUE 0 START 0';
     ELSE
         EXECUTE 'CREATE SEQUENCE pgtaskd.idle_until AS bigint MINVALUE 0 START 0';
@@ -49,60 +62,113 @@ COMMENT ON SEQUENCE pgtaskd.idle_until IS
 
 GRANT SELECT ON SEQUENCE pgtaskd.idle_until TO PUBLIC;
 
--- Runs with its owner's rights (daemons need no right on the sequence) and, like the insert
--- trigger's function, names everything it uses instead of setting a search_path.
-CREATE FUNCTION pgtaskd.set_idle_until() RETURNS trigger
+DO $$
+DECLARE
+    was_enabled "char";
+BEGIN
+    SELECT t.tgenabled INTO was_enabled
+      FROM pg_catalog.pg_trigger AS t
+     WHERE t.tgrelid = 'pgtaskd.tasks'::pg_catalog.regclass AND t.tgname = 'tasks_notify';
+    DROP TRIGGER IF EXISTS tasks_notify ON pgtaskd.tasks;
+    -- Evaluated as the inserting role. Every name and operator is resolved now, not at each
+    -- insert, and each is qualified, so neither the producer's search_path nor the migrating
+    -- role's (an operator of someone's own in `public`) can reach into it.
+    CREATE TRIGGER tasks_notify
+        AFTER INSERT ON pgtaskd.tasks
+        FOR EACH STATEMENT
+        WHEN (pg_catalog.has_sequence_privilege('pgtaskd.idle_until'::pg_catalog.regclass, 'SELECT')
+              AND pg_catalog.pg_sequence_last_value('pgtaskd.idle_until'::pg_catalog.regclass)::pg_catalog.float8
+                  OPERATOR(pg_catalog.>)
+                  (pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_catalog.*) 1000::pg_catalog.float8))
+        EXECUTE FUNCTION pgtaskd.notify_tasks();
+    IF was_enabled = 'D' THEN
+        ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify;
+    ELSIF was_enabled IN ('R', 'A') THEN
+        EXECUTE pg_catalog.format('ALTER TABLE pgtaskd.tasks ENABLE %s TRIGGER tasks_notify',
+                                  CASE was_enabled WHEN 'R' THEN 'REPLICA' ELSE 'ALWAYS' END);
+    END IF;
+END
+$$;
+
+-- The latest expiry of a live flag, in whole milliseconds rounded up (an infinite one as the
+-- largest value the sequence takes), or 0.
+CREATE FUNCTION pgtaskd.idle_flags_until() RETURNS bigint
+LANGUAGE sql VOLATILE
+SECURITY DEFINER
+AS $$
+    SELECT least(coalesce(pg_catalog.ceil(pg_catalog.date_part('epoch', pg_catalog.max(d.expires_at))
+                                          OPERATOR(pg_catalog.*) 1000::pg_catalog.float8),
+                          0),
+                 9.2e18::pg_catalog.float8)::bigint
+      FROM pgtaskd.idle_daemons AS d
+     WHERE d.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
+$$;
+
+REVOKE ALL ON FUNCTION pgtaskd.idle_flags_until() FROM PUBLIC;
+
+-- Before a statement writes any flag, before it locks any row: take the turn (a lock that
+-- conflicts only with itself and with vacuum's, analyze's and index builds' own), so that
+-- a writer holding row locks never waits for it (no deadlock with an operator's transaction
+-- that writes several flags). Tried without waiting, for at most about a second: a
+-- `VACUUM`, an `ANALYZE` or a `CREATE INDEX CONCURRENTLY` of the flags table, left open in
+-- an operator's transaction, must not stall a daemon's flag write until its lock timeout.
+-- Without the turn, the statement goes on and its value may only raise the sequence.
+-- Like the insert trigger's function, these run with their owner's rights (daemons need
+-- no right on the sequence) and name everything they use instead of setting a search_path.
+CREATE FUNCTION pgtaskd.take_idle_turn() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 AS $$
 BEGIN
-    -- One writer of the value at a time, each reading the flags after the last committed.
-    LOCK TABLE pgtaskd.idle_daemons IN SHARE UPDATE EXCLUSIVE MODE;
-    PERFORM pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass,
-                              coalesce(
-                                  (SELECT pg_catalog.date_part('epoch', pg_catalog.max(d.expires_at))
-                                          OPERATOR(pg_catalog.*) 1000
-                                     FROM pgtaskd.idle_daemons AS d
-                                    WHERE d.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()),
-                                  0)::bigint);
+    FOR attempt IN 1..100 LOOP
+        BEGIN
+            LOCK TABLE pgtaskd.idle_daemons IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+            PERFORM pg_catalog.set_config('pgtaskd.idle_turn', 'held', true);
+            RETURN NULL;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_catalog.pg_sleep(0.01);
+        END;
+    END LOOP;
+    PERFORM pg_catalog.set_config('pgtaskd.idle_turn', 'missed', true);
     RETURN NULL;
 END
 $$;
 
+-- After a statement wrote flags: with the turn, set the value from the flags (read after the
+-- previous holder committed); without it, only raise it.
+CREATE FUNCTION pgtaskd.set_idle_until() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+AS $$
+DECLARE
+    flags_until bigint := pgtaskd.idle_flags_until();
+BEGIN
+    IF pg_catalog.current_setting('pgtaskd.idle_turn', true) OPERATOR(pg_catalog.=) 'held' THEN
+        PERFORM pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass, flags_until);
+    ELSE
+        PERFORM pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass,
+                                  greatest(
+                                      coalesce(pg_catalog.pg_sequence_last_value(
+                                                   'pgtaskd.idle_until'::pg_catalog.regclass), 0),
+                                      flags_until));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+REVOKE ALL ON FUNCTION pgtaskd.take_idle_turn() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.set_idle_until() FROM PUBLIC;
+
+CREATE TRIGGER idle_daemons_take_turn
+    BEFORE INSERT OR UPDATE OR DELETE ON pgtaskd.idle_daemons
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.take_idle_turn();
 
 CREATE TRIGGER idle_daemons_set_idle_until
     AFTER INSERT OR UPDATE OR DELETE ON pgtaskd.idle_daemons
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.set_idle_until();
 
 -- The flags already written count from now.
-SELECT pg_catalog.setval('pgtaskd.idle_until',
-                         coalesce((SELECT date_part('epoch', max(expires_at)) * 1000
-                                     FROM pgtaskd.idle_daemons
-                                    WHERE expires_at > now()), 0)::bigint);
+SELECT pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass, pgtaskd.idle_flags_until());
 
-DO $$
-DECLARE
-    was_enabled "char";
-BEGIN
-    SELECT t.tgenabled INTO was_enabled
-      FROM pg_trigger AS t
-     WHERE t.tgrelid = 'pgtaskd.tasks'::regclass AND t.tgname = 'tasks_notify';
-    DROP TRIGGER IF EXISTS tasks_notify ON pgtaskd.tasks;
-    -- Evaluated as the inserting role; every name is resolved now, not at each insert, so
-    -- the producer's search_path cannot reach into it.
-    CREATE TRIGGER tasks_notify
-        AFTER INSERT ON pgtaskd.tasks
-        FOR EACH STATEMENT
-        WHEN (pg_catalog.has_sequence_privilege('pgtaskd.idle_until'::pg_catalog.regclass, 'SELECT')
-              AND pg_catalog.pg_sequence_last_value('pgtaskd.idle_until'::pg_catalog.regclass)::float8
-                  > pg_catalog.date_part('epoch', pg_catalog.now()) * 1000)
-        EXECUTE FUNCTION pgtaskd.notify_tasks();
-    IF was_enabled = 'D' THEN
-        ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify;
-    ELSIF was_enabled IN ('R', 'A') THEN
-        EXECUTE format('ALTER TABLE pgtaskd.tasks ENABLE %s TRIGGER tasks_notify',
-                       CASE was_enabled WHEN 'R' THEN 'REPLICA' ELSE 'ALWAYS' END);
-    END IF;
-END
-$$;
+SELECT pg_catalog.set_config('lock_timeout',
+                             pg_catalog.current_setting('pgtaskd.lock_timeout_before_14'), true);

@@ -225,6 +225,11 @@ pub(super) async fn soak(
         ),
     )?;
     daemon.wait_listening(client).await?;
+    // The bench's sessions carry the daemon's deadlines. The sampler's reads of a table of
+    // tens of GiB with millions of dead versions (after a held snapshot at a high rate) took
+    // longer than its 30 s statement timeout, which ended a 10-minute run without figures;
+    // the run's own limit bounds them instead.
+    client.batch_execute("SET statement_timeout = 0").await?;
     let t0: DateTime<Utc> = client
         .query_one("SELECT clock_timestamp()", &[])
         .await?

@@ -665,7 +665,7 @@ async fn an_insert_calls_the_triggers_function_only_while_a_flag_is_live() {
 
 /// Two daemons, one going idle while the other goes busy, each a write of the flags whose
 /// trigger sets `pgtaskd.idle_until` from the flags it sees: the idle one's flag must count
-/// whichever commits last. Forced both ways (the later writer waits for the earlier one's
+/// whichever commits last. Forced both ways (the later writer tries for the earlier one's
 /// turn while its transaction is open), then raced freely behind a barrier, 30 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
@@ -673,8 +673,9 @@ async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
     let owner = db.client().await;
     let a = Arc::new(db.client().await);
     let b = Arc::new(db.client().await);
-    let waiting_for_a_lock = "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    // The turn is tried without waiting, every 10 ms for about a second.
+    let waiting_for_its_turn = "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event = 'PgSleep'";
     for busy_first in [true, false] {
         within(WAIT, "b flagged, a busy", async {
             pgtaskd::queue::flag_idle(&b, "daemon-b", HOUR)
@@ -711,7 +712,7 @@ async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
             tokio::spawn(async move { pgtaskd::queue::clear_idle(&b, "daemon-b").await })
         };
         eventually(WAIT, "the second writer to wait for its turn", || async {
-            (count(&owner, waiting_for_a_lock).await == 1).then_some(())
+            (count(&owner, waiting_for_its_turn).await == 1).then_some(())
         })
         .await;
         within(WAIT, "the first commit", first.batch_execute("COMMIT"))
@@ -807,4 +808,87 @@ async fn a_producer_that_may_not_read_the_idle_hint_still_inserts() {
     );
     let (_, notified) = insert_notifies(&owner, &mut messages, "hinted").await;
     assert!(notified, "the owner's insert, with a live flag, notifies");
+}
+
+/// The turn is taken before any row is locked and never waited for long: an operator's
+/// transaction that writes two flags does not deadlock with a daemon's write between them,
+/// and one that holds the flags table's `SHARE UPDATE EXCLUSIVE` lock (an `ANALYZE` left open)
+/// delays a daemon's flag by about a second, not its lock timeout, and the flag still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turn_never_deadlocks_and_never_stalls_a_flag() {
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    let operator = db.client().await;
+    let daemon = Arc::new(db.client().await);
+    within(WAIT, "two flags", async {
+        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR)
+            .await
+            .unwrap();
+        pgtaskd::queue::flag_idle(&daemon, "daemon-b", HOUR)
+            .await
+            .unwrap();
+    })
+    .await;
+    within(
+        WAIT,
+        "the operator's first write",
+        operator.batch_execute(
+            "BEGIN; UPDATE pgtaskd.idle_daemons SET expires_at = now() + interval '2 hours'
+                    WHERE instance = 'daemon-a'",
+        ),
+    )
+    .await
+    .unwrap();
+    let busy = {
+        let daemon = daemon.clone();
+        tokio::spawn(async move { pgtaskd::queue::clear_idle(&daemon, "daemon-b").await })
+    };
+    within(
+        WAIT,
+        "the operator's second write",
+        operator.batch_execute(
+            "UPDATE pgtaskd.idle_daemons SET expires_at = now() + interval '2 hours'
+              WHERE instance = 'daemon-b'; COMMIT",
+        ),
+    )
+    .await
+    .expect("no deadlock: the daemon's write holds no row while it tries for the turn");
+    within(WAIT, "the daemon's write", busy)
+        .await
+        .unwrap()
+        .expect("the daemon's write is not the deadlock's victim either");
+
+    within(WAIT, "an analyze left open", async {
+        operator
+            .batch_execute("UPDATE pgtaskd.idle_daemons SET expires_at = '-infinity'")
+            .await
+            .unwrap();
+        operator
+            .batch_execute("BEGIN; ANALYZE pgtaskd.idle_daemons")
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(function_calls_of_an_insert(&owner).await, 0, "no live flag");
+    let started = Instant::now();
+    within(
+        Duration::from_secs(20),
+        "a flag while the turn is held by someone else",
+        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR),
+    )
+    .await
+    .expect("the flag is written without its turn");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the flag waited {:?}, about a second expected",
+        started.elapsed()
+    );
+    assert_eq!(
+        function_calls_of_an_insert(&owner).await,
+        1,
+        "a flag written without the turn still raises the value"
+    );
+    within(WAIT, "the analyze's end", operator.batch_execute("COMMIT"))
+        .await
+        .unwrap();
 }

@@ -187,3 +187,76 @@ async fn schema_14_keeps_a_disabled_insert_trigger_disabled_and_counts_live_flag
         assert!(live, "the flag written before schema 14 counts");
     }
 }
+
+/// Schema 14 needs `pgtaskd.tasks`'s exclusive lock for a moment. Held up (here by a
+/// transaction holding the lock a vacuum takes), it gives up after about 10 s instead of
+/// queueing every insert behind its request for as long, changes nothing, and applies once
+/// the lock is free.
+#[tokio::test]
+async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
+    let db = TestDb::empty().await;
+    let mut client = db.client().await;
+    let holder = db.client().await;
+    within(
+        WAIT,
+        "schema 13",
+        pgtaskd::db::migrate::migrate_to(&mut client, 13),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "the held lock",
+        holder.batch_execute("BEGIN; LOCK TABLE pgtaskd.tasks IN SHARE UPDATE EXCLUSIVE MODE"),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let err = within(
+        WAIT,
+        "schema 14",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .expect_err("the lock is held");
+    assert!(
+        format!("{err:?}").contains("lock timeout"),
+        "a lock timeout: {err:?}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    let version = within(
+        WAIT,
+        "the version",
+        pgtaskd::db::migrate::current_version(&client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(version, Some(13), "nothing applied");
+    within(WAIT, "the lock's release", holder.batch_execute("COMMIT"))
+        .await
+        .unwrap();
+    let applied = within(
+        WAIT,
+        "schema 14 again",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied, vec![14]);
+    let lock_timeout: String = within(
+        WAIT,
+        "the session's lock timeout",
+        client.query_one("SHOW lock_timeout", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(
+        lock_timeout, "0",
+        "the migration's own timeout ends with it"
+    );
+}
