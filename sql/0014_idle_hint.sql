@@ -38,18 +38,40 @@
 
 -- Applying this takes `pgtaskd.tasks`'s ACCESS EXCLUSIVE lock for a moment (to re-create the
 -- trigger), which a running vacuum of the table or a long producer transaction holds up while
--- every insert queues behind the request: the migration waits for it at most 10 s (unless a
--- shorter `lock_timeout` is set) and then fails with a lock timeout; run it again, ideally
--- with the daemons stopped. That lock is taken first, before any lock on the flags table, so
--- running daemons' flag writes never wait for it.
+-- every insert queues behind the request: the migration waits for it at most 10 s (less when
+-- the session's `lock_timeout` is shorter) and then fails with a lock timeout; run it again,
+-- ideally with the daemons stopped. That lock is taken before the flags table's, so running
+-- daemons' flag writes wait only for the last statements of the migration once it has it; an
+-- operator's transaction that writes flags and then inserts tasks meanwhile can deadlock with
+-- it, and then one of the two fails: run it again.
+--
+-- Everything here runs with `search_path = pg_catalog, pg_temp` (restored at the end), so
+-- that no operator, function or type of someone's own in a schema on the migrating role's
+-- path (`public`, `"$user"`) is resolved by the statements below or stored in the trigger.
 DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('pgtaskd.search_path_before_14',
+                                  pg_catalog.current_setting('search_path'), true);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+END
+$$;
+
+DO $$
+DECLARE
+    waits interval := pg_catalog.current_setting('lock_timeout')::interval;
 BEGIN
     PERFORM pg_catalog.set_config('pgtaskd.lock_timeout_before_14',
                                   pg_catalog.current_setting('lock_timeout'), true);
-    IF pg_catalog.current_setting('lock_timeout') = '0' THEN
+    IF waits OPERATOR(pg_catalog.=) interval '0'
+       OR waits OPERATOR(pg_catalog.>) interval '10 seconds' THEN
         PERFORM pg_catalog.set_config('lock_timeout', '10s', true);
     END IF;
-    IF pg_catalog.current_setting('server_version_num')::int >= 150000 THEN
+END
+$$;
+
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.>=) 150000 THEN
         EXECUTE 'CREATE UNLOGGED SEQUENCE pgtaskd.idle_until AS bigint MINVALUE 0 START 0';
     ELSE
         EXECUTE 'CREATE SEQUENCE pgtaskd.idle_until AS bigint MINVALUE 0 START 0';
@@ -68,7 +90,8 @@ DECLARE
 BEGIN
     SELECT t.tgenabled INTO was_enabled
       FROM pg_catalog.pg_trigger AS t
-     WHERE t.tgrelid = 'pgtaskd.tasks'::pg_catalog.regclass AND t.tgname = 'tasks_notify';
+     WHERE t.tgrelid OPERATOR(pg_catalog.=) 'pgtaskd.tasks'::pg_catalog.regclass
+       AND t.tgname OPERATOR(pg_catalog.=) 'tasks_notify';
     DROP TRIGGER IF EXISTS tasks_notify ON pgtaskd.tasks;
     -- Evaluated as the inserting role. Every name and operator is resolved now, not at each
     -- insert, and each is qualified, so neither the producer's search_path nor the migrating
@@ -81,11 +104,11 @@ BEGIN
                   OPERATOR(pg_catalog.>)
                   (pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_catalog.*) 1000::pg_catalog.float8))
         EXECUTE FUNCTION pgtaskd.notify_tasks();
-    IF was_enabled = 'D' THEN
+    IF was_enabled OPERATOR(pg_catalog.=) 'D' THEN
         ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify;
-    ELSIF was_enabled IN ('R', 'A') THEN
+    ELSIF was_enabled OPERATOR(pg_catalog.=) 'R' OR was_enabled OPERATOR(pg_catalog.=) 'A' THEN
         EXECUTE pg_catalog.format('ALTER TABLE pgtaskd.tasks ENABLE %s TRIGGER tasks_notify',
-                                  CASE was_enabled WHEN 'R' THEN 'REPLICA' ELSE 'ALWAYS' END);
+                                  CASE WHEN was_enabled OPERATOR(pg_catalog.=) 'R' THEN 'REPLICA' ELSE 'ALWAYS' END);
     END IF;
 END
 $$;
@@ -109,18 +132,26 @@ REVOKE ALL ON FUNCTION pgtaskd.idle_flags_until() FROM PUBLIC;
 -- Before a statement writes any flag, before it locks any row: take the turn (a lock that
 -- conflicts only with itself and with vacuum's, analyze's and index builds' own), so that
 -- a writer holding row locks never waits for it (no deadlock with an operator's transaction
--- that writes several flags). Tried without waiting, for at most about a second: a
--- `VACUUM`, an `ANALYZE` or a `CREATE INDEX CONCURRENTLY` of the flags table, left open in
--- an operator's transaction, must not stall a daemon's flag write until its lock timeout.
--- Without the turn, the statement goes on and its value may only raise the sequence.
+-- that writes several flags). Tried without waiting, for at most half a second and once per
+-- statement (an `INSERT ... ON CONFLICT DO UPDATE` fires the insert's and the update's
+-- triggers): a `VACUUM`, an `ANALYZE` or a `CREATE INDEX CONCURRENTLY` of the flags table,
+-- left open in an operator's transaction, must not stall a daemon's flag write until its lock
+-- timeout. Without the turn, the statement goes on, and its value may only raise the
+-- sequence (unless the turn is free by then, see below).
 -- Like the insert trigger's function, these run with their owner's rights (daemons need
 -- no right on the sequence) and name everything they use instead of setting a search_path.
 CREATE FUNCTION pgtaskd.take_idle_turn() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 AS $$
+DECLARE
+    this_statement text := pg_catalog.statement_timestamp()::text;
 BEGIN
-    FOR attempt IN 1..100 LOOP
+    IF pg_catalog.current_setting('pgtaskd.idle_turn', true)
+       OPERATOR(pg_catalog.=) ('missed ' OPERATOR(pg_catalog.||) this_statement) THEN
+        RETURN NULL;
+    END IF;
+    FOR attempt IN 1..50 LOOP
         BEGIN
             LOCK TABLE pgtaskd.idle_daemons IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
             PERFORM pg_catalog.set_config('pgtaskd.idle_turn', 'held', true);
@@ -129,20 +160,33 @@ BEGIN
             PERFORM pg_catalog.pg_sleep(0.01);
         END;
     END LOOP;
-    PERFORM pg_catalog.set_config('pgtaskd.idle_turn', 'missed', true);
+    PERFORM pg_catalog.set_config('pgtaskd.idle_turn',
+                                  'missed ' OPERATOR(pg_catalog.||) this_statement, true);
     RETURN NULL;
 END
 $$;
 
--- After a statement wrote flags: with the turn, set the value from the flags (read after the
--- previous holder committed); without it, only raise it.
+-- After a statement wrote flags: with the turn (held, or free by now: tried once more, so
+-- that a writer that missed it holds it from here to its commit and a later writer cannot
+-- set the value without its flag), set the value from the flags (read after the previous
+-- holder committed); without it, only raise it.
 CREATE FUNCTION pgtaskd.set_idle_until() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 AS $$
 DECLARE
-    flags_until bigint := pgtaskd.idle_flags_until();
+    flags_until bigint;
 BEGIN
+    IF NOT coalesce(pg_catalog.current_setting('pgtaskd.idle_turn', true)
+                    OPERATOR(pg_catalog.=) 'held', false) THEN
+        BEGIN
+            LOCK TABLE pgtaskd.idle_daemons IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+            PERFORM pg_catalog.set_config('pgtaskd.idle_turn', 'held', true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END IF;
+    flags_until := pgtaskd.idle_flags_until();
     IF pg_catalog.current_setting('pgtaskd.idle_turn', true) OPERATOR(pg_catalog.=) 'held' THEN
         PERFORM pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass, flags_until);
     ELSE
@@ -172,3 +216,5 @@ SELECT pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass, pgtaskd.idle
 
 SELECT pg_catalog.set_config('lock_timeout',
                              pg_catalog.current_setting('pgtaskd.lock_timeout_before_14'), true);
+SELECT pg_catalog.set_config('search_path',
+                             pg_catalog.current_setting('pgtaskd.search_path_before_14'), true);

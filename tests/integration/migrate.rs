@@ -211,6 +211,15 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
     )
     .await
     .unwrap();
+    // The daemon's sessions (`migrate`, `run --migrate`) carry a lock timeout of
+    // `database.statement_timeout`, 30 s by default: the migration shortens it too.
+    within(
+        WAIT,
+        "the session's lock timeout",
+        client.batch_execute("SET lock_timeout = '30s'"),
+    )
+    .await
+    .unwrap();
     let started = std::time::Instant::now();
     let err = within(
         WAIT,
@@ -224,7 +233,7 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
         "a lock timeout: {err:?}"
     );
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(30),
+        started.elapsed() < std::time::Duration::from_secs(25),
         "gave up after {:?}",
         started.elapsed()
     );
@@ -256,7 +265,91 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
     .unwrap()
     .get(0);
     assert_eq!(
-        lock_timeout, "0",
+        lock_timeout, "30s",
         "the migration's own timeout ends with it"
+    );
+}
+
+/// Schema 14 stores a `WHEN` condition in the insert trigger and compares catalog values:
+/// operators of someone's own in `public` (on the migrating role's default search_path), for
+/// exactly the argument types a comparison or product there has and pg_catalog lacks, are
+/// neither run by the migration nor stored in the trigger.
+#[tokio::test]
+async fn schema_14_resolves_nothing_through_the_migrating_roles_search_path() {
+    let db = TestDb::empty().await;
+    let mut client = db.client().await;
+    within(
+        WAIT,
+        "schema 13",
+        pgtaskd::db::migrate::migrate_to(&mut client, 13),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "the traps",
+        client.batch_execute(
+            "CREATE TABLE public.hijacked (by text);
+             CREATE FUNCTION public.trap_mul(float8, int4) RETURNS float8 LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hijacked VALUES ('*'); RETURN $1 * $2::float8; END $$;
+             CREATE OPERATOR public.* (LEFTARG = float8, RIGHTARG = int4, FUNCTION = public.trap_mul);
+             CREATE FUNCTION public.trap_eq(oid, regclass) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hijacked VALUES ('='); RETURN $1 = $2::oid; END $$;
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regclass, FUNCTION = public.trap_eq);
+             SET search_path = \"$user\", public;",
+        ),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "schema 14",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "an insert",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+             VALUES ('flagged', now() + interval '1 hour');
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('through the condition');",
+        ),
+    )
+    .await
+    .unwrap();
+    let hijacked = within(
+        WAIT,
+        "the traps' log",
+        client.query_one("SELECT count(*) FROM public.hijacked", &[]),
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0);
+    assert_eq!(hijacked, 0, "no trap ran");
+    let definition: String = within(
+        WAIT,
+        "the trigger",
+        client.query_one(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger
+              WHERE tgrelid = 'pgtaskd.tasks'::regclass AND tgname = 'tasks_notify'",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert!(
+        !definition.contains("OPERATOR(public."),
+        "no operator of public's in the condition: {definition}"
+    );
+    let path: String = within(WAIT, "the path", client.query_one("SHOW search_path", &[]))
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        path, "\"$user\", public",
+        "the session's search_path is back"
     );
 }
