@@ -593,6 +593,30 @@ async fn function_calls_of_an_insert(producer: &Client) -> i64 {
 
 const HOUR: Duration = Duration::from_secs(3600);
 
+/// Flag each of `instances` idle for an hour, from `client`.
+async fn flag_for_an_hour(client: &Client, instances: &[&str]) {
+    within(WAIT, "the flags", async {
+        for instance in instances {
+            pgtaskd::queue::flag_idle(client, instance, HOUR)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+}
+
+/// The starting point of each round: `daemon-b` idle (on `b`), `daemon-a` busy (on `a`).
+async fn b_idle_a_busy(a: &Client, b: &Client) {
+    flag_for_an_hour(b, &["daemon-b"]).await;
+    within(
+        WAIT,
+        "daemon-a busy",
+        pgtaskd::queue::clear_idle(a, "daemon-a"),
+    )
+    .await
+    .unwrap();
+}
+
 /// Schema 14: the trigger's `WHEN` reads `pgtaskd.idle_until`, which every write of a flag
 /// sets from the flags table, so the function runs only while some flag is live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,15 +625,7 @@ async fn an_insert_calls_the_triggers_function_only_while_a_flag_is_live() {
     let owner = db.client().await;
     let daemon = db.client().await;
     assert_eq!(function_calls_of_an_insert(&owner).await, 0, "no flag yet");
-    within(WAIT, "two flags", async {
-        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR)
-            .await
-            .unwrap();
-        pgtaskd::queue::flag_idle(&daemon, "daemon-b", HOUR)
-            .await
-            .unwrap();
-    })
-    .await;
+    flag_for_an_hour(&daemon, &["daemon-a", "daemon-b"]).await;
     assert_eq!(
         function_calls_of_an_insert(&owner).await,
         1,
@@ -673,17 +689,11 @@ async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
     let owner = db.client().await;
     let a = Arc::new(db.client().await);
     let b = Arc::new(db.client().await);
-    // The turn is tried without waiting, every 10 ms for about a second.
+    // The turn is tried without waiting, every 10 ms for at most half a second.
     let waiting_for_its_turn = "SELECT count(*) FROM pg_stat_activity
          WHERE datname = current_database() AND wait_event = 'PgSleep'";
     for busy_first in [true, false] {
-        within(WAIT, "b flagged, a busy", async {
-            pgtaskd::queue::flag_idle(&b, "daemon-b", HOUR)
-                .await
-                .unwrap();
-            pgtaskd::queue::clear_idle(&a, "daemon-a").await.unwrap();
-        })
-        .await;
+        b_idle_a_busy(&a, &b).await;
         // The first writer's transaction stays open with its turn taken.
         let (first, first_sql) = if busy_first {
             (&b, "UPDATE pgtaskd.idle_daemons SET expires_at = '-infinity' WHERE instance = 'daemon-b'")
@@ -734,13 +744,7 @@ async fn a_daemon_going_idle_while_another_goes_busy_keeps_its_flag_counted() {
         );
     }
     for round in 0..30 {
-        within(WAIT, "b flagged, a busy", async {
-            pgtaskd::queue::flag_idle(&b, "daemon-b", HOUR)
-                .await
-                .unwrap();
-            pgtaskd::queue::clear_idle(&a, "daemon-a").await.unwrap();
-        })
-        .await;
+        b_idle_a_busy(&a, &b).await;
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         let idle = {
             let (a, barrier) = (a.clone(), barrier.clone());
@@ -813,22 +817,14 @@ async fn a_producer_that_may_not_read_the_idle_hint_still_inserts() {
 /// The turn is taken before any row is locked and never waited for long: an operator's
 /// transaction that writes two flags does not deadlock with a daemon's write between them,
 /// and one that holds the flags table's `SHARE UPDATE EXCLUSIVE` lock (an `ANALYZE` left open)
-/// delays a daemon's flag by about a second, not its lock timeout, and the flag still counts.
+/// delays a daemon's flag by about half a second, not its lock timeout, and the flag still counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_turn_never_deadlocks_and_never_stalls_a_flag() {
     let db = TestDb::new().await;
     let owner = db.client().await;
     let operator = db.client().await;
     let daemon = Arc::new(db.client().await);
-    within(WAIT, "two flags", async {
-        pgtaskd::queue::flag_idle(&daemon, "daemon-a", HOUR)
-            .await
-            .unwrap();
-        pgtaskd::queue::flag_idle(&daemon, "daemon-b", HOUR)
-            .await
-            .unwrap();
-    })
-    .await;
+    flag_for_an_hour(&daemon, &["daemon-a", "daemon-b"]).await;
     within(
         WAIT,
         "the operator's first write",
@@ -880,7 +876,7 @@ async fn the_turn_never_deadlocks_and_never_stalls_a_flag() {
     .expect("the flag is written without its turn");
     assert!(
         started.elapsed() < Duration::from_secs(10),
-        "the flag waited {:?}, about a second expected",
+        "the flag waited {:?}, about half a second expected",
         started.elapsed()
     );
     assert_eq!(

@@ -125,6 +125,20 @@ async fn schema_8_sets_the_tables_vacuum_parameters() {
     );
 }
 
+/// A fresh database migrated up to `version`, and a session on it.
+async fn database_at(version: i32) -> (TestDb, tokio_postgres::Client) {
+    let db = TestDb::empty().await;
+    let mut client = db.client().await;
+    within(
+        WAIT,
+        "an older schema",
+        pgtaskd::db::migrate::migrate_to(&mut client, version),
+    )
+    .await
+    .unwrap();
+    (db, client)
+}
+
 /// Schema 14 re-creates the insert trigger with its `WHEN` condition: an operator who had
 /// disabled it (sites that poll) finds it still disabled, and the flags already live when
 /// it was applied count for the condition at once.
@@ -135,15 +149,7 @@ async fn schema_14_keeps_a_disabled_insert_trigger_disabled_and_counts_live_flag
     let hint_live = "SELECT coalesce(pg_sequence_last_value('pgtaskd.idle_until')::float8
                               > date_part('epoch', now()) * 1000, false)";
     for disabled in [true, false] {
-        let db = TestDb::empty().await;
-        let mut client = db.client().await;
-        within(
-            WAIT,
-            "schema 13",
-            pgtaskd::db::migrate::migrate_to(&mut client, 13),
-        )
-        .await
-        .unwrap();
+        let (_db, mut client) = database_at(13).await;
         within(
             WAIT,
             "a live flag",
@@ -194,16 +200,8 @@ async fn schema_14_keeps_a_disabled_insert_trigger_disabled_and_counts_live_flag
 /// the lock is free.
 #[tokio::test]
 async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
-    let db = TestDb::empty().await;
-    let mut client = db.client().await;
+    let (db, mut client) = database_at(13).await;
     let holder = db.client().await;
-    within(
-        WAIT,
-        "schema 13",
-        pgtaskd::db::migrate::migrate_to(&mut client, 13),
-    )
-    .await
-    .unwrap();
     within(
         WAIT,
         "the held lock",
@@ -276,15 +274,7 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
 /// neither run by the migration nor stored in the trigger.
 #[tokio::test]
 async fn schema_14_resolves_nothing_through_the_migrating_roles_search_path() {
-    let db = TestDb::empty().await;
-    let mut client = db.client().await;
-    within(
-        WAIT,
-        "schema 13",
-        pgtaskd::db::migrate::migrate_to(&mut client, 13),
-    )
-    .await
-    .unwrap();
+    let (_db, mut client) = database_at(13).await;
     within(
         WAIT,
         "the traps",
