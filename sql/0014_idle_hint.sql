@@ -20,7 +20,7 @@
 -- trigger's reads wait for it, and only a role that may write the flags can take it), and each
 -- reads the table after the previous one committed, so the last value a committed write set
 -- is computed from every committed flag: two daemons going idle and busy at once never leave
--- the value without the idle one's flag. A writer that cannot get its turn within about a
+-- the value without the idle one's flag. A writer that cannot get its turn within half a
 -- second (a vacuum of the flags table) only raises the value. The value is set before the
 -- writing transaction commits, so an idle daemon's flag counts for the condition no later
 -- than it counts for the function; the wake-up protocol (docs/design.md,
