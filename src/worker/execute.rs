@@ -63,7 +63,7 @@ impl Worker {
         let analysis = inner.intake.analysis();
         // The analyzer takes the payload and lets go of it when it returns.
         let action = self.analyze(id, attempt, payload, &cancel).await;
-        inner.running.analyzed(id);
+        inner.running.analyzed(id, attempt);
         inner.intake.done(bytes);
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
@@ -135,7 +135,7 @@ impl Worker {
         action: &Action,
         result: Result<TaskStatus, FinishError>,
     ) {
-        self.inner.running.remove(id);
+        self.inner.running.remove(id, attempt);
         let duration = started.elapsed();
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());

@@ -39,16 +39,22 @@ impl Registry {
         );
     }
 
-    /// Task `id`'s analyzer has returned.
-    pub(super) fn analyzed(&self, id: i64) {
+    /// Task `id`'s analyzer has returned, for its claim at `attempt`.
+    pub(super) fn analyzed(&self, id: i64, attempt: i32) {
         if let Some(task) = self.lock().get_mut(&id) {
-            task.analyzed = true;
+            if task.attempt == attempt {
+                task.analyzed = true;
+            }
         }
     }
 
-    /// Task `id` is settled.
-    pub(super) fn remove(&self, id: i64) {
-        self.lock().remove(&id);
+    /// Task `id`'s claim at `attempt` is settled. A later claim of the same task, which
+    /// replaced it, stays.
+    pub(super) fn remove(&self, id: i64, attempt: i32) {
+        let mut tasks = self.lock();
+        if tasks.get(&id).is_some_and(|task| task.attempt == attempt) {
+            tasks.remove(&id);
+        }
     }
 
     /// Task `id`'s attempt and cancellation token, if this worker runs it.
@@ -95,7 +101,7 @@ mod tests {
         running.cancel.cancel();
         assert!(token.is_cancelled(), "the token found is the task's own");
 
-        registry.remove(7);
+        registry.remove(7, 2);
         assert!(!registry.contains(7));
         assert!(registry.get(7).is_none());
         assert_eq!(registry.len(), 0);
@@ -106,9 +112,9 @@ mod tests {
         let registry = Registry::default();
         registry.insert(4, 1, CancellationToken::new());
         assert!(!registry.get(4).unwrap().analyzed);
-        registry.analyzed(4);
+        registry.analyzed(4, 1);
         assert!(registry.get(4).unwrap().analyzed);
-        registry.analyzed(5);
+        registry.analyzed(5, 1);
         assert!(registry.get(5).is_none());
     }
 
@@ -116,7 +122,7 @@ mod tests {
     fn removing_an_unknown_task_changes_nothing() {
         let registry = Registry::default();
         registry.insert(1, 1, CancellationToken::new());
-        registry.remove(2);
+        registry.remove(2, 1);
         assert_eq!(registry.snapshot(), vec![(1, 1)]);
     }
 
@@ -137,5 +143,22 @@ mod tests {
         registry.insert(1, 1, CancellationToken::new());
         registry.insert(1, 2, CancellationToken::new());
         assert_eq!(registry.snapshot(), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn the_old_claim_settling_leaves_the_new_claim_of_the_same_task() {
+        let registry = Registry::default();
+        registry.insert(1, 1, CancellationToken::new());
+        registry.insert(1, 2, CancellationToken::new());
+        registry.analyzed(1, 1);
+        registry.remove(1, 1);
+        let running = registry.get(1).expect("the new claim stays");
+        assert_eq!(running.attempt, 2);
+        assert!(
+            !running.analyzed,
+            "the old claim's analyzer is not the new one's"
+        );
+        registry.remove(1, 2);
+        assert!(!registry.contains(1));
     }
 }
