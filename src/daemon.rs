@@ -107,7 +107,7 @@ pub async fn run(
     tracing::info!(instance = %instance, concurrency = config.worker.concurrency,
         queues = ?config.worker.queues, "pgtaskd starting");
     let health = Arc::new(Health::new());
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::serving(&config.worker.queues));
     let background = CancellationToken::new();
     let _stop_background = background.clone().drop_guard();
     tokio::spawn(health::watchdog(background.clone()));

@@ -5,7 +5,10 @@
 //! time: QUEUED and RUNNING counts from their partial indexes (cheap, never a full scan), and
 //! the pool's sessions in use; per queue (a `queue` label), QUEUED, due and RUNNING tasks, the
 //! age of the oldest due task and whether the queue is paused. A queue that has nothing left
-//! keeps its series, at zero.
+//! keeps its series, at zero. Any producer can name a new queue with each row it inserts, so
+//! at most [`QUEUE_SERIES`] queues have series: the daemon's own first, then the paused ones,
+//! then the longest backlogs; the others are counted by `pgtaskd_queues_unlisted`, and their
+//! tasks still count in the totals by status.
 //!
 //! The vacuum health of the task table (docs/design.md, "Vacuum health") is not read at
 //! scrape time: the daemon's watch (`src/vacuum.rs`) reads it every `health.check_interval`
@@ -16,7 +19,7 @@
 //! the statements that come and go do not make a new series at every reading. No label ever
 //! holds query text.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
@@ -76,6 +79,10 @@ struct QueueStatusLabel {
     status: &'static str,
 }
 
+/// The most queues with per-queue series: past it, a producer that names a queue per row
+/// would make every scrape, and the daemon's memory, grow without bound.
+pub const QUEUE_SERIES: usize = 100;
+
 /// Every metric of one daemon.
 pub struct Metrics {
     registry: Registry,
@@ -94,8 +101,12 @@ pub struct Metrics {
     queue_due: Family<QueueLabel, Gauge>,
     queue_oldest_due: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     queue_paused: Family<QueueLabel, Gauge>,
-    /// Every queue given a series so far: those absent from a scrape are set to zero.
+    /// The queues with series now (at most [`QUEUE_SERIES`]): those absent from a scrape
+    /// keep theirs, at zero, while there is room.
     queues_seen: Mutex<BTreeSet<String>>,
+    /// The queues this daemon serves: always given series.
+    own_queues: Vec<String>,
+    queues_unlisted: Gauge,
     table_tuples: Family<TupleLabel, Gauge>,
     table_bytes: Family<PartLabel, Gauge>,
     table_vacuum_age: Family<ByLabel, Gauge<f64, AtomicU64>>,
@@ -117,7 +128,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The metrics of a daemon that serves no queue in particular (tools and tests).
     pub fn new() -> Metrics {
+        Metrics::serving(&[])
+    }
+
+    /// The metrics of a daemon serving `queues`, whose per-queue series are always shown.
+    pub fn serving(queues: &[String]) -> Metrics {
         let mut registry = Registry::with_prefix("pgtaskd");
         let claimed = Counter::default();
         registry.register(
@@ -204,6 +221,12 @@ impl Metrics {
             queue_oldest_due.clone(),
         );
         let queue_paused = Family::<QueueLabel, Gauge>::default();
+        let queues_unlisted = Gauge::default();
+        registry.register(
+            "queues_unlisted",
+            format!("Queues with tasks or a pause that have no per-queue series: past the first {QUEUE_SERIES} (the daemon's own, the paused, the longest backlogs)"),
+            queues_unlisted.clone(),
+        );
         registry.register(
             "queue_paused",
             "1 while a queue is paused (pgtaskd pause), else 0",
@@ -287,6 +310,8 @@ impl Metrics {
             queue_oldest_due,
             queue_paused,
             queues_seen: Mutex::new(BTreeSet::new()),
+            own_queues: queues.to_vec(),
+            queues_unlisted,
             table_tuples,
             table_bytes,
             table_vacuum_age,
@@ -335,8 +360,10 @@ impl Metrics {
         self.rescued.inc_by(n as u64);
     }
 
-    /// Set the per-queue gauges of a scrape from `backlog`; the queues seen before and not
-    /// in it now are set to zero.
+    /// Set the per-queue gauges of a scrape from `backlog`, for at most [`QUEUE_SERIES`]
+    /// queues: the daemon's own, then the paused ones, then the longest backlogs (ties by
+    /// name); the queues that had series and have nothing now keep them, at zero, while there
+    /// is room. Every other queue loses its series.
     pub fn observe_queues(&self, backlog: &[Backlog]) {
         let mut seen = self
             .queues_seen
@@ -350,12 +377,58 @@ impl Metrics {
             oldest_due_age_s: None,
             running: 0,
         };
-        let absent: Vec<Backlog> = seen
-            .iter()
-            .filter(|queue| !backlog.iter().any(|b| &b.queue == *queue))
-            .map(|queue| zero(queue))
-            .collect();
-        for figures in backlog.iter().chain(&absent) {
+        let own = |queue: &str| self.own_queues.iter().any(|q| q == queue);
+        let in_backlog: HashSet<&str> = backlog.iter().map(|b| b.queue.as_str()).collect();
+        let mut ranked: Vec<&Backlog> = backlog.iter().collect();
+        ranked.sort_by(|a, b| {
+            own(&b.queue)
+                .cmp(&own(&a.queue))
+                .then(b.paused.cmp(&a.paused))
+                .then((b.queued + b.running).cmp(&(a.queued + a.running)))
+                .then(a.queue.cmp(&b.queue))
+        });
+        let listed = |shown: &[Backlog], queue: &str| shown.iter().any(|b| b.queue == queue);
+        let mut shown: Vec<Backlog> = Vec::new();
+        for queue in &self.own_queues {
+            if shown.len() < QUEUE_SERIES
+                && !listed(&shown, queue)
+                && !in_backlog.contains(queue.as_str())
+            {
+                shown.push(zero(queue));
+            }
+        }
+        let mut unlisted = 0;
+        for figures in ranked {
+            if shown.len() < QUEUE_SERIES && !listed(&shown, &figures.queue) {
+                shown.push(figures.clone());
+            } else if !listed(&shown, &figures.queue) {
+                unlisted += 1;
+            }
+        }
+        for queue in seen.iter() {
+            if shown.len() < QUEUE_SERIES
+                && !listed(&shown, queue)
+                && !in_backlog.contains(queue.as_str())
+            {
+                shown.push(zero(queue));
+            }
+        }
+        for gone in seen.iter().filter(|queue| !listed(&shown, queue)) {
+            let queue = QueueLabel {
+                queue: gone.clone(),
+            };
+            for status in [TaskStatus::Queued, TaskStatus::Running] {
+                self.queue_tasks.remove(&QueueStatusLabel {
+                    queue: gone.clone(),
+                    status: status.as_str(),
+                });
+            }
+            self.queue_due.remove(&queue);
+            self.queue_oldest_due.remove(&queue);
+            self.queue_paused.remove(&queue);
+        }
+        seen.clear();
+        for figures in &shown {
             let queue = QueueLabel {
                 queue: figures.queue.clone(),
             };
@@ -379,6 +452,7 @@ impl Metrics {
                 .set(i64::from(figures.paused));
             seen.insert(figures.queue.clone());
         }
+        self.queues_unlisted.set(unlisted);
     }
 
     /// Set the scrape-time gauges.
@@ -534,6 +608,103 @@ mod tests {
             );
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    fn backlog_of(queue: &str, queued: i64, paused: bool) -> Backlog {
+        Backlog {
+            queue: queue.into(),
+            paused,
+            queued,
+            due: queued,
+            oldest_due_age_s: Some(1.0),
+            running: 0,
+        }
+    }
+
+    fn series_of(text: &str, queue: &str) -> usize {
+        let label = format!("queue=\"{queue}\"");
+        text.lines().filter(|line| line.contains(&label)).count()
+    }
+
+    #[test]
+    fn per_queue_series_stop_at_the_limit_keeping_own_paused_and_longest_queues() {
+        let metrics = Metrics::serving(&["default".to_string()]);
+        // A producer naming a queue per row: 150 queues of 1..=150 tasks, one paused and
+        // empty; the daemon's own queue has nothing.
+        let mut backlog: Vec<Backlog> = (1..=150)
+            .map(|n| backlog_of(&format!("q{n}"), n, false))
+            .collect();
+        backlog.push(backlog_of("held", 0, true));
+        metrics.observe_queues(&backlog);
+        let text = metrics.encode();
+        let queues: BTreeSet<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("pgtaskd_queue_paused{"))
+            .map(|line| line.split('"').nth(1).unwrap())
+            .collect();
+        assert_eq!(queues.len(), QUEUE_SERIES, "{queues:?}");
+        assert!(
+            queues.contains("default"),
+            "the daemon's own queue, at zero"
+        );
+        assert!(queues.contains("held"), "a paused queue");
+        assert!(
+            queues.contains("q150") && queues.contains("q53"),
+            "{queues:?}"
+        );
+        assert!(!queues.contains("q52"), "the shortest backlogs go unlisted");
+        assert_eq!(
+            series_of(&text, "q150"),
+            5,
+            "all five series of a listed queue"
+        );
+        assert!(
+            text.lines()
+                .any(|line| line == "pgtaskd_queues_unlisted 52"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|line| line == "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 0"),
+            "{text}"
+        );
+
+        // The flood drains; new queues take the places, and a queue pushed out loses its
+        // series rather than showing a zero it does not have.
+        let mut backlog: Vec<Backlog> = (1..=120)
+            .map(|n| backlog_of(&format!("r{n}"), 1000 + n, false))
+            .collect();
+        backlog.push(backlog_of("q150", 1, false));
+        metrics.observe_queues(&backlog);
+        let text = metrics.encode();
+        assert_eq!(series_of(&text, "q150"), 0, "{text}");
+        assert_eq!(
+            series_of(&text, "q53"),
+            0,
+            "emptied, and no room left for it"
+        );
+        assert_eq!(series_of(&text, "r120"), 5);
+        assert_eq!(
+            series_of(&text, "r22"),
+            5,
+            "the 99 longest after the daemon's own"
+        );
+        assert_eq!(series_of(&text, "r21"), 0);
+        assert_eq!(series_of(&text, "default"), 5);
+        assert!(text
+            .lines()
+            .any(|line| line == "pgtaskd_queues_unlisted 22"));
+
+        // Under the limit again: a queue that empties keeps its series, at zero.
+        metrics.observe_queues(&[backlog_of("r120", 3, false)]);
+        metrics.observe_queues(&[]);
+        let text = metrics.encode();
+        assert!(
+            text.lines()
+                .any(|line| line == "pgtaskd_queue_due_tasks{queue=\"r120\"} 0"),
+            "{text}"
+        );
+        assert!(text.lines().any(|line| line == "pgtaskd_queues_unlisted 0"));
     }
 
     #[test]
