@@ -90,6 +90,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_idle_hint",
         sql: include_str!("../../sql/0014_idle_hint.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_definer_paths",
+        sql: include_str!("../../sql/0015_definer_paths.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

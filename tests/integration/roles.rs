@@ -128,6 +128,66 @@ async fn the_daemon_runs_under_its_role_without_ddl_rights() {
     );
 }
 
+/// The flag triggers run with their owner's rights. A daemon's role writes flags, and can
+/// create types and functions in its temporary schema, which is searched first for type
+/// names: none of them may be taken over (schema 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_role_cannot_borrow_the_owners_rights_through_its_temporary_schema() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    owner
+        .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
+        .await
+        .unwrap();
+    let (worker, _) = role_client(&db, "worker").await;
+    let mut planted = String::from(
+        "CREATE FUNCTION pg_temp.borrowed(v pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $f$
+         BEGIN
+             IF current_user <> session_user THEN
+                 RAISE EXCEPTION 'ran with the rights of %', current_user;
+             END IF;
+             RETURN true;
+         END $f$;",
+    );
+    for name in [
+        "text",
+        "bool",
+        "int4",
+        "int8",
+        "float8",
+        "timestamptz",
+        "regclass",
+    ] {
+        planted.push_str(&format!(
+            "CREATE DOMAIN pg_temp.{name} AS pg_catalog.{name} CHECK (pg_temp.borrowed(VALUE::pg_catalog.text));"
+        ));
+    }
+    worker.batch_execute(&planted).await.unwrap();
+    for write in [
+        "INSERT INTO pgtaskd.idle_daemons (instance, expires_at) VALUES ('mine', now() + interval '1 minute')",
+        "INSERT INTO pgtaskd.idle_daemons (instance, expires_at) VALUES ('mine', now() + interval '2 minutes')
+           ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at",
+        "UPDATE pgtaskd.idle_daemons SET expires_at = now() WHERE instance = 'mine'",
+        "DELETE FROM pgtaskd.idle_daemons WHERE instance = 'mine'",
+        "INSERT INTO pgtaskd.tasks (payload) VALUES ('enqueued by the daemon role')",
+    ] {
+        worker
+            .batch_execute(write)
+            .await
+            .unwrap_or_else(|err| panic!("{write}: {err:?}"));
+    }
+    let superuser: bool = owner
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'worker'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!superuser);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_role_granted_before_schema_3_may_claim_finish_and_prune_after_the_upgrade() {
     let cluster = Cluster::start();
