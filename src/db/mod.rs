@@ -238,7 +238,14 @@ impl From<tokio_postgres::Error> for DbError {
 impl From<PoolError> for DbError {
     fn from(err: PoolError) -> Self {
         match err {
-            PoolError::Backend(err) => DbError::from(err),
+            // Only opening a session fails this way: whatever the server answered (a database
+            // that is not accepting connections, a revoked CONNECT), it is an outage unless it
+            // rejected the settings, as for [`DbError::connecting`].
+            PoolError::Backend(err) => match rejection(&err) {
+                Some(rejected) => rejected,
+                None if err.code().is_some() => DbError::Unavailable(Cause::from(&err)),
+                None => DbError::from(err),
+            },
             PoolError::Timeout(TimeoutType::Wait) => {
                 DbError::unavailable("no pooled session became free in time")
             }

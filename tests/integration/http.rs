@@ -287,6 +287,49 @@ async fn readyz_metrics_and_openapi_describe_a_running_daemon() {
     daemon.stop().await;
 }
 
+/// A database that refuses new sessions while the server runs (`ALLOW_CONNECTIONS false`, a
+/// revoked `CONNECT`) is an outage too: 503, never 500 or 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_refusing_connections_answers_503_and_recovers() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id = enqueue(&client, "exists").await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    wait_task(&api, id, "SUCCEEDED").await;
+    let refuse = format!(
+        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = '{0}' AND pid <> pg_backend_pid();",
+        db.name
+    );
+    let admin_url = db
+        .url
+        .replace(&format!("dbname={}", db.name), "dbname=postgres");
+    assert_ne!(admin_url, db.url, "the test URL names the database");
+    let admin = crate::support::connect(&admin_url).await;
+    within(WAIT, "refusing connections", admin.batch_execute(&refuse))
+        .await
+        .unwrap();
+    for path in [format!("/tasks/{id}"), "/tasks/424242".to_string()] {
+        let (status, body) = api.get(&path).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert_eq!(body["error"], "database unavailable");
+    }
+    let (status, _, body) = api.post("/tasks", "while refused", false).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let allow = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", db.name);
+    within(WAIT, "allowing connections", admin.batch_execute(&allow))
+        .await
+        .unwrap();
+    let task = eventually(WAIT, "the database to come back", || async {
+        let (status, task) = api.get(&format!("/tasks/{id}")).await;
+        (status == StatusCode::OK).then_some(task)
+    })
+    .await;
+    assert_eq!(task["status"], "SUCCEEDED");
+    daemon.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_database_stopped_task_routes_answer_503_never_404() {
     let cluster = Cluster::start();
