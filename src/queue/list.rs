@@ -82,8 +82,9 @@ fn statement(filter: &ListFilter) -> String {
     format!(
         "SELECT id, queue, status, priority, attempt, max_attempts, \
                 octet_length(payload)::bigint AS payload_bytes, words, bytes, runes, error, \
-                run_at, created_at, finished_at \
-           FROM pgtaskd.tasks{filter_sql} ORDER BY id DESC LIMIT $1"
+                {}, created_at, finished_at \
+           FROM pgtaskd.tasks{filter_sql} ORDER BY id DESC LIMIT $1",
+        super::task::shown_run_at!()
     )
 }
 

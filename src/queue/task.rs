@@ -97,10 +97,24 @@ pub struct Task {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-const COLUMNS: &str =
-    "id, queue, idempotency_key, payload, status, priority, run_at, attempt, max_attempts, \
+/// `run_at` as it can be shown: a producer may insert `infinity`, `-infinity` or a time past
+/// the last year the program's clock type holds (262142), which would fail the read of the
+/// whole row; those show as the first day of year 262142 and 4713 BC.
+macro_rules! shown_run_at {
+    () => {
+        "least(greatest(run_at, '4713-01-01 00:00:00+00 BC'::timestamptz), \
+               '262142-01-01 00:00:00+00'::timestamptz) AS run_at"
+    };
+}
+pub(crate) use shown_run_at;
+
+const COLUMNS: &str = concat!(
+    "id, queue, idempotency_key, payload, status, priority, ",
+    shown_run_at!(),
+    ", attempt, max_attempts, \
     cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, created_at, \
-    started_at, finished_at";
+    started_at, finished_at"
+);
 
 impl Task {
     fn from_row(row: &Row) -> Task {

@@ -185,3 +185,48 @@ async fn usage_errors_exit_2_with_nothing_on_stdout() {
         assert!(!stderr.is_empty(), "{args:?}");
     }
 }
+
+/// A producer may schedule a task at `infinity`, `-infinity` or past the last year the
+/// program's clock type holds: reading such a row (status, list; the HTTP API reads it the
+/// same way) answers, with the time shown at the nearest end of that range, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_scheduled_at_infinity_or_past_year_262142_are_shown_not_fatal() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut ids = Vec::new();
+    for run_at in ["infinity", "-infinity", "290000-01-01"] {
+        let id: i64 = client
+            .query_one(
+                "INSERT INTO pgtaskd.tasks (payload, run_at) VALUES ('far', $1::text::timestamptz) RETURNING id",
+                &[&run_at],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ids.push(id);
+    }
+    for (id, shown) in ids
+        .iter()
+        .zip(["262142-01-01", "-4712-01-01", "262142-01-01"])
+    {
+        let (status, stdout, stderr) =
+            pgtaskd(Some(&db.url), &["status", &id.to_string(), "--json"]).await;
+        assert_eq!(status.code(), Some(0), "status {id}: {stdout}{stderr}");
+        assert!(stdout.contains(shown), "status {id}: {stdout}");
+    }
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["list"]).await;
+    assert_eq!(status.code(), Some(0), "list: {stdout}{stderr}");
+    assert_eq!(
+        stdout.matches("far").count(),
+        0,
+        "payloads are not listed: {stdout}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|line| line.contains("QUEUED"))
+            .count(),
+        3,
+        "{stdout}"
+    );
+}
