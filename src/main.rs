@@ -12,6 +12,7 @@ use pgtaskd::commands::{self, EXIT_CONFIG};
 use pgtaskd::config::{Config, LogFormat, UrlSource};
 
 fn main() -> ExitCode {
+    quiet_on_closed_output();
     let cli = Cli::parse();
     // Neither needs the configuration: a broken file must not stop them.
     match cli.command {
@@ -178,4 +179,32 @@ impl Write for LogLine<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// `println!` panics when its write fails. A reader that went away (`pgtaskd list | head -1`)
+/// ends the command quietly with status 0, as ripgrep does: whatever the command changed has
+/// committed already, and a panic's exit 101 and backtrace would say it failed. Any other
+/// failed write to stdout or stderr (a full disk) is one line and exit 1. Every other panic
+/// is reported as before.
+fn quiet_on_closed_output() {
+    let report_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") {
+            if message.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("pgtaskd: {message}\n"),
+            );
+            std::process::exit(1);
+        }
+        report_panic(info);
+    }));
 }

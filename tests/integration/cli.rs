@@ -230,3 +230,54 @@ async fn tasks_scheduled_at_infinity_or_past_year_262142_are_shown_not_fatal() {
         "{stdout}"
     );
 }
+
+/// A reader that goes away before the command writes (`| head`, a closed pipe) ends the
+/// command quietly with status 0, its change made; a full disk is one line and status 1.
+#[tokio::test]
+async fn a_closed_pipe_or_a_full_disk_ends_a_command_without_a_panic() {
+    let db = TestDb::new().await;
+    let bin = crate::support::daemon::binary();
+    let script = format!(
+        "{{ sleep 0.5; '{bin}' --database-url \"$URL\" enqueue 'into a closed pipe'; echo $? >&2; }} | true",
+        bin = bin.display()
+    );
+    let run = |script: String| {
+        let url = db.url.clone();
+        async move {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(script)
+                    .env("URL", url)
+                    .output(),
+            )
+            .await
+            .expect("the command ends")
+            .unwrap()
+        }
+    };
+    let output = run(script).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim(), "0", "{stderr}");
+    let client = db.client().await;
+    let made: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.tasks WHERE payload = 'into a closed pipe'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(made, 1, "the enqueue committed");
+
+    let script = format!(
+        "'{bin}' --database-url \"$URL\" status 1 > /dev/full; echo $? >&2",
+        bin = bin.display()
+    );
+    let output = run(script).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert_eq!(stderr.lines().last(), Some("1"), "{stderr}");
+}
