@@ -140,11 +140,8 @@ impl DbError {
         err: tokio_postgres::Error,
         config: &tokio_postgres::Config,
     ) -> DbError {
-        if let Some(rejected) = rejection(&err) {
-            return rejected;
-        }
-        if err.code().is_some() {
-            return DbError::Unavailable(Cause::from(&err));
+        if let Some(answered) = refused(&err) {
+            return answered;
         }
         let mut reason = &err as &(dyn std::error::Error + 'static);
         while let Some(source) = reason.source() {
@@ -221,6 +218,17 @@ fn rejection(err: &tokio_postgres::Error) -> Option<DbError> {
     })
 }
 
+/// A session that could not be opened, when the server answered: a rejection of the settings
+/// ([`DbError::Rejected`]), else an outage whatever its SQLSTATE (a database not accepting
+/// connections, a revoked `CONNECT`, a server starting up). `None` when no server answered.
+fn refused(err: &tokio_postgres::Error) -> Option<DbError> {
+    rejection(err).or_else(|| {
+        err.code()
+            .is_some()
+            .then(|| DbError::Unavailable(Cause::from(err)))
+    })
+}
+
 impl From<tokio_postgres::Error> for DbError {
     fn from(err: tokio_postgres::Error) -> Self {
         if let Some(rejected) = rejection(&err) {
@@ -238,14 +246,8 @@ impl From<tokio_postgres::Error> for DbError {
 impl From<PoolError> for DbError {
     fn from(err: PoolError) -> Self {
         match err {
-            // Only opening a session fails this way: whatever the server answered (a database
-            // that is not accepting connections, a revoked CONNECT), it is an outage unless it
-            // rejected the settings, as for [`DbError::connecting`].
-            PoolError::Backend(err) => match rejection(&err) {
-                Some(rejected) => rejected,
-                None if err.code().is_some() => DbError::Unavailable(Cause::from(&err)),
-                None => DbError::from(err),
-            },
+            // Only opening a session fails this way, as for [`DbError::connecting`].
+            PoolError::Backend(err) => refused(&err).unwrap_or_else(|| DbError::from(err)),
             PoolError::Timeout(TimeoutType::Wait) => {
                 DbError::unavailable("no pooled session became free in time")
             }
