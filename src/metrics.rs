@@ -221,16 +221,16 @@ impl Metrics {
             queue_oldest_due.clone(),
         );
         let queue_paused = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_paused",
+            "1 while a queue is paused (pgtaskd pause), else 0",
+            queue_paused.clone(),
+        );
         let queues_unlisted = Gauge::default();
         registry.register(
             "queues_unlisted",
             format!("Queues with tasks or a pause that have no per-queue series: past the first {QUEUE_SERIES} (the daemon's own, the paused, the longest backlogs)"),
             queues_unlisted.clone(),
-        );
-        registry.register(
-            "queue_paused",
-            "1 while a queue is paused (pgtaskd pause), else 0",
-            queue_paused.clone(),
         );
         let table_tuples = Family::<TupleLabel, Gauge>::default();
         registry.register(
@@ -388,31 +388,31 @@ impl Metrics {
                 .then(a.queue.cmp(&b.queue))
         });
         let listed = |shown: &[Backlog], queue: &str| shown.iter().any(|b| b.queue == queue);
-        let mut shown: Vec<Backlog> = Vec::new();
-        for queue in &self.own_queues {
-            if shown.len() < QUEUE_SERIES
-                && !listed(&shown, queue)
-                && !in_backlog.contains(queue.as_str())
-            {
-                shown.push(zero(queue));
+        // Queues with nothing now, at zero, while there is room.
+        let add_empty = |shown: &mut Vec<Backlog>, queues: &mut dyn Iterator<Item = &String>| {
+            for queue in queues {
+                if shown.len() < QUEUE_SERIES
+                    && !listed(shown, queue)
+                    && !in_backlog.contains(queue.as_str())
+                {
+                    shown.push(zero(queue));
+                }
             }
-        }
+        };
+        let mut shown: Vec<Backlog> = Vec::new();
+        add_empty(&mut shown, &mut self.own_queues.iter());
         let mut unlisted = 0;
         for figures in ranked {
-            if shown.len() < QUEUE_SERIES && !listed(&shown, &figures.queue) {
+            if listed(&shown, &figures.queue) {
+                continue;
+            }
+            if shown.len() < QUEUE_SERIES {
                 shown.push(figures.clone());
-            } else if !listed(&shown, &figures.queue) {
+            } else {
                 unlisted += 1;
             }
         }
-        for queue in seen.iter() {
-            if shown.len() < QUEUE_SERIES
-                && !listed(&shown, queue)
-                && !in_backlog.contains(queue.as_str())
-            {
-                shown.push(zero(queue));
-            }
-        }
+        add_empty(&mut shown, &mut seen.iter());
         for gone in seen.iter().filter(|queue| !listed(&shown, queue)) {
             let queue = QueueLabel {
                 queue: gone.clone(),
