@@ -12,6 +12,22 @@ async fn role_client(db: &TestDb, role: &str) -> (Client, String) {
     (connect(&url).await, url)
 }
 
+/// A cluster of the test's own (roles are cluster-wide) with a migrated database, its owner's
+/// client, and a login role `role` granted by `pgtaskd.{grant}(role)`, with its client and URL.
+async fn database_with_role(grant: &str, role: &str) -> (Cluster, TestDb, Client, Client, String) {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let owner = db.client().await;
+    owner
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; SELECT pgtaskd.{grant}('{role}');"
+        ))
+        .await
+        .unwrap();
+    let (client, url) = role_client(&db, role).await;
+    (cluster, db, owner, client, url)
+}
+
 async fn denied(client: &Client, sql: &str) {
     let err = client.batch_execute(sql).await.expect_err(sql);
     assert_eq!(
@@ -23,14 +39,8 @@ async fn denied(client: &Client, sql: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
-    let cluster = Cluster::start();
-    let db = TestDb::on(&cluster).await;
-    let owner = db.client().await;
-    owner
-        .batch_execute("CREATE ROLE producer LOGIN; SELECT pgtaskd.grant_producer('producer');")
-        .await
-        .unwrap();
-    let (producer, _) = role_client(&db, "producer").await;
+    let (_cluster, _db, _owner, producer, _) =
+        database_with_role("grant_producer", "producer").await;
 
     producer
         .batch_execute(
@@ -80,14 +90,7 @@ async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_runs_under_its_role_without_ddl_rights() {
-    let cluster = Cluster::start();
-    let db = TestDb::on(&cluster).await;
-    let owner = db.client().await;
-    owner
-        .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
-        .await
-        .unwrap();
-    let (worker, url) = role_client(&db, "worker").await;
+    let (_cluster, _db, owner, worker, url) = database_with_role("grant_daemon", "worker").await;
     denied(&worker, "CREATE TABLE pgtaskd.mine (x int)").await;
     denied(&worker, "DROP TABLE pgtaskd.tasks").await;
     denied(
@@ -133,14 +136,7 @@ async fn the_daemon_runs_under_its_role_without_ddl_rights() {
 /// names: none of them may be taken over (schema 15).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_role_cannot_borrow_the_owners_rights_through_its_temporary_schema() {
-    let cluster = Cluster::start();
-    let db = TestDb::on(&cluster).await;
-    let owner = db.client().await;
-    owner
-        .batch_execute("CREATE ROLE worker LOGIN; SELECT pgtaskd.grant_daemon('worker');")
-        .await
-        .unwrap();
-    let (worker, _) = role_client(&db, "worker").await;
+    let (_cluster, _db, owner, worker, _) = database_with_role("grant_daemon", "worker").await;
     let mut planted = String::from(
         "CREATE FUNCTION pg_temp.borrowed(v pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $f$
          BEGIN
