@@ -3,9 +3,15 @@
 //! (docs/design.md, "Nothing lost"): QUEUED again while attempts remain, FAILED after
 //! `max_attempts`, CANCELED when a cancel was requested. It then wakes the daemons.
 //! Concurrent rescuers skip each other's rows, so many daemons never fight.
+//!
+//! Settle before rescuing (docs/design.md): a rescuer never takes back its own daemon's
+//! claims, and after it lost the database it waits one lease from the moment the database
+//! answers again before it takes back anything. Every daemon lost the database with it, and
+//! a live one extends its leases (a third of a lease) and commits the results it held
+//! within that lease; only the claims of daemons that did not come back are then expired.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -31,16 +37,67 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let period = interval(lease);
+    let mut gate = Gate::Open;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(jitter(period)) => {}
         }
-        match run_once(&pool, &instance).await {
-            Ok(rescued) => metrics.rescued(rescued),
-            Err(err) => tracing::warn!(error = %err, "rescuer could not run"),
+        let now = Instant::now();
+        let result = if gate.allows(now, lease) {
+            run_once(&pool, &instance).await.map(|rescued| {
+                metrics.rescued(rescued);
+            })
+        } else {
+            probe(&pool).await
+        };
+        match (result, &gate) {
+            (Ok(()), Gate::Down) => {
+                tracing::info!(
+                    wait = ?lease,
+                    "database answering again; expired leases are taken back after one lease, once live daemons have extended theirs"
+                );
+                gate = Gate::Since(now);
+            }
+            (Ok(()), _) => {}
+            (Err(err), Gate::Down) => tracing::debug!(error = %err, "rescuer could not run"),
+            (Err(err), _) => {
+                tracing::warn!(error = %err, "rescuer could not run; it waits for the database");
+                gate = Gate::Down;
+            }
         }
     }
+}
+
+/// Whether the rescuer may take leases back: not while the database is away, and not until
+/// it has answered for one lease since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// No outage seen.
+    Open,
+    /// The last try failed.
+    Down,
+    /// Answering again since then.
+    Since(Instant),
+}
+
+impl Gate {
+    fn allows(&self, now: Instant, lease: Duration) -> bool {
+        match self {
+            Gate::Open => true,
+            Gate::Down => false,
+            Gate::Since(since) => now.duration_since(*since) >= lease,
+        }
+    }
+}
+
+/// Whether the database answers.
+async fn probe(pool: &Pool) -> Result<(), DbError> {
+    let client = pool.get().await?;
+    client
+        .bounded(async { client.simple_query("SELECT 1").await.map_err(DbError::from) })
+        .await?;
+    Ok(())
 }
 
 /// Take back every expired lease now; returns how many tasks were taken back.
@@ -52,7 +109,9 @@ pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
     let client = pool.get().await?;
     let mut total = 0;
     loop {
-        let rescued = client.bounded(queue::rescue(&client, BATCH)).await?;
+        let rescued = client
+            .bounded(queue::rescue(&client, BATCH, instance))
+            .await?;
         for task in &rescued {
             tracing::warn!(
                 id = task.id,
@@ -76,6 +135,18 @@ pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_an_outage_leases_are_taken_back_only_once_the_database_answered_for_a_lease() {
+        let lease = Duration::from_secs(5);
+        let t0 = Instant::now();
+        assert!(Gate::Open.allows(t0, lease));
+        assert!(!Gate::Down.allows(t0, lease));
+        let back = Gate::Since(t0);
+        assert!(!back.allows(t0, lease));
+        assert!(!back.allows(t0 + Duration::from_millis(4_999), lease));
+        assert!(back.allows(t0 + lease, lease));
+    }
 
     #[test]
     fn interval_is_half_a_lease_within_bounds() {

@@ -116,11 +116,11 @@ async fn claim_and_finish(
             .iter()
             .map(|task| Finish {
                 id: task.id,
-                attempt: task.attempt,
+                token: task.token,
                 outcome: Outcome::Succeeded(counts.get(&task.id).copied().unwrap_or_default()),
             })
             .collect();
-        let results = queue::finish_many(client, owner, &finishes)
+        let results = queue::finish_many(client, &finishes)
             .await
             .map_err(finish_error)?;
         for (finish, result) in finishes.iter().zip(results) {
@@ -132,7 +132,7 @@ async fn claim_and_finish(
 fn finish_error(err: FinishError) -> BenchError {
     match err {
         FinishError::Db(err) => BenchError::Db(err),
-        FinishError::NotRunning { .. } | FinishError::NotFound => {
+        FinishError::NotRunning { .. } | FinishError::NotFound | FinishError::Locked => {
             BenchError::Session(err.to_string())
         }
     }

@@ -68,7 +68,7 @@ pub(super) struct Completion {
 }
 
 /// Commit batches until the last sender is dropped, up to [`BATCHES_IN_FLIGHT`] at once.
-pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Completion>) {
+pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>) {
     let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
     let mut commits = JoinSet::new();
     let mut carried = None;
@@ -87,9 +87,8 @@ pub(super) async fn run(pool: Pool, owner: String, mut rx: mpsc::Receiver<Comple
         };
         let batch = gather(first, &mut rx, &mut carried);
         let pool = pool.clone();
-        let owner = owner.clone();
         commits.spawn(async move {
-            commit(&pool, &owner, batch).await;
+            commit(&pool, batch).await;
             drop(slot);
         });
         while let Some(done) = commits.try_join_next() {
@@ -136,12 +135,12 @@ fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
 }
 
 /// Commit one batch and answer every claim in it.
-async fn commit(pool: &Pool, owner: &str, mut batch: Vec<Completion>) {
+async fn commit(pool: &Pool, mut batch: Vec<Completion>) {
     let finishes: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
     let result = match pool.get().await {
         Ok(session) => {
             session
-                .bounded(queue::finish_many(&session, owner, &finishes))
+                .bounded(queue::finish_many(&session, &finishes))
                 .await
         }
         Err(err) => Err(FinishError::Db(err)),
@@ -173,22 +172,22 @@ mod tests {
     use crate::analyzer::Counts;
     use crate::queue::Outcome;
 
-    fn completion(id: i64, attempt: i32) -> Completion {
+    fn completion(id: i64, token: i64) -> Completion {
         let (reply, _) = oneshot::channel();
         Completion {
             finish: Finish {
                 id,
-                attempt,
+                token,
                 outcome: Outcome::Succeeded(Counts::default()),
             },
             reply,
         }
     }
 
-    fn ids(batch: &[Completion]) -> Vec<(i64, i32)> {
+    fn ids(batch: &[Completion]) -> Vec<(i64, i64)> {
         batch
             .iter()
-            .map(|c| (c.finish.id, c.finish.attempt))
+            .map(|c| (c.finish.id, c.finish.token))
             .collect()
     }
 
@@ -209,8 +208,8 @@ mod tests {
     #[test]
     fn a_second_finish_of_one_task_starts_the_next_batch() {
         let (tx, mut rx) = mpsc::channel(10);
-        for (id, attempt) in [(7, 1), (8, 1), (7, 2), (9, 1)] {
-            tx.try_send(completion(id, attempt)).unwrap();
+        for (id, token) in [(7, 1), (8, 1), (7, 2), (9, 1)] {
+            tx.try_send(completion(id, token)).unwrap();
         }
         let mut carried = None;
         let first = rx.try_recv().unwrap();

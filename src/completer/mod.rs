@@ -18,7 +18,12 @@
 //!
 //! Settling one claim alone retries until the database answers, with capped, jittered
 //! backoff while it is down; after an outcome that is unknown it re-reads before writing
-//! again (`resolve.rs` holds that path and the pure decision it rests on). Only a stopping
+//! again (`resolve.rs` holds that path and the pure decision it rests on). Claims settled
+//! alone never take more than a quarter of the pool at once, and a claim whose row someone
+//! else holds locked waits for it on one session at a time (docs/design.md, "No one else's
+//! lock delays a batch"): however many claims a failed batch or a producer's open
+//! transaction leaves to settle alone, the claims, the heartbeat and the rescuer still get
+//! sessions. Only a stopping
 //! daemon that has waited long enough for an unreachable database ends that:
 //! [`Completer::give_up`] makes every claim still unsettled return, left RUNNING for its
 //! lease to expire.
@@ -31,7 +36,7 @@ mod resolve;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::{DbError, Pool};
@@ -39,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::queue::{FinishError, Outcome, TaskStatus};
 
 use batch::{BatchFailed, Completion};
+use resolve::Why;
 
 /// What to write to a claim once its analyzer returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,11 +55,13 @@ pub enum Action {
     Release,
 }
 
-/// One claim: the task and the attempt that this instance holds.
+/// One claim that this instance holds: the task, its attempt, and the claim's token, on
+/// which every write is fenced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub id: i64,
     pub attempt: i32,
+    pub token: i64,
 }
 
 /// The handle workers hand their settled claims to. The batching task ends when the last
@@ -67,9 +75,13 @@ pub struct Completer {
 /// What settling one claim alone needs.
 struct Shared {
     pool: Pool,
-    /// The instance id, written as `lease_owner`: every write is fenced on it.
-    owner: String,
     metrics: Arc<Metrics>,
+    /// Claims being written alone at once: a quarter of the pool, at least one.
+    alone: Semaphore,
+    /// Claims waiting for a row that someone else holds locked: one at a time.
+    lock_wait: Semaphore,
+    /// What settling alone came to since the last summary line.
+    tally: resolve::Tally,
     /// Fired by [`Completer::give_up`]: claims still waiting for the database return.
     give_up: CancellationToken,
     /// How many claims returned unsettled because of it.
@@ -88,17 +100,19 @@ impl Shared {
 }
 
 impl Completer {
-    /// Start the batching task for instance `owner`, with room for `capacity` outcomes
-    /// waiting to be committed.
-    pub fn start(pool: Pool, owner: String, capacity: usize, metrics: Arc<Metrics>) -> Completer {
+    /// Start the batching task, with room for `capacity` outcomes waiting to be committed.
+    pub fn start(pool: Pool, capacity: usize, metrics: Arc<Metrics>) -> Completer {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        tokio::spawn(batch::run(pool.clone(), owner.clone(), rx));
+        tokio::spawn(batch::run(pool.clone(), rx));
+        let alone = Semaphore::new((pool.max_size() / 4).max(1));
         Completer {
             tx,
             shared: Arc::new(Shared {
                 pool,
-                owner,
                 metrics,
+                alone,
+                lock_wait: Semaphore::new(1),
+                tally: resolve::Tally::default(),
                 give_up: CancellationToken::new(),
                 abandoned: AtomicUsize::new(0),
             }),
@@ -125,7 +139,7 @@ impl Completer {
         let action = Action::Finish(outcome.clone());
         let finish = crate::queue::Finish {
             id: claim.id,
-            attempt: claim.attempt,
+            token: claim.token,
             outcome,
         };
         let answer = match self.tx.send(Completion { finish, reply }).await {
@@ -150,7 +164,7 @@ impl Completer {
     pub async fn write(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
         // Boxed, here and in `Pending::answer`: settling alone is the rare path, and its large
         // future would otherwise be part of every claim's task, copied at each spawn.
-        Box::pin(resolve::settle(&self.shared, claim, action, false)).await
+        Box::pin(resolve::settle(&self.shared, claim, action, Why::Alone)).await
     }
 }
 
@@ -171,13 +185,28 @@ impl Pending {
     ///
     /// As [`Completer::write`].
     pub async fn answer(self) -> Result<TaskStatus, FinishError> {
-        let Claim { id, attempt } = self.claim;
+        let Claim { id, attempt, .. } = self.claim;
         let failed = match self.answer {
             Ok(receiver) => match tokio::select! {
                 biased;
                 answer = receiver => answer,
                 _ = self.shared.give_up.cancelled() => return self.shared.abandon(),
             } {
+                // Someone else holds the row: the batch did not wait; this claim alone does.
+                Ok(Ok(Err(FinishError::Locked))) => {
+                    tracing::debug!(
+                        id,
+                        attempt,
+                        "row locked by another transaction; finishing the task alone"
+                    );
+                    return Box::pin(resolve::settle(
+                        &self.shared,
+                        self.claim,
+                        &self.action,
+                        Why::Locked,
+                    ))
+                    .await;
+                }
                 Ok(Ok(result)) => return result,
                 Ok(Err(failed)) => failed,
                 // The batching task dropped the finish unanswered: it may have been sent.
@@ -186,7 +215,7 @@ impl Pending {
                         &self.shared,
                         self.claim,
                         &self.action,
-                        true,
+                        Why::OutcomeUnknown,
                     ))
                     .await
                 }
@@ -194,19 +223,18 @@ impl Pending {
             Err(failed) => failed,
         };
         let outcome_unknown = failed.outcome_unknown();
-        tracing::warn!(
+        // The batch said so once for all its claims.
+        tracing::debug!(
             id,
             attempt,
             outcome_unknown,
             error = failed.to_string(),
             "batched finish failed; settling the task alone"
         );
-        Box::pin(resolve::settle(
-            &self.shared,
-            self.claim,
-            &self.action,
-            outcome_unknown,
-        ))
-        .await
+        let why = match outcome_unknown {
+            true => Why::OutcomeUnknown,
+            false => Why::BatchRefused,
+        };
+        Box::pin(resolve::settle(&self.shared, self.claim, &self.action, why)).await
     }
 }

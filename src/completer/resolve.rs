@@ -8,19 +8,22 @@
 //! so that it waits for a transaction still holding the row), and [`decide`] says what the
 //! row means, first match wins:
 //!
-//! 1. RUNNING under this claim (its attempt, this owner): the write did not land; write
-//!    again.
-//! 2. After a finish, terminal at the claim's attempt: the finish landed (CANCELED when a
+//! 1. RUNNING under this claim (its token): the write did not land; write again.
+//! 2. After a finish, terminal with the claim's token: the finish landed (CANCELED when a
 //!    cancel was requested meanwhile).
-//! 3. After a release, QUEUED or CANCELED: the release landed.
-//! 4. Anything else (another attempt or owner, QUEUED after a finish, ...): the claim was
-//!    lost.
+//! 3. After a release, QUEUED or CANCELED with the claim's token: the release landed.
+//! 4. Anything else (another claim's token, QUEUED after a finish, ...): the claim was lost.
 //! 5. No row: the task was deleted.
+//!
+//! Each claim settled alone is a line at debug level; at info and above, the completer says
+//! once that claims are being settled alone, and once, with counts, when the last of them is
+//! (docs/design.md, "Settle before rescuing").
 //!
 //! The result in memory is then accepted, written again, or dropped; the analyzer is never
 //! asked again. A stopping daemon may give up on an unreachable database
 //! ([`super::Completer::give_up`]): the claim then returns unsettled, its lease left to expire.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -33,23 +36,108 @@ use super::{Action, Claim, Shared};
 const RETRY_BASE: Duration = Duration::from_millis(50);
 const RETRY_CAP: Duration = Duration::from_secs(5);
 
-/// Apply `action` to `claim`, retrying until the database answers. With `outcome_unknown`
-/// (an earlier try may have committed), or after a failure whose outcome is unknown,
-/// re-read before writing again.
+/// What settling alone came to, for the one summary line of a burst of it.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    /// Claims being settled alone now.
+    settling: AtomicUsize,
+    written: AtomicUsize,
+    landed: AtomicUsize,
+    lost: AtomicUsize,
+    retries: AtomicUsize,
+}
+
+impl Tally {
+    /// A claim starts settling alone; the first of a burst says so.
+    fn start(&self, id: i64, why: Why) {
+        if self.settling.fetch_add(1, Ordering::AcqRel) == 0 {
+            tracing::warn!(id, ?why, "settling claims one by one");
+        }
+    }
+
+    /// A claim settled alone; the last of a burst sums the burst up.
+    fn end(&self, result: &Result<TaskStatus, FinishError>, had_landed: bool) {
+        match result {
+            Ok(_) if had_landed => &self.landed,
+            Ok(_) => &self.written,
+            Err(_) => &self.lost,
+        }
+        .fetch_add(1, Ordering::AcqRel);
+        if self.settling.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let take = |n: &AtomicUsize| n.swap(0, Ordering::AcqRel);
+            tracing::info!(
+                written = take(&self.written),
+                already_landed = take(&self.landed),
+                claim_lost = take(&self.lost),
+                retries = take(&self.retries),
+                "claims settled one by one"
+            );
+        }
+    }
+}
+
+/// How a claim comes to be settled alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// A write of its own (a release, a finish that never ran its analyzer).
+    Alone,
+    /// Its batch failed and nothing was written.
+    BatchRefused,
+    /// Its batch's commit outcome is unknown: re-read first.
+    OutcomeUnknown,
+    /// Its batch skipped its row, which someone else held locked.
+    Locked,
+}
+
+/// Apply `action` to `claim`, retrying until the database answers. After a failure whose
+/// outcome is unknown (or `why` says an earlier try may have committed), re-read before
+/// writing again. A row someone else holds is waited for, one claim at a time.
 pub(super) async fn settle(
     shared: &Shared,
     claim: Claim,
     action: &Action,
-    mut outcome_unknown: bool,
+    why: Why,
 ) -> Result<TaskStatus, FinishError> {
-    let Claim { id, attempt } = claim;
+    // A lone write is no burst: only the batches' leftovers are counted and summed up.
+    let counted = why != Why::Alone;
+    if counted {
+        shared.tally.start(claim.id, why);
+    }
+    let mut landed = false;
+    let result = retry(shared, claim, action, why, &mut landed).await;
+    if counted {
+        shared.tally.end(&result, landed);
+    }
+    result
+}
+
+async fn retry(
+    shared: &Shared,
+    claim: Claim,
+    action: &Action,
+    why: Why,
+    landed: &mut bool,
+) -> Result<TaskStatus, FinishError> {
+    let Claim { id, attempt, .. } = claim;
+    let mut outcome_unknown = why == Why::OutcomeUnknown;
+    let mut wait = why == Why::Locked;
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let write = async {
+            // Waiting for someone else's lock: one claim of this daemon at a time.
+            let _waiting = match wait {
+                true => Some(shared.lock_wait.acquire().await.expect("never closed")),
+                false => None,
+            };
+            // A bounded share of the pool: settling many claims alone never starves the
+            // claims, the heartbeat and the rescuer of sessions.
+            let _turn = shared.alone.acquire().await.expect("never closed");
             match shared.pool.get().await {
                 Err(err) => Err(FinishError::Db(err)),
-                Ok(client) if outcome_unknown => resolve(shared, &client, claim, action).await,
-                Ok(client) => apply(shared, &client, claim, action).await,
+                Ok(client) if outcome_unknown => {
+                    resolve(shared, &client, claim, action, wait, landed).await
+                }
+                Ok(client) => apply(&client, claim, action, wait).await,
             }
         };
         // A stopping daemon that gave up on the database: the statement may still land; if
@@ -60,14 +148,23 @@ pub(super) async fn settle(
             _ = shared.give_up.cancelled() => return shared.abandon(),
         };
         match result {
+            Err(FinishError::Locked) => {
+                tracing::debug!(
+                    id,
+                    attempt,
+                    "row locked by another transaction; waiting for it"
+                );
+                wait = true;
+            }
             Err(FinishError::Db(err)) => {
+                shared.tally.retries.fetch_add(1, Ordering::Relaxed);
                 let delay = backoff.next_delay();
                 let retry_in_ms = delay.as_millis() as u64;
                 let error = err.to_string();
                 if err.is_unavailable() {
                     // The statement may or may not have committed.
                     outcome_unknown = true;
-                    tracing::warn!(
+                    tracing::debug!(
                         id,
                         attempt,
                         error,
@@ -76,7 +173,7 @@ pub(super) async fn settle(
                     );
                 } else {
                     // The server answered with an error: nothing was written.
-                    tracing::warn!(id, attempt, error, retry_in_ms, "finish failed; retrying");
+                    tracing::debug!(id, attempt, error, retry_in_ms, "finish failed; retrying");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -88,24 +185,24 @@ pub(super) async fn settle(
     }
 }
 
-/// Write `action` to `claim`: one fenced statement.
+/// Write `action` to `claim`: one fenced statement; with `wait`, it waits for the row if
+/// someone else holds it locked, else that is [`FinishError::Locked`].
 async fn apply(
-    shared: &Shared,
     client: &Session,
     claim: Claim,
     action: &Action,
+    wait: bool,
 ) -> Result<TaskStatus, FinishError> {
-    let Claim { id, attempt } = claim;
-    let owner = &shared.owner;
+    let Claim { id, token, .. } = claim;
     match action {
         Action::Finish(outcome) => {
             client
-                .bounded(queue::finish(client, owner, id, attempt, outcome))
+                .bounded(queue::finish(client, token, id, outcome, wait))
                 .await
         }
         Action::Release => {
             client
-                .bounded(queue::release(client, owner, id, attempt))
+                .bounded(queue::release(client, token, id, wait))
                 .await
         }
     }
@@ -117,13 +214,15 @@ async fn resolve(
     client: &Session,
     claim: Claim,
     action: &Action,
+    wait: bool,
+    landed: &mut bool,
 ) -> Result<TaskStatus, FinishError> {
-    let Claim { id, attempt } = claim;
-    let state = client.bounded(queue::reread(client, id)).await?;
+    let Claim { id, attempt, token } = claim;
+    let state = client.bounded(queue::reread(client, id, wait)).await?;
     shared.metrics.unknown_commit_resolved();
-    match decide(action, attempt, &shared.owner, state.as_ref()) {
+    match decide(action, token, state.as_ref()) {
         Decision::Gone => {
-            tracing::warn!(
+            tracing::debug!(
                 id,
                 attempt,
                 found = "no row",
@@ -132,23 +231,24 @@ async fn resolve(
             Err(FinishError::NotFound)
         }
         Decision::Ours => {
-            tracing::warn!(
+            tracing::debug!(
                 id,
                 attempt,
                 found = "still running under this claim",
                 "commit outcome unknown: resolved; applying the same finish again"
             );
-            apply(shared, client, claim, action).await
+            apply(client, claim, action, wait).await
         }
         Decision::Landed(status) => {
-            tracing::warn!(id, attempt, found = %status, "commit outcome unknown: resolved; the write had landed");
+            tracing::debug!(id, attempt, found = %status, "commit outcome unknown: resolved; the write had landed");
+            *landed = true;
             Ok(status)
         }
         Decision::ClaimLost {
             status,
             attempt: found_attempt,
         } => {
-            tracing::warn!(id, attempt, found = %status, found_attempt, "commit outcome unknown: resolved; the claim was lost");
+            tracing::debug!(id, attempt, found = %status, found_attempt, "commit outcome unknown: resolved; the claim was lost");
             Err(FinishError::NotRunning { status })
         }
     }
@@ -168,24 +268,23 @@ enum Decision {
     Gone,
 }
 
-/// Decide, from the row as re-read, what became of `action` on the claim (`attempt`, held by
-/// `owner`). Pure: the rules of the module documentation, as code.
-fn decide(action: &Action, attempt: i32, owner: &str, reread: Option<&ClaimState>) -> Decision {
+/// Decide, from the row as re-read, what became of `action` on the claim `token`. Pure: the
+/// rules of the module documentation, as code.
+fn decide(action: &Action, token: i64, reread: Option<&ClaimState>) -> Decision {
     let Some(state) = reread else {
         return Decision::Gone;
     };
-    let ours = state.status == TaskStatus::Running
-        && state.attempt == attempt
-        && state.lease_owner.as_deref() == Some(owner);
-    if ours {
+    let this_claim = state.token == Some(token);
+    if this_claim && state.status == TaskStatus::Running {
         return Decision::Ours;
     }
-    let landed = match action {
-        Action::Finish(_) => state.status.is_terminal() && state.attempt == attempt,
-        Action::Release => {
-            state.status == TaskStatus::Queued || state.status == TaskStatus::Canceled
-        }
-    };
+    let landed = this_claim
+        && match action {
+            Action::Finish(_) => state.status.is_terminal(),
+            Action::Release => {
+                state.status == TaskStatus::Queued || state.status == TaskStatus::Canceled
+            }
+        };
     if landed {
         Decision::Landed(state.status)
     } else {
@@ -203,15 +302,15 @@ mod tests {
     use crate::queue::Outcome;
     use TaskStatus::{Canceled, Failed, Queued, Running, Succeeded};
 
-    const ME: &str = "daemon-a";
-    const OTHER: &str = "daemon-b";
+    const TOKEN: i64 = 41;
+    const OTHER: i64 = 42;
     const ATTEMPT: i32 = 3;
 
-    fn row(status: TaskStatus, attempt: i32, owner: Option<&str>) -> Option<ClaimState> {
+    fn row(status: TaskStatus, attempt: i32, token: Option<i64>) -> Option<ClaimState> {
         Some(ClaimState {
             status,
             attempt,
-            lease_owner: owner.map(str::to_string),
+            token,
         })
     }
 
@@ -224,20 +323,31 @@ mod tests {
         let finish = Action::Finish(Outcome::Succeeded(Counts::default()));
         let cases = [
             // (what the re-read found, what to do)
-            (row(Running, ATTEMPT, Some(ME)), Decision::Ours),
-            (row(Succeeded, ATTEMPT, None), Decision::Landed(Succeeded)),
-            (row(Failed, ATTEMPT, None), Decision::Landed(Failed)),
-            // A cancel requested meanwhile: the finish wrote CANCELED.
-            (row(Canceled, ATTEMPT, None), Decision::Landed(Canceled)),
+            (row(Running, ATTEMPT, Some(TOKEN)), Decision::Ours),
             (
-                row(Succeeded, ATTEMPT + 1, None),
+                row(Succeeded, ATTEMPT, Some(TOKEN)),
+                Decision::Landed(Succeeded),
+            ),
+            (row(Failed, ATTEMPT, Some(TOKEN)), Decision::Landed(Failed)),
+            // A cancel requested meanwhile: the finish wrote CANCELED.
+            (
+                row(Canceled, ATTEMPT, Some(TOKEN)),
+                Decision::Landed(Canceled),
+            ),
+            // Finished under another claim, even one of the same attempt (a claim given
+            // back does not count as an attempt).
+            (
+                row(Succeeded, ATTEMPT + 1, Some(OTHER)),
                 lost(Succeeded, ATTEMPT + 1),
             ),
-            (row(Queued, ATTEMPT, None), lost(Queued, ATTEMPT)),
-            (row(Queued, ATTEMPT - 1, None), lost(Queued, ATTEMPT - 1)),
             (
-                row(Running, ATTEMPT + 1, Some(ME)),
-                lost(Running, ATTEMPT + 1),
+                row(Succeeded, ATTEMPT, Some(OTHER)),
+                lost(Succeeded, ATTEMPT),
+            ),
+            (row(Queued, ATTEMPT, Some(TOKEN)), lost(Queued, ATTEMPT)),
+            (
+                row(Queued, ATTEMPT - 1, Some(TOKEN)),
+                lost(Queued, ATTEMPT - 1),
             ),
             (row(Running, ATTEMPT, Some(OTHER)), lost(Running, ATTEMPT)),
             (row(Running, ATTEMPT, None), lost(Running, ATTEMPT)),
@@ -245,7 +355,7 @@ mod tests {
         ];
         for (reread, expected) in cases {
             assert_eq!(
-                decide(&finish, ATTEMPT, ME, reread.as_ref()),
+                decide(&finish, TOKEN, reread.as_ref()),
                 expected,
                 "after a finish, re-read {reread:?}"
             );
@@ -255,23 +365,32 @@ mod tests {
     #[test]
     fn a_reread_after_a_release_accepts_queued_or_canceled() {
         let cases = [
-            (row(Running, ATTEMPT, Some(ME)), Decision::Ours),
+            (row(Running, ATTEMPT, Some(TOKEN)), Decision::Ours),
             // The release does not count the attempt.
-            (row(Queued, ATTEMPT - 1, None), Decision::Landed(Queued)),
+            (
+                row(Queued, ATTEMPT - 1, Some(TOKEN)),
+                Decision::Landed(Queued),
+            ),
             // A cancel requested meanwhile: the release wrote CANCELED.
-            (row(Canceled, ATTEMPT, None), Decision::Landed(Canceled)),
-            (row(Succeeded, ATTEMPT, None), lost(Succeeded, ATTEMPT)),
-            (row(Failed, ATTEMPT, None), lost(Failed, ATTEMPT)),
+            (
+                row(Canceled, ATTEMPT, Some(TOKEN)),
+                Decision::Landed(Canceled),
+            ),
+            (
+                row(Succeeded, ATTEMPT, Some(TOKEN)),
+                lost(Succeeded, ATTEMPT),
+            ),
+            (row(Failed, ATTEMPT, Some(TOKEN)), lost(Failed, ATTEMPT)),
             (row(Running, ATTEMPT, Some(OTHER)), lost(Running, ATTEMPT)),
             (
-                row(Running, ATTEMPT + 1, Some(ME)),
-                lost(Running, ATTEMPT + 1),
+                row(Queued, ATTEMPT - 1, Some(OTHER)),
+                lost(Queued, ATTEMPT - 1),
             ),
             (None, Decision::Gone),
         ];
         for (reread, expected) in cases {
             assert_eq!(
-                decide(&Action::Release, ATTEMPT, ME, reread.as_ref()),
+                decide(&Action::Release, TOKEN, reread.as_ref()),
                 expected,
                 "after a release, re-read {reread:?}"
             );
@@ -287,9 +406,9 @@ mod tests {
         ];
         for outcome in outcomes {
             let finish = Action::Finish(outcome);
-            let reread = row(Succeeded, ATTEMPT, None);
+            let reread = row(Succeeded, ATTEMPT, Some(TOKEN));
             assert_eq!(
-                decide(&finish, ATTEMPT, ME, reread.as_ref()),
+                decide(&finish, TOKEN, reread.as_ref()),
                 Decision::Landed(Succeeded)
             );
         }

@@ -6,21 +6,48 @@
 //! operation failed as unavailable (it timed out, lost its connection, or found its server
 //! no longer accepting writes, as a primary demoted by a failover) is discarded when dropped,
 //! never handed out again: the next session is opened anew, through the host list.
+//!
+//! A server that holds every commit for a synchronous standby that is not connected (a
+//! promoted standby that kept `synchronous_standby_names`, a primary whose standbys are all
+//! gone) answers no write at all: every session would wait in its commit until the
+//! deadline, and the pool would be wedged. A new session checks that once; on such a server
+//! it commits with `synchronous_commit = local`, is said once in the log, and lives at most
+//! [`UNREPLICATED_SESSION_LIFE`], so that sessions opened once a standby is back wait for it
+//! again (docs/design.md, "No commit waits for a standby that is not there").
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::ObjectId;
 
 use tokio_postgres::Client;
 
 use super::DbError;
+
+/// How long a session that commits without waiting for a synchronous standby is used.
+pub const UNREPLICATED_SESSION_LIFE: Duration = Duration::from_secs(10);
+
+/// Whether commits on this server would wait for a synchronous standby while none is
+/// connected (`pg_stat_replication` lists every WAL sender to any role).
+const UNREPLICATED: &str = "
+SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
+   AND pg_catalog.current_setting('synchronous_commit') NOT IN ('off', 'local')
+   AND NOT pg_catalog.pg_is_in_recovery()
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication)";
 
 /// A pool of at most `database.pool_size` sessions, opened on demand.
 #[derive(Clone)]
 pub struct Pool {
     inner: deadpool_postgres::Pool,
     deadline: Duration,
+    /// Sessions opened with `synchronous_commit = local`, and when.
+    unreplicated: Arc<Mutex<HashMap<ObjectId, Instant>>>,
+    /// Whether the log has said so since the last session that found a standby.
+    said_unreplicated: Arc<AtomicBool>,
 }
 
 /// An error that may mean the session is unusable.
@@ -36,7 +63,12 @@ impl Outage for DbError {
 
 impl Pool {
     pub(crate) fn new(inner: deadpool_postgres::Pool, deadline: Duration) -> Pool {
-        Pool { inner, deadline }
+        Pool {
+            inner,
+            deadline,
+            unreplicated: Arc::default(),
+            said_unreplicated: Arc::default(),
+        }
     }
 
     /// A session from the pool, waiting for one to be free (bounded by the pool's wait and
@@ -46,17 +78,78 @@ impl Pool {
     ///
     /// [`DbError::Unavailable`] when no session could be had in time.
     pub async fn get(&self) -> Result<Session, DbError> {
-        let object = self.inner.get().await?;
-        Ok(Session {
-            object: Some(object),
-            deadline: self.deadline,
-            broken: AtomicBool::new(false),
-        })
+        loop {
+            let object = self.inner.get().await?;
+            let id = deadpool_postgres::Object::id(&object);
+            let fresh = deadpool_postgres::Object::metrics(&object).recycle_count == 0;
+            let session = Session {
+                object: Some(object),
+                deadline: self.deadline,
+                broken: AtomicBool::new(false),
+            };
+            if fresh {
+                self.check_replication(&session, id).await?;
+                return Ok(session);
+            }
+            let expired = {
+                let mut unreplicated = self.unreplicated.lock().expect("not poisoned");
+                let expired = unreplicated
+                    .get(&id)
+                    .is_some_and(|since| since.elapsed() >= UNREPLICATED_SESSION_LIFE);
+                if expired {
+                    unreplicated.remove(&id);
+                }
+                expired
+            };
+            if !expired {
+                return Ok(session);
+            }
+            // Closed, and the next one checks again.
+            session.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A new session on a server that would hold its commits for a synchronous standby that
+    /// is not connected commits locally, for a while.
+    async fn check_replication(&self, session: &Session, id: ObjectId) -> Result<(), DbError> {
+        let unreplicated: bool = session
+            .bounded(async {
+                let row = session.query_one(UNREPLICATED, &[]).await?;
+                Ok::<_, DbError>(row.get(0))
+            })
+            .await?;
+        if !unreplicated {
+            self.said_unreplicated.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        session
+            .bounded(async {
+                session
+                    .batch_execute("SET synchronous_commit = local")
+                    .await
+                    .map_err(DbError::from)
+            })
+            .await?;
+        self.unreplicated
+            .lock()
+            .expect("not poisoned")
+            .insert(id, Instant::now());
+        if !self.said_unreplicated.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the server holds commits for a synchronous standby (synchronous_standby_names) and none is connected: this daemon's sessions commit without waiting for one (synchronous_commit = local) until a standby connects"
+            );
+        }
+        Ok(())
     }
 
     /// The client-side deadline of one operation.
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// The most sessions the pool opens.
+    pub fn max_size(&self) -> usize {
+        self.inner.status().max_size
     }
 
     /// Sessions open now, and how many of them are handed out.

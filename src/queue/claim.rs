@@ -7,8 +7,9 @@
 //! read through its own ordered scan of the partial index (a `LATERAL` per queue): a single
 //! `queue = ANY(...)` scan would sort every QUEUED row of the queues on every claim. (A plain
 //! `WHERE id IN (SELECT ... LIMIT n)` may be re-planned and update more rows than the limit.)
-//! The claim increments `attempt`, the claim's fencing token, and sets the lease from the
-//! database clock.
+//! The claim increments `attempt`, takes a fencing token of its own (`claim_token`, from the
+//! sequence `pgtaskd.claim_tokens`: unique per claim, docs/design.md "One claim, one token"),
+//! and sets the lease from the database clock.
 
 use std::time::Duration;
 
@@ -70,8 +71,10 @@ impl std::fmt::Debug for Payload {
 #[derive(Debug)]
 pub struct Claimed {
     pub id: i64,
-    /// The claim's fencing token: every later change of this claim names it.
+    /// The attempt this claim is (counted from 1; a claim given back is not counted).
     pub attempt: i32,
+    /// The claim's fencing token, unique per claim: every later change of this claim names it.
+    pub token: i64,
     /// The payload's length in bytes.
     pub bytes: u64,
     /// The text; `None` when it is longer than the claim's `max_payload` and was left in the
@@ -130,10 +133,10 @@ pub struct ClaimBatch {
     pub last: Option<Position>,
 }
 
-/// The statement lives in `pgtaskd.claim` (sql/0012_claim_after.sql), whose planner settings
+/// The statement lives in `pgtaskd.claim` (sql/0016_claim_tokens.sql), whose planner settings
 /// keep the ordered index plan however stale the table's statistics are.
 const CLAIM_AFTER: &str =
-    "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority \
+    "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
@@ -205,6 +208,7 @@ pub async fn claim_after(
         };
         let attempt = row.get(1);
         let waited = row.get(4);
+        let token = row.get(6);
         batch.last = Some(Position {
             priority: row.get(5),
             id,
@@ -222,6 +226,7 @@ pub async fn claim_after(
         batch.tasks.push(Claimed {
             id,
             attempt,
+            token,
             bytes: size,
             payload,
             waited,
@@ -254,18 +259,22 @@ pub async fn claim(
         .tasks)
 }
 
-/// The claims the table holds for instance `owner`: `(id, attempt)` of its RUNNING rows,
-/// read through the partial index of RUNNING rows.
+/// The claims the table holds for instance `owner`: `(id, attempt, token)` of its RUNNING
+/// rows, read through the partial index of RUNNING rows.
 ///
 /// # Errors
 ///
 /// Database failures.
-pub async fn held_by(client: &Client, owner: &str) -> Result<Vec<(i64, i32)>, DbError> {
+pub async fn held_by(client: &Client, owner: &str) -> Result<Vec<(i64, i32, i64)>, DbError> {
     let rows = client
         .query_typed(
-            "SELECT id, attempt FROM pgtaskd.tasks WHERE status = 'RUNNING' AND lease_owner = $1",
+            "SELECT id, attempt, claim_token FROM pgtaskd.tasks \
+              WHERE status = 'RUNNING' AND lease_owner = $1",
             &[(&owner, Type::TEXT)],
         )
         .await?;
-    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    Ok(rows
+        .iter()
+        .filter_map(|row| Some((row.get(0), row.get(1), row.get::<_, Option<i64>>(2)?)))
+        .collect())
 }

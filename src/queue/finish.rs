@@ -2,9 +2,9 @@
 //! ("Results with status" and "Fenced finish" in docs/design.md), and releasing a claim back
 //! to QUEUED on shutdown.
 //!
-//! Both statements match only `status = 'RUNNING' AND attempt = $claimed AND lease_owner =
-//! $instance`: a claim that was lost (rescued, finished by someone else, released) is never
-//! written over. A finish that matches no row changes nothing, and the caller learns whether
+//! Both statements match only `status = 'RUNNING'` and the claim's own token (`claim_token`,
+//! unique per claim): a claim that was lost (rescued, finished by someone else, released) is
+//! never written over. A finish that matches no row changes nothing, and the caller learns whether
 //! the task is "not running any more" or "not found" from the same statement.
 //!
 //! A finish also reads `cancel_requested` in the same `UPDATE`: a task whose cancellation was
@@ -52,6 +52,10 @@ pub enum FinishError {
     /// There is no such task.
     #[error("no such task")]
     NotFound,
+    /// Someone else held the row's lock, and a batched finish does not wait for it: nothing
+    /// was written; finish it alone ([`finish`] waits for the row).
+    #[error("the task's row was locked by another transaction")]
+    Locked,
     /// The database failed. When it is [`DbError::Unavailable`], the outcome of the
     /// statement is unknown: re-read the row, never re-run the analyzer ("Re-read, never
     /// re-run" in docs/design.md).
@@ -71,48 +75,53 @@ impl From<tokio_postgres::Error> for FinishError {
     }
 }
 
-/// The statement lives in `pgtaskd.finish` (sql/0005_completions.sql), planned once per
+/// The statement lives in `pgtaskd.finish` (sql/0016_claim_tokens.sql), planned once per
 /// session; it also sends `NOTIFY pgtaskd_done` with the ids it ended, in the same transaction.
-const FINISH_MANY: &str =
-    "SELECT task_id, written, current FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";
+const FINISH_MANY: &str = "SELECT task_id, written, current, skipped \
+     FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// One claim's outcome, for [`finish_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
     pub id: i64,
-    pub attempt: i32,
+    /// The claim's token: the row is written only while it holds this claim.
+    pub token: i64,
     pub outcome: Outcome,
 }
 
-/// Commit the outcome of claim (`id`, `attempt`) held by `owner`. Returns the status written,
+/// Commit the outcome of the claim `token` of task `id`; with `wait`, waiting for the row if
+/// someone else holds its lock (else [`FinishError::Locked`]). Returns the status written,
 /// which is CANCELED when a cancel was requested meanwhile.
 ///
 /// # Errors
 ///
 /// [`FinishError::NotRunning`] or [`FinishError::NotFound`] when nothing matched (nothing
-/// changed); [`FinishError::Db`] when the database failed.
+/// changed); [`FinishError::Locked`] without `wait`; [`FinishError::Db`] when the database
+/// failed.
 pub async fn finish(
     client: &Client,
-    owner: &str,
+    token: i64,
     id: i64,
-    attempt: i32,
     outcome: &Outcome,
+    wait: bool,
 ) -> Result<TaskStatus, FinishError> {
     let one = Finish {
         id,
-        attempt,
+        token,
         outcome: outcome.clone(),
     };
-    finish_many(client, owner, std::slice::from_ref(&one))
+    finish_rows(client, std::slice::from_ref(&one), wait)
         .await?
         .pop()
         .expect("one result per finish")
 }
 
 /// Commit many claims' outcomes in one statement (one transaction). Each row is still
-/// fenced on its own (`status = 'RUNNING'`, its attempt, the owner) and gets its status and
+/// fenced on its own (`status = 'RUNNING'` and its claim's token) and gets its status and
 /// counts atomically; the result for each input, in input order, is what [`finish`] would
-/// have said of it alone.
+/// have said of it alone, except for a row that someone else held locked: it is not waited
+/// for, not written, and answered [`FinishError::Locked`] (docs/design.md, "No one else's
+/// lock delays a batch").
 ///
 /// # Errors
 ///
@@ -120,12 +129,20 @@ pub async fn finish(
 /// the outcome of every row is unknown.
 pub async fn finish_many(
     client: &Client,
-    owner: &str,
     finishes: &[Finish],
 ) -> Result<Vec<Result<TaskStatus, FinishError>>, FinishError> {
+    finish_rows(client, finishes, false).await
+}
+
+/// [`finish_many`], waiting for locked rows when `wait` is set.
+async fn finish_rows(
+    client: &Client,
+    finishes: &[Finish],
+    wait: bool,
+) -> Result<Vec<Result<TaskStatus, FinishError>>, FinishError> {
     let n = finishes.len();
+    let mut tokens = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
-    let mut attempts = Vec::with_capacity(n);
     let mut statuses = Vec::with_capacity(n);
     let (mut words, mut bytes, mut runes) = (
         Vec::with_capacity(n),
@@ -138,8 +155,8 @@ pub async fn finish_many(
             Outcome::Succeeded(counts) => *counts,
             Outcome::Failed(_) | Outcome::Canceled => Counts::default(),
         };
+        tokens.push(finish.token);
         ids.push(finish.id);
-        attempts.push(finish.attempt);
         statuses.push(finish.outcome.status().as_str());
         words.push(counts.words);
         bytes.push(counts.bytes);
@@ -153,20 +170,27 @@ pub async fn finish_many(
         .query_typed(
             FINISH_MANY,
             &[
-                (&owner, Type::TEXT),
+                (&tokens, Type::INT8_ARRAY),
                 (&ids, Type::INT8_ARRAY),
-                (&attempts, Type::INT4_ARRAY),
                 (&statuses, Type::TEXT_ARRAY),
                 (&words, Type::INT8_ARRAY),
                 (&bytes, Type::INT8_ARRAY),
                 (&runes, Type::INT8_ARRAY),
                 (&errors, Type::TEXT_ARRAY),
+                (&wait, Type::BOOL),
             ],
         )
         .await?;
     let mut by_id: std::collections::HashMap<i64, Result<TaskStatus, FinishError>> = rows
         .iter()
-        .map(|row| (row.get::<_, i64>(0), matched(row.get(1), row.get(2))))
+        .map(|row| {
+            let answer = if row.get::<_, Option<bool>>(3) == Some(true) {
+                Err(FinishError::Locked)
+            } else {
+                matched(row.get(1), row.get(2))
+            };
+            (row.get::<_, i64>(0), answer)
+        })
         .collect();
     Ok(ids
         .iter()
@@ -174,8 +198,12 @@ pub async fn finish_many(
         .collect())
 }
 
+/// `$3`: wait for the row's lock; without it, a row someone else holds fails the statement
+/// with lock_not_available (55P03), which [`release`] answers as [`FinishError::Locked`].
 const RELEASE: &str = "
-WITH done AS (
+WITH unlocked AS MATERIALIZED (
+    SELECT k.id FROM pgtaskd.tasks AS k WHERE NOT $3 AND k.id = $1 FOR UPDATE NOWAIT
+), done AS (
     UPDATE pgtaskd.tasks
        SET status = CASE WHEN cancel_requested THEN 'CANCELED' ELSE 'QUEUED' END,
            attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
@@ -183,7 +211,8 @@ WITH done AS (
            finished_at = CASE WHEN cancel_requested THEN now() END,
            lease_owner = NULL,
            lease_expires_at = NULL
-     WHERE id = $1 AND status = 'RUNNING' AND attempt = $2 AND lease_owner = $3
+     WHERE id = $1 AND coalesce(status, '') = 'RUNNING' AND claim_token = $2
+       AND ($3 OR id IN (SELECT unlocked.id FROM unlocked))
     RETURNING id, status
 ), notified AS (
     -- A release that ends the task (CANCELED) tells the waiters, in the same transaction.
@@ -192,7 +221,7 @@ WITH done AS (
 SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1),
        (SELECT count(*) FROM notified)";
 
-/// Give claim (`id`, `attempt`) back without a result, as a shutdown does: the task becomes
+/// Give the claim `token` of task `id` back without a result, as a shutdown does: the task becomes
 /// QUEUED for any daemon to take at once, and the claim does not count as an attempt, so
 /// shutdowns alone never exhaust `max_attempts`. A task whose cancellation was requested
 /// becomes CANCELED instead. Returns the status written.
@@ -202,21 +231,28 @@ SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $
 /// As [`finish`].
 pub async fn release(
     client: &Client,
-    owner: &str,
+    token: i64,
     id: i64,
-    attempt: i32,
+    wait: bool,
 ) -> Result<TaskStatus, FinishError> {
     let row = client
         .query_typed(
             RELEASE,
-            &[
-                (&id, Type::INT8),
-                (&attempt, Type::INT4),
-                (&owner, Type::TEXT),
-            ],
+            &[(&id, Type::INT8), (&token, Type::INT8), (&wait, Type::BOOL)],
         )
-        .await?;
+        .await
+        .map_err(locked)?;
     matched(row[0].get(0), row[0].get(1))
+}
+
+/// A statement refused because it would have waited for a row lock (55P03) is
+/// [`FinishError::Locked`].
+fn locked(err: tokio_postgres::Error) -> FinishError {
+    if err.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        FinishError::Locked
+    } else {
+        FinishError::from(err)
+    }
 }
 
 /// Interpret the `(written, current)` pair that the finish and release statements return.
@@ -235,26 +271,34 @@ fn matched(written: Option<&str>, current: Option<&str>) -> Result<TaskStatus, F
 pub struct ClaimState {
     pub status: TaskStatus,
     pub attempt: i32,
-    pub lease_owner: Option<String>,
+    /// The token of the claim that holds or last held the row.
+    pub token: Option<i64>,
 }
 
-/// Re-read claim-relevant columns of task `id`, waiting (`FOR SHARE`) for any transaction that
-/// still holds the row, such as the one whose commit outcome is unknown. `None` when there is
-/// no such task.
+/// Re-read claim-relevant columns of task `id`, after any transaction that still holds the
+/// row, such as the one whose commit outcome is unknown (`FOR SHARE`): with `wait`, waiting
+/// for it, else answering [`FinishError::Locked`] at once. `None` when there is no such task.
 ///
 /// # Errors
 ///
-/// Database failures.
-pub async fn reread(client: &Client, id: i64) -> Result<Option<ClaimState>, DbError> {
+/// Database failures, and [`FinishError::Locked`].
+pub async fn reread(
+    client: &Client,
+    id: i64,
+    wait: bool,
+) -> Result<Option<ClaimState>, FinishError> {
+    let sql = if wait {
+        "SELECT status, attempt, claim_token FROM pgtaskd.tasks WHERE id = $1 FOR SHARE"
+    } else {
+        "SELECT status, attempt, claim_token FROM pgtaskd.tasks WHERE id = $1 FOR SHARE NOWAIT"
+    };
     let row = client
-        .query_typed(
-            "SELECT status, attempt, lease_owner FROM pgtaskd.tasks WHERE id = $1 FOR SHARE",
-            &[(&id, Type::INT8)],
-        )
-        .await?;
+        .query_typed(sql, &[(&id, Type::INT8)])
+        .await
+        .map_err(locked)?;
     Ok(row.first().map(|row| ClaimState {
         status: status_column(row.get(0)),
         attempt: row.get(1),
-        lease_owner: row.get(2),
+        token: row.get(2),
     }))
 }

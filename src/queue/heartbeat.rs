@@ -1,5 +1,11 @@
-//! The lease heartbeat: extend the leases of the tasks this instance runs, and read their
+//! The lease heartbeat: extend the leases of the claims this instance holds, and read their
 //! `cancel_requested` in the same statement (the fallback for a lost cancel notification).
+//!
+//! The batch never waits for a row lock (docs/design.md, "No one else's lock delays a
+//! batch"): its rows are locked in id order with `SKIP LOCKED`, and a row that someone else
+//! holds (a producer's open transaction that requested its cancel) is reported as
+//! [`Beat::Busy`], still this claim's but not extended. [`extend_one`] then waits for that
+//! one row on a statement of its own.
 
 use std::time::Duration;
 
@@ -8,29 +14,54 @@ use tokio_postgres::Client;
 
 use crate::db::DbError;
 
-/// A running task whose lease was extended.
+/// What a heartbeat found of one claim it was asked to extend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// Its lease was extended; whether a cancel was requested.
+    Extended { cancel_requested: bool },
+    /// Still this claim's, but its row is locked by another transaction: not extended.
+    Busy,
+}
+
+/// A claim the heartbeat found still held (a claim it does not return was lost).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extended {
     pub id: i64,
-    pub cancel_requested: bool,
+    pub beat: Beat,
 }
 
 const HEARTBEAT: &str = "
-UPDATE pgtaskd.tasks
-   SET lease_expires_at = now() + $3 * interval '1 millisecond'
- WHERE id = ANY($2) AND status = 'RUNNING' AND lease_owner = $1
-RETURNING id, cancel_requested";
+WITH held AS MATERIALIZED (
+    SELECT k.id
+      FROM pgtaskd.tasks AS k
+     WHERE k.id = ANY($1) AND k.claim_token = ANY($2) AND coalesce(k.status, '') = 'RUNNING'
+     ORDER BY k.id
+       FOR UPDATE SKIP LOCKED
+), extended AS (
+    UPDATE pgtaskd.tasks AS t
+       SET lease_expires_at = now() + $3 * interval '1 millisecond'
+      FROM held
+     WHERE t.id = held.id
+    RETURNING t.id, t.cancel_requested
+)
+SELECT e.id, true, e.cancel_requested FROM extended AS e
+UNION ALL
+SELECT k.id, false, k.cancel_requested
+  FROM pgtaskd.tasks AS k
+ WHERE k.id = ANY($1) AND k.claim_token = ANY($2) AND coalesce(k.status, '') = 'RUNNING'
+   AND k.id NOT IN (SELECT held.id FROM held)";
 
-/// Extend by `lease` the leases that `owner` still holds among `ids`. A task missing from the
-/// result is no longer this instance's: its lease was taken over or it was finished.
+/// Extend by `lease` the leases of the claims `tokens` of tasks `ids` (one token per id) that
+/// are still held, without waiting for any row lock. A claim missing from the result is no
+/// longer this instance's: it was taken over or finished.
 ///
 /// # Errors
 ///
 /// Database failures; nothing was extended.
 pub async fn heartbeat(
     client: &Client,
-    owner: &str,
     ids: &[i64],
+    tokens: &[i64],
     lease: Duration,
 ) -> Result<Vec<Extended>, DbError> {
     let lease_ms = lease.as_millis() as f64;
@@ -38,8 +69,8 @@ pub async fn heartbeat(
         .query_typed(
             HEARTBEAT,
             &[
-                (&owner, Type::TEXT),
                 (&ids, Type::INT8_ARRAY),
+                (&tokens, Type::INT8_ARRAY),
                 (&lease_ms, Type::FLOAT8),
             ],
         )
@@ -48,7 +79,46 @@ pub async fn heartbeat(
         .iter()
         .map(|row| Extended {
             id: row.get(0),
-            cancel_requested: row.get(1),
+            beat: if row.get(1) {
+                Beat::Extended {
+                    cancel_requested: row.get(2),
+                }
+            } else {
+                Beat::Busy
+            },
         })
         .collect())
+}
+
+const EXTEND_ONE: &str = "
+UPDATE pgtaskd.tasks
+   SET lease_expires_at = now() + $3 * interval '1 millisecond'
+ WHERE id = $1 AND claim_token = $2 AND coalesce(status, '') = 'RUNNING'
+RETURNING cancel_requested";
+
+/// Extend the lease of claim `token` of task `id`, waiting for its row if another
+/// transaction holds it (up to the session's `lock_timeout`). `None` when the claim is no
+/// longer held.
+///
+/// # Errors
+///
+/// Database failures, a lock timeout among them; nothing was extended.
+pub async fn extend_one(
+    client: &Client,
+    id: i64,
+    token: i64,
+    lease: Duration,
+) -> Result<Option<bool>, DbError> {
+    let lease_ms = lease.as_millis() as f64;
+    let rows = client
+        .query_typed(
+            EXTEND_ONE,
+            &[
+                (&id, Type::INT8),
+                (&token, Type::INT8),
+                (&lease_ms, Type::FLOAT8),
+            ],
+        )
+        .await?;
+    Ok(rows.first().map(|row| row.get(0)))
 }

@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | [`mod@enqueue`] | inserting a task |
 //! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task |
-//! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by attempt and lease owner; release back to QUEUED |
+//! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by the claim token; release back to QUEUED |
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
 //! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
 //! | [`mod@prune`] | deleting old finished rows (retention) |
@@ -43,7 +43,7 @@ pub use claim::{
 };
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
-pub use heartbeat::{heartbeat, Extended};
+pub use heartbeat::{extend_one, heartbeat, Beat, Extended};
 pub use idle::{clear_idle, flag_idle, remove_idle, settled};
 pub use list::{list, ListFilter, Listed};
 pub use pause::{pause, paused_since, resume};

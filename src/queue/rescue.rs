@@ -3,8 +3,10 @@
 //! was requested becomes CANCELED.
 //!
 //! Rows are picked with `FOR UPDATE SKIP LOCKED` and re-checked by the outer `UPDATE`
-//! (still RUNNING, same attempt, lease still expired), so that concurrent rescuers in many
-//! daemons never fight and a lease extended meanwhile is left alone. The tasks it ends
+//! (still RUNNING, same claim token, lease still expired), so that concurrent rescuers in many
+//! daemons never fight and a lease extended meanwhile is left alone. A rescuer never takes
+//! back its own daemon's claims: that daemon knows which of them are live (docs/design.md,
+//! "Settle before rescuing"). The tasks it ends
 //! (FAILED, CANCELED) are announced with `NOTIFY pgtaskd_done` in the same statement.
 
 use tokio_postgres::types::Type;
@@ -27,9 +29,10 @@ pub struct Rescued {
 
 const RESCUE: &str = "
 WITH expired AS MATERIALIZED (
-    SELECT id, attempt, lease_owner
+    SELECT id, attempt, claim_token, lease_owner
       FROM pgtaskd.tasks
      WHERE status = 'RUNNING' AND lease_expires_at < now()
+       AND lease_owner IS DISTINCT FROM $2
      ORDER BY lease_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -58,7 +61,7 @@ UPDATE pgtaskd.tasks AS t
   FROM expired
  WHERE t.id = expired.id
    AND t.status = 'RUNNING'
-   AND t.attempt = expired.attempt
+   AND t.claim_token IS NOT DISTINCT FROM expired.claim_token
    AND t.lease_expires_at < now()
 RETURNING t.id, expired.attempt, expired.lease_owner, t.status
 ), notified AS (
@@ -68,13 +71,15 @@ RETURNING t.id, expired.attempt, expired.lease_owner, t.status
 SELECT rescued.id, rescued.attempt, rescued.lease_owner, rescued.status
   FROM rescued CROSS JOIN notified";
 
-/// Take back up to `limit` expired leases.
+/// Take back up to `limit` expired leases, other than those of instance `owner`.
 ///
 /// # Errors
 ///
 /// Database failures; nothing was changed.
-pub async fn rescue(client: &Client, limit: i64) -> Result<Vec<Rescued>, DbError> {
-    let rows = client.query_typed(RESCUE, &[(&limit, Type::INT8)]).await?;
+pub async fn rescue(client: &Client, limit: i64, owner: &str) -> Result<Vec<Rescued>, DbError> {
+    let rows = client
+        .query_typed(RESCUE, &[(&limit, Type::INT8), (&owner, Type::TEXT)])
+        .await?;
     Ok(rows
         .iter()
         .map(|row| Rescued {

@@ -238,7 +238,7 @@ impl Worker {
 
     /// A claim failed after it may have committed: its tasks are RUNNING under this instance
     /// but in no registry, and would wait for their lease to expire. Give each back, fenced on
-    /// its attempt, as a shutdown does (QUEUED, the attempt not counted; CANCELED if a cancel
+    /// its claim's token, as a shutdown does (QUEUED, the attempt not counted; CANCELED if a cancel
     /// was requested). Their analyzers never ran. Called only while no claim is on its way.
     async fn release_unanswered(&self) -> Result<(), DbError> {
         let inner = &self.inner;
@@ -246,17 +246,17 @@ impl Worker {
         let held = client
             .bounded(queue::held_by(&client, &inner.instance))
             .await?;
-        let unanswered: Vec<(i64, i32)> = held
+        let unanswered: Vec<(i64, i32, i64)> = held
             .into_iter()
-            .filter(|(id, _)| !inner.running.contains(*id))
+            .filter(|(id, _, _)| !inner.running.contains(*id))
             .collect();
-        for (id, attempt) in unanswered {
+        for (id, attempt, token) in unanswered {
             match client
-                .bounded(queue::release(&client, &inner.instance, id, attempt))
+                .bounded(queue::release(&client, token, id, false))
                 .await
             {
                 Ok(status) => {
-                    tracing::warn!(id, attempt, %status, "task of a claim whose answer was lost given back");
+                    tracing::warn!(id, attempt, claim = token, %status, "task of a claim whose answer was lost given back");
                 }
                 Err(FinishError::Db(err)) => return Err(err),
                 // Changed meanwhile (canceled, deleted): nothing of ours to give back.
@@ -319,8 +319,15 @@ impl Worker {
         inner.intake.claimed(room, claimed, batch.bytes, took);
         for task in batch.tasks {
             let cancel = inner.abort.child_token();
-            inner.running.insert(task.id, task.attempt, cancel.clone());
-            tracing::info!(id = task.id, attempt = task.attempt, "task claimed");
+            inner
+                .running
+                .insert(task.id, task.attempt, task.token, cancel.clone());
+            tracing::info!(
+                id = task.id,
+                attempt = task.attempt,
+                claim = task.token,
+                "task claimed"
+            );
             inner.metrics.claimed(task.waited);
             inner.tracker.spawn(self.clone().execute(task, cancel));
         }

@@ -22,11 +22,12 @@ impl Worker {
         let Claimed {
             id,
             attempt,
+            token,
             bytes,
             payload,
             ..
         } = task;
-        let claim = Claim { id, attempt };
+        let claim = Claim { id, attempt, token };
         let inner = &self.inner;
         let Some(payload) = payload else {
             // Over worker.max_payload_bytes: the text was never loaded, and never will be.
@@ -36,7 +37,7 @@ impl Worker {
                 "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not analyzed"
             )));
             let result = inner.completer.write(claim, &action).await;
-            self.settle(id, attempt, started, &action, result);
+            self.settle(claim, started, &action, result);
             return;
         };
         let permit = tokio::select! {
@@ -57,13 +58,13 @@ impl Worker {
                 Action::Release
             };
             let result = inner.completer.write(claim, &action).await;
-            self.settle(id, attempt, started, &action, result);
+            self.settle(claim, started, &action, result);
             return;
         };
         let analysis = inner.intake.analysis();
         // The analyzer takes the payload and lets go of it when it returns.
-        let action = self.analyze(id, attempt, payload, &cancel).await;
-        inner.running.analyzed(id, attempt);
+        let action = self.analyze(claim, payload, &cancel).await;
+        inner.running.analyzed(id, token);
         inner.intake.done(bytes);
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
@@ -81,19 +82,21 @@ impl Worker {
                 result
             }
         };
-        self.settle(id, attempt, started, &action, result);
+        self.settle(claim, started, &action, result);
     }
 
     /// Run the analyzer on `payload`, and say what to do with the claim.
-    async fn analyze(
-        &self,
-        id: i64,
-        attempt: i32,
-        payload: Payload,
-        cancel: &CancellationToken,
-    ) -> Action {
+    async fn analyze(&self, claim: Claim, payload: Payload, cancel: &CancellationToken) -> Action {
+        let Claim { id, attempt, token } = claim;
         let len = payload.as_str().len();
-        tracing::debug!(id, attempt, bytes = len, "{}", events::ANALYZER_RUN);
+        tracing::debug!(
+            id,
+            attempt,
+            claim = token,
+            bytes = len,
+            "{}",
+            events::ANALYZER_RUN
+        );
         let analyzed = if len < self.inner.analyzer.inline_below() {
             // Short work for an analyzer that never blocks: no hop to a blocking thread. A
             // panic is caught here as the blocking thread would catch it, so that the claim
@@ -129,13 +132,13 @@ impl Worker {
     /// The claim is settled: forget it, count it and log it.
     fn settle(
         &self,
-        id: i64,
-        attempt: i32,
+        claim: Claim,
         started: Instant,
         action: &Action,
         result: Result<TaskStatus, FinishError>,
     ) {
-        self.inner.running.remove(id, attempt);
+        let Claim { id, attempt, token } = claim;
+        self.inner.running.remove(id, token);
         let duration = started.elapsed();
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
@@ -162,6 +165,14 @@ impl Worker {
             }
             (Err(FinishError::NotFound), _) => {
                 tracing::warn!(id, attempt, "task deleted while it ran; result dropped");
+            }
+            (Err(FinishError::Locked), _) => {
+                // Settling alone waits for a locked row; this is not expected here.
+                tracing::error!(
+                    id,
+                    attempt,
+                    "finish left undone: the row was locked; the lease will expire"
+                );
             }
             (Err(FinishError::Db(err)), _) => {
                 tracing::error!(id, attempt, error = %err, "finish failed; the lease will expire");

@@ -2,17 +2,26 @@
 //! runs, and stop the analyzers of tasks whose cancellation was requested (a lost
 //! notification) or whose claim was lost.
 //!
+//! The batched statement never waits for a row lock: a claim whose row someone else holds
+//! (a producer's open transaction that requested its cancel) is extended by a statement of
+//! its own that waits for that row, one claim at a time, on one session (docs/design.md, "No
+//! one else's lock delays a batch").
+//!
 //! Spawned by [`Worker::run`]; ends when [`Worker::shutdown`] saw the last task end.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::Worker;
 use crate::backoff::jitter;
-use crate::queue::{self, Extended};
+use crate::queue::{self, Beat, Extended};
 
 impl Worker {
     /// Extend the leases of running tasks every third of a lease, and stop the analyzers of
     /// tasks whose cancellation was requested (a lost notification) or whose claim was lost.
     pub(super) async fn heartbeat(self) {
         let period = self.inner.config.lease / 3;
+        let waiting = Arc::new(AtomicBool::new(false));
         loop {
             tokio::select! {
                 _ = self.inner.heartbeat_stop.cancelled() => return,
@@ -23,13 +32,14 @@ impl Worker {
                 continue;
             }
             let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
+            let tokens: Vec<i64> = claims.iter().map(|(_, token)| *token).collect();
             let extended = match self.inner.pool.get().await {
                 Ok(client) => {
                     client
                         .bounded(queue::heartbeat(
                             &client,
-                            &self.inner.instance,
                             &ids,
+                            &tokens,
                             self.inner.config.lease,
                         ))
                         .await
@@ -43,10 +53,22 @@ impl Worker {
                     continue;
                 }
             };
-            for &(id, attempt) in &claims {
+            let busy: Vec<(i64, i64)> = claims
+                .iter()
+                .filter(|(id, _)| extended.iter().any(|e| e.id == *id && e.beat == Beat::Busy))
+                .copied()
+                .collect();
+            if !busy.is_empty() && !waiting.swap(true, Ordering::AcqRel) {
+                tokio::spawn(self.clone().extend_busy(busy, Arc::clone(&waiting)));
+            }
+            for &(id, token) in &claims {
                 let Some(task) = self.inner.running.get(id) else {
                     continue;
                 };
+                if task.token != token {
+                    continue;
+                }
+                let attempt = task.attempt;
                 match verdict(&extended, id, task.cancel.is_cancelled(), task.analyzed) {
                     Verdict::Keep => {}
                     Verdict::CancelRequested => {
@@ -71,6 +93,44 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Extend, one at a time, the leases of claims whose rows someone else held locked at the
+    /// heartbeat, each statement waiting for its row (up to the session's `lock_timeout`).
+    /// `waiting` is cleared when done: one such task at a time.
+    async fn extend_busy(self, busy: Vec<(i64, i64)>, waiting: Arc<AtomicBool>) {
+        let inner = &self.inner;
+        for (id, token) in busy {
+            if inner.heartbeat_stop.is_cancelled() {
+                break;
+            }
+            let extended = match inner.pool.get().await {
+                Ok(client) => {
+                    client
+                        .bounded(queue::extend_one(&client, id, token, inner.config.lease))
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            match extended {
+                Ok(Some(cancel_requested)) => {
+                    tracing::debug!(id, claim = token, "lease of a locked row extended");
+                    if cancel_requested {
+                        if let Some(task) = inner.running.get(id).filter(|t| t.token == token) {
+                            task.cancel.cancel();
+                        }
+                    }
+                }
+                // Lost meanwhile: the next heartbeat says so.
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(id, claim = token, error = %err, "could not extend the lease of a locked row");
+                }
+            }
+        }
+        waiting.store(false, Ordering::Release);
+    }
+}
+
 /// What a heartbeat's answer means for one running task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
@@ -87,9 +147,11 @@ enum Verdict {
 /// returned is being written: its row may have just been finished (so no lease was extended)
 /// and its write is fenced anyway, so there is nothing to stop and nothing to warn of.
 fn verdict(extended: &[Extended], id: i64, already_cancelled: bool, analyzed: bool) -> Verdict {
-    match extended.iter().find(|e| e.id == id) {
+    match extended.iter().find(|e| e.id == id).map(|e| e.beat) {
         _ if analyzed => Verdict::Keep,
-        Some(e) if e.cancel_requested && !already_cancelled => Verdict::CancelRequested,
+        Some(Beat::Extended {
+            cancel_requested: true,
+        }) if !already_cancelled => Verdict::CancelRequested,
         Some(_) => Verdict::Keep,
         None => Verdict::LeaseLost,
     }
@@ -102,13 +164,17 @@ mod tests {
     fn extended(id: i64, cancel_requested: bool) -> Extended {
         Extended {
             id,
-            cancel_requested,
+            beat: Beat::Extended { cancel_requested },
         }
     }
 
     #[test]
     fn a_heartbeat_answer_keeps_cancels_or_drops_each_task() {
-        let answer = [extended(1, false), extended(2, true)];
+        let busy = Extended {
+            id: 4,
+            beat: Beat::Busy,
+        };
+        let answer = [extended(1, false), extended(2, true), busy];
         let cases = [
             // (task, already told to stop, analyzer returned, verdict)
             (1, false, false, Verdict::Keep),
@@ -121,6 +187,8 @@ mod tests {
             // Analyzed: its finish may have just committed; the fence decides the write.
             (3, false, true, Verdict::Keep),
             (2, false, true, Verdict::Keep),
+            // Locked by someone else: still this claim's, extended on its own.
+            (4, false, false, Verdict::Keep),
         ];
         for (id, already_cancelled, analyzed, expected) in cases {
             assert_eq!(

@@ -139,7 +139,6 @@ impl Worker {
             inner: Arc::new(Inner {
                 completer: Completer::start(
                     pool.clone(),
-                    instance.clone(),
                     COMPLETION_QUEUE_PER_WORKER * config.concurrency + MAX_AHEAD,
                     Arc::clone(&metrics),
                 ),

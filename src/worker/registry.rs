@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub(super) struct Running {
     pub(super) attempt: i32,
+    /// The claim's token (docs/design.md, "One claim, one token").
+    pub(super) token: i64,
     /// Stops the analyzer; a child of the worker's abort token.
     pub(super) cancel: CancellationToken,
     /// The analyzer has returned: what is left is the write, which its fence decides.
@@ -27,32 +29,33 @@ pub(super) struct Registry {
 }
 
 impl Registry {
-    /// Task `id` was claimed at `attempt`; `cancel` stops its analyzer.
-    pub(super) fn insert(&self, id: i64, attempt: i32, cancel: CancellationToken) {
+    /// Task `id` was claimed at `attempt` with `token`; `cancel` stops its analyzer.
+    pub(super) fn insert(&self, id: i64, attempt: i32, token: i64, cancel: CancellationToken) {
         self.lock().insert(
             id,
             Running {
                 attempt,
+                token,
                 cancel,
                 analyzed: false,
             },
         );
     }
 
-    /// Task `id`'s analyzer has returned, for its claim at `attempt`.
-    pub(super) fn analyzed(&self, id: i64, attempt: i32) {
+    /// Task `id`'s analyzer has returned, for its claim `token`.
+    pub(super) fn analyzed(&self, id: i64, token: i64) {
         if let Some(task) = self.lock().get_mut(&id) {
-            if task.attempt == attempt {
+            if task.token == token {
                 task.analyzed = true;
             }
         }
     }
 
-    /// Task `id`'s claim at `attempt` is settled. A later claim of the same task, which
-    /// replaced it, stays.
-    pub(super) fn remove(&self, id: i64, attempt: i32) {
+    /// Task `id`'s claim `token` is settled. A later claim of the same task, which replaced
+    /// it, stays.
+    pub(super) fn remove(&self, id: i64, token: i64) {
         let mut tasks = self.lock();
-        if tasks.get(&id).is_some_and(|task| task.attempt == attempt) {
+        if tasks.get(&id).is_some_and(|task| task.token == token) {
             tasks.remove(&id);
         }
     }
@@ -72,11 +75,11 @@ impl Registry {
         self.lock().len()
     }
 
-    /// Every claim held now, as `(id, attempt)`.
-    pub(super) fn snapshot(&self) -> Vec<(i64, i32)> {
+    /// Every claim held now, as `(id, token)`.
+    pub(super) fn snapshot(&self) -> Vec<(i64, i64)> {
         self.lock()
             .iter()
-            .map(|(id, task)| (*id, task.attempt))
+            .map(|(id, task)| (*id, task.token))
             .collect()
     }
 
@@ -93,7 +96,7 @@ mod tests {
     fn a_claim_is_found_until_it_is_removed() {
         let registry = Registry::default();
         let token = CancellationToken::new();
-        registry.insert(7, 2, token.clone());
+        registry.insert(7, 2, 20, token.clone());
         assert!(registry.contains(7));
         assert_eq!(registry.len(), 1);
         let running = registry.get(7).expect("registered");
@@ -101,7 +104,7 @@ mod tests {
         running.cancel.cancel();
         assert!(token.is_cancelled(), "the token found is the task's own");
 
-        registry.remove(7, 2);
+        registry.remove(7, 20);
         assert!(!registry.contains(7));
         assert!(registry.get(7).is_none());
         assert_eq!(registry.len(), 0);
@@ -110,55 +113,55 @@ mod tests {
     #[test]
     fn a_claim_is_marked_analyzed_once_its_analyzer_returned() {
         let registry = Registry::default();
-        registry.insert(4, 1, CancellationToken::new());
+        registry.insert(4, 1, 10, CancellationToken::new());
         assert!(!registry.get(4).unwrap().analyzed);
-        registry.analyzed(4, 1);
+        registry.analyzed(4, 10);
         assert!(registry.get(4).unwrap().analyzed);
-        registry.analyzed(5, 1);
+        registry.analyzed(5, 10);
         assert!(registry.get(5).is_none());
     }
 
     #[test]
     fn removing_an_unknown_task_changes_nothing() {
         let registry = Registry::default();
-        registry.insert(1, 1, CancellationToken::new());
-        registry.remove(2, 1);
-        assert_eq!(registry.snapshot(), vec![(1, 1)]);
+        registry.insert(1, 1, 10, CancellationToken::new());
+        registry.remove(2, 10);
+        assert_eq!(registry.snapshot(), vec![(1, 10)]);
     }
 
     #[test]
-    fn a_snapshot_lists_every_claim_with_its_attempt() {
+    fn a_snapshot_lists_every_claim_with_its_token() {
         let registry = Registry::default();
-        registry.insert(1, 1, CancellationToken::new());
-        registry.insert(2, 5, CancellationToken::new());
-        registry.insert(3, 2, CancellationToken::new());
+        registry.insert(1, 1, 10, CancellationToken::new());
+        registry.insert(2, 5, 50, CancellationToken::new());
+        registry.insert(3, 2, 20, CancellationToken::new());
         let mut snapshot = registry.snapshot();
         snapshot.sort();
-        assert_eq!(snapshot, vec![(1, 1), (2, 5), (3, 2)]);
+        assert_eq!(snapshot, vec![(1, 10), (2, 50), (3, 20)]);
     }
 
     #[test]
     fn a_new_claim_on_the_same_task_replaces_the_old_one() {
         let registry = Registry::default();
-        registry.insert(1, 1, CancellationToken::new());
-        registry.insert(1, 2, CancellationToken::new());
-        assert_eq!(registry.snapshot(), vec![(1, 2)]);
+        registry.insert(1, 1, 10, CancellationToken::new());
+        registry.insert(1, 2, 20, CancellationToken::new());
+        assert_eq!(registry.snapshot(), vec![(1, 20)]);
     }
 
     #[test]
     fn the_old_claim_settling_leaves_the_new_claim_of_the_same_task() {
         let registry = Registry::default();
-        registry.insert(1, 1, CancellationToken::new());
-        registry.insert(1, 2, CancellationToken::new());
-        registry.analyzed(1, 1);
-        registry.remove(1, 1);
+        registry.insert(1, 1, 10, CancellationToken::new());
+        registry.insert(1, 2, 20, CancellationToken::new());
+        registry.analyzed(1, 10);
+        registry.remove(1, 10);
         let running = registry.get(1).expect("the new claim stays");
         assert_eq!(running.attempt, 2);
         assert!(
             !running.analyzed,
             "the old claim's analyzer is not the new one's"
         );
-        registry.remove(1, 2);
+        registry.remove(1, 20);
         assert!(!registry.contains(1));
     }
 }

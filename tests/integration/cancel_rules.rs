@@ -24,9 +24,9 @@ async fn the_finish_refuses_canceled_for_a_task_whose_cancel_was_not_requested()
     )
     .await
     .unwrap();
-    let attempt = claimed[0].attempt;
+    let attempt = claimed[0].token;
 
-    let refused = queue::finish(&client, OWNER, id, attempt, &Outcome::Canceled).await;
+    let refused = queue::finish(&client, attempt, id, &Outcome::Canceled, true).await;
     assert!(
         matches!(
             refused,
@@ -44,7 +44,7 @@ async fn the_finish_refuses_canceled_for_a_task_whose_cancel_was_not_requested()
         .execute("SELECT pgtaskd.cancel($1)", &[&id])
         .await
         .unwrap();
-    let status = queue::finish(&client, OWNER, id, attempt, &Outcome::Canceled)
+    let status = queue::finish(&client, attempt, id, &Outcome::Canceled, true)
         .await
         .unwrap();
     assert_eq!(status, TaskStatus::Canceled);

@@ -195,6 +195,74 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
     }
 }
 
+/// The operators' failover: two busy daemons with four workers each and a short lease, the
+/// primary crashed once 3,000 tasks have SUCCEEDED (with a large batched finish in flight),
+/// the standby promoted. Every task ends SUCCEEDED once, and within 30 s of the promotion:
+/// the pools recover on the new primary and nothing waits for a session that never frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_finishes_every_task_once_within_30_s_of_the_promotion() {
+    const LOADED: &str = "[worker]\nconcurrency = 4\nlease = \"5s\"\npoll_interval = \"1s\"\n";
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    let standby = Cluster::start_standby_of(&primary);
+    within(
+        WAIT,
+        "synchronous replication",
+        replicate_synchronously(&client),
+    )
+    .await;
+    within(WAIT, "the backlog", insert_payloads(&client, TASKS)).await;
+
+    let url = format!(
+        "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=read-write&connect_timeout=2",
+        primary.port, standby.port, db.name
+    );
+    let standby_client = client_on(&standby, &db.name).await;
+    let env = [("RUST_LOG", "pgtaskd=info")];
+    let mut daemons = [
+        DaemonProcess::start_with_env(&url, LOADED, &[], &env),
+        DaemonProcess::start_with_env(&url, LOADED, &[], &env),
+    ];
+    const SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'";
+    eventually(WAIT, "3,000 tasks to succeed", || {
+        let client = &client;
+        async move { (count(client, SUCCEEDED).await >= 3_000).then_some(()) }
+    })
+    .await;
+    primary.stop_server(false);
+    standby.promote();
+    let promoted = Instant::now();
+
+    let new_primary = standby_client;
+    eventually(
+        Duration::from_secs(120),
+        "every task to be terminal on the new primary",
+        || {
+            let client = &new_primary;
+            async move { (count(client, TERMINAL).await == TASKS as i64).then_some(()) }
+        },
+    )
+    .await;
+    let drained = promoted.elapsed();
+    println!(
+        "failover under load: all {TASKS} tasks terminal {} ms after the promotion",
+        drained.as_millis()
+    );
+    assert_eq!(assert_all_succeeded(&new_primary, None).await, TASKS);
+    assert_eq!(audit::transitions_out_of_terminal(&new_primary).await, 0);
+    assert_eq!(audit::tasks_finished_twice(&new_primary).await, 0);
+    for daemon in &mut daemons {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    }
+    assert!(
+        drained < Duration::from_secs(30),
+        "the last task finished {drained:?} after the promotion"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_whose_host_list_starts_with_a_standby_works_on_the_primary() {
     let primary = Cluster::start_primary();

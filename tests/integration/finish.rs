@@ -14,7 +14,7 @@ use crate::support::{
 
 const OWNER: &str = "test-owner";
 
-async fn claim_one(client: &Client, payload: &str) -> (i64, i32) {
+async fn claim_one(client: &Client, payload: &str) -> (i64, i64) {
     let id: i64 = client
         .query_one("SELECT pgtaskd.enqueue($1)", &[&payload])
         .await
@@ -31,7 +31,7 @@ async fn claim_one(client: &Client, payload: &str) -> (i64, i32) {
     .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].id, id);
-    (id, claimed[0].attempt)
+    (id, claimed[0].token)
 }
 
 #[tokio::test]
@@ -42,10 +42,10 @@ async fn finish_commits_succeeded_with_the_three_counts() {
     let (id, attempt) = claim_one(&client, text).await;
     let status = queue::finish(
         &client,
-        OWNER,
-        id,
         attempt,
+        id,
         &Outcome::Succeeded(analyze(text)),
+        true,
     )
     .await
     .unwrap();
@@ -99,10 +99,10 @@ async fn a_second_finish_is_not_running_and_the_first_result_stays() {
     let (id, attempt) = claim_one(&client, "one two").await;
     queue::finish(
         &client,
-        OWNER,
-        id,
         attempt,
+        id,
         &Outcome::Succeeded(analyze("one two")),
+        true,
     )
     .await
     .unwrap();
@@ -111,7 +111,7 @@ async fn a_second_finish_is_not_running_and_the_first_result_stays() {
         bytes: 99,
         runes: 99,
     };
-    let second = queue::finish(&client, OWNER, id, attempt, &Outcome::Succeeded(forged)).await;
+    let second = queue::finish(&client, attempt, id, &Outcome::Succeeded(forged), true).await;
     assert!(
         matches!(
             second,
@@ -121,7 +121,7 @@ async fn a_second_finish_is_not_running_and_the_first_result_stays() {
         ),
         "{second:?}"
     );
-    let failed = queue::finish(&client, OWNER, id, attempt, &Outcome::Failed("late".into())).await;
+    let failed = queue::finish(&client, attempt, id, &Outcome::Failed("late".into()), true).await;
     assert!(
         matches!(failed, Err(FinishError::NotRunning { .. })),
         "{failed:?}"
@@ -137,26 +137,22 @@ async fn a_second_finish_is_not_running_and_the_first_result_stays() {
 async fn a_finish_of_an_unknown_id_is_not_found() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let result = queue::finish(&client, OWNER, 424242, 1, &Outcome::Succeeded(analyze("x"))).await;
+    let result = queue::finish(&client, 1, 424242, &Outcome::Succeeded(analyze("x")), true).await;
     assert!(matches!(result, Err(FinishError::NotFound)), "{result:?}");
 }
 
 #[tokio::test]
-async fn a_finish_with_a_stale_attempt_or_another_owner_changes_nothing() {
+async fn a_finish_under_any_other_claims_token_changes_nothing() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let (id, attempt) = claim_one(&client, "fenced").await;
-    for (owner, attempt) in [
-        (OWNER, attempt + 1),
-        (OWNER, attempt - 1),
-        ("someone-else", attempt),
-    ] {
+    let (id, token) = claim_one(&client, "fenced").await;
+    for other in [token + 1, token - 1, 0] {
         let result = queue::finish(
             &client,
-            owner,
+            other,
             id,
-            attempt,
             &Outcome::Succeeded(analyze("fenced")),
+            true,
         )
         .await;
         assert!(
@@ -166,7 +162,7 @@ async fn a_finish_with_a_stale_attempt_or_another_owner_changes_nothing() {
                     status: TaskStatus::Running
                 })
             ),
-            "{owner} attempt {attempt}: {result:?}"
+            "token {other}: {result:?}"
         );
     }
     let task = queue::get(&client, id).await.unwrap().unwrap();
@@ -200,20 +196,20 @@ async fn a_rolled_back_transaction_leaves_the_row_running_and_a_real_finish_then
     );
     let status = queue::finish(
         &client,
-        OWNER,
-        id,
         attempt,
+        id,
         &Outcome::Succeeded(analyze("rollback me")),
+        true,
     )
     .await
     .unwrap();
     assert_eq!(status, TaskStatus::Succeeded);
     let again = queue::finish(
         &client,
-        OWNER,
-        id,
         attempt,
+        id,
         &Outcome::Succeeded(analyze("rollback me")),
+        true,
     )
     .await;
     assert!(
@@ -259,14 +255,14 @@ async fn release_puts_the_claim_back_to_queued_without_counting_an_attempt() {
     let db = TestDb::new().await;
     let client = db.client().await;
     let (id, attempt) = claim_one(&client, "released").await;
-    let status = queue::release(&client, OWNER, id, attempt).await.unwrap();
+    let status = queue::release(&client, attempt, id, true).await.unwrap();
     assert_eq!(status, TaskStatus::Queued);
     let task = queue::get(&client, id).await.unwrap().unwrap();
     assert_eq!(
         (task.status, task.attempt, task.lease_owner.as_deref()),
         (TaskStatus::Queued, 0, None)
     );
-    let again = queue::release(&client, OWNER, id, attempt).await;
+    let again = queue::release(&client, attempt, id, true).await;
     assert!(
         matches!(
             again,
@@ -342,7 +338,7 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
         bytes: 19,
         runes: 19,
     });
-    queue::finish(&client, OWNER, id, attempt, &success)
+    queue::finish(&client, attempt, id, &success, true)
         .await
         .unwrap();
     let (running, _) = claim_one(&client, "canceled while running").await;
@@ -396,23 +392,21 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
         "the table is {table_blocks} blocks"
     );
 
-    let (id, attempt) = (
-        client
-            .query_one(
-                "UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = $1,
+    let id = client
+        .query_one(
+            "UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = $1,
+                        claim_token = 7,
                         lease_expires_at = now() + interval '1 hour', started_at = now()
                   WHERE id = (SELECT max(id) FROM pgtaskd.tasks WHERE status = 'QUEUED')
                  RETURNING id",
-                &[&OWNER],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0),
-        1,
-    );
+            &[&OWNER],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
     let finish = format!(
-        "pgtaskd.finish('{OWNER}', ARRAY[{id}]::int8[], ARRAY[{attempt}], ARRAY['SUCCEEDED'],
-                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[])"
+        "pgtaskd.finish(ARRAY[7]::int8[], ARRAY[{id}]::int8[], ARRAY['SUCCEEDED'],
+                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[], false)"
     );
     let touched = blocks_touched(&client, &finish).await;
     assert!(

@@ -240,7 +240,7 @@ async fn concurrent_rescuers_take_back_each_expired_lease_once() {
                 barrier.wait().await;
                 let mut mine = Vec::new();
                 loop {
-                    let rescued = queue::rescue(&client, 7 + n).await.unwrap();
+                    let rescued = queue::rescue(&client, 7 + n, "rescuer").await.unwrap();
                     if rescued.is_empty() {
                         return mine;
                     }

@@ -24,6 +24,7 @@ mod idempotency;
 mod idle_notify;
 mod intake;
 mod leases;
+mod locks;
 mod migrate;
 mod notifications;
 mod payload_limits;

@@ -50,7 +50,7 @@ async fn next_done(messages: &mut mpsc::Receiver<AsyncMessage>) -> (Vec<i64>, us
 async fn claim_all(client: &Client) {
     client
         .batch_execute(
-            "SELECT * FROM pgtaskd.claim(ARRAY['default'], 1000, 'me', 600000, 1000000000, true, NULL)",
+            "SELECT * FROM pgtaskd.claim(ARRAY['default'], 1000, 'me', 600000, 1000000000, true, NULL, NULL, NULL)",
         )
         .await
         .unwrap();
@@ -61,10 +61,12 @@ async fn finish(client: &Client, ids: &[i64]) {
     let n = ids.len();
     client
         .execute(
-            "SELECT * FROM pgtaskd.finish('me', $1, $2, $3, $4, $4, $4, $5)",
+            "SELECT * FROM pgtaskd.finish(
+                 ARRAY(SELECT t.claim_token FROM unnest($1::int8[]) WITH ORDINALITY AS i(id, n)
+                         JOIN pgtaskd.tasks AS t ON t.id = i.id ORDER BY i.n),
+                 $1, $2, $3, $3, $3, $4, false)",
             &[
                 &ids,
-                &vec![1i32; n],
                 &vec!["SUCCEEDED"; n],
                 &vec![0i64; n],
                 &vec![None::<&str>; n],
@@ -122,12 +124,14 @@ async fn a_batched_finish_sends_one_notification_with_its_ids_and_a_rolled_back_
     client
         .batch_execute(
             "UPDATE pgtaskd.tasks SET max_attempts = 1 WHERE payload = 'lease lost';
-             SELECT * FROM pgtaskd.claim(ARRAY['default'], 10, 'gone', 1, 1000000, true, NULL);",
+             SELECT * FROM pgtaskd.claim(ARRAY['default'], 10, 'gone', 1, 1000000, true, NULL, NULL, NULL);",
         )
         .await
         .unwrap();
     eventually(WAIT, "the lease to expire", || async {
-        let rescued = pgtaskd::queue::rescue(&client, 10).await.unwrap();
+        let rescued = pgtaskd::queue::rescue(&client, 10, "rescuer")
+            .await
+            .unwrap();
         (!rescued.is_empty()).then_some(())
     })
     .await;

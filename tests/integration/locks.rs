@@ -1,0 +1,197 @@
+//! No one else's lock delays a batch (docs/design.md): a producer that requested a running
+//! task's cancel inside a transaction it keeps open holds that row; the daemon's heartbeat
+//! and its batched finishes go on for every other task, and only the locked task waits. And
+//! one claim, one token: every claim has a fencing token of its own, even when a claim given
+//! back and the next one share an attempt.
+
+use std::time::Duration;
+
+use pgtaskd::queue::{self, Beat, FinishError, Outcome, TaskStatus};
+
+use crate::support::{
+    count, enqueue, eventually, wait_status, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
+};
+
+const LEASE: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_open_cancel_delays_neither_the_heartbeat_nor_the_finish_of_other_tasks() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let analyzer = GatedAnalyzer::closed();
+    let config = db.config(
+        "[worker]\nconcurrency = 4\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+         [database]\nstatement_timeout = \"60s\"\n",
+    );
+    let daemon = InProcessDaemon::start(&db, config, analyzer.clone()).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(enqueue(&client, &format!("held task {i}")).await);
+    }
+    analyzer.entered(4).await;
+
+    // The producer's transaction: a cancel of the first task, left open.
+    let mut producer = db.client().await;
+    let tx = within(WAIT, "BEGIN", producer.transaction()).await.unwrap();
+    let locked_at: String = within(
+        WAIT,
+        "the cancel",
+        tx.query_one("SELECT clock_timestamp()::text FROM pgtaskd.cancel($1)", &[&ids[0]]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+
+    // The other tasks' leases are extended past a whole lease after the lock was taken.
+    let extended_after = format!(
+        "SELECT count(*) FROM pgtaskd.tasks WHERE id = ANY(ARRAY[{},{},{}]) \
+           AND lease_expires_at > '{locked_at}'::timestamptz + interval '{} ms'",
+        ids[1],
+        ids[2],
+        ids[3],
+        LEASE.as_millis() + 200
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the unlocked tasks' leases to be extended while the cancel is open",
+        || {
+            let client = &client;
+            let sql = &extended_after;
+            async move { (count(client, sql).await == 3).then_some(()) }
+        },
+    )
+    .await;
+
+    // Every analyzer returns; the three unlocked tasks finish while the cancel is still open.
+    analyzer.open();
+    for &id in &ids[1..] {
+        wait_status(&client, id, TaskStatus::Succeeded).await;
+    }
+    let locked = queue::get(&client, ids[0]).await.unwrap().unwrap();
+    assert_eq!(locked.status, TaskStatus::Running, "the locked task waits");
+
+    // The producer commits: the waiting finish sees the cancel request.
+    within(WAIT, "COMMIT", tx.commit()).await.unwrap();
+    wait_status(&client, ids[0], TaskStatus::Canceled).await;
+    daemon.stop().await;
+    let claims = count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE attempt <> 1",
+    )
+    .await;
+    assert_eq!(claims, 0, "no task was claimed twice");
+}
+
+#[tokio::test]
+async fn a_heartbeat_and_a_batched_finish_skip_a_locked_row_and_say_so() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    for i in 0..3 {
+        enqueue(&client, &format!("task {i}")).await;
+    }
+    let queues = vec!["default".to_string()];
+    let claimed = queue::claim(&client, "me", &queues, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    let tokens: Vec<i64> = claimed.iter().map(|c| c.token).collect();
+
+    let mut other = db.client().await;
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE pgtaskd.tasks SET cancel_requested = true WHERE id = $1",
+        &[&ids[1]],
+    )
+    .await
+    .unwrap();
+
+    let beats = within(
+        WAIT,
+        "a heartbeat that does not wait",
+        queue::heartbeat(&client, &ids, &tokens, Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let beat = |id: i64| beats.iter().find(|b| b.id == id).map(|b| b.beat);
+    assert_eq!(
+        beat(ids[0]),
+        Some(Beat::Extended {
+            cancel_requested: false
+        })
+    );
+    assert_eq!(beat(ids[1]), Some(Beat::Busy));
+    assert_eq!(
+        beat(ids[2]),
+        Some(Beat::Extended {
+            cancel_requested: false
+        })
+    );
+
+    let finishes: Vec<queue::Finish> = claimed
+        .iter()
+        .map(|c| queue::Finish {
+            id: c.id,
+            token: c.token,
+            outcome: Outcome::Failed("done".into()),
+        })
+        .collect();
+    let answers = within(
+        WAIT,
+        "a batched finish that does not wait",
+        queue::finish_many(&client, &finishes),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(answers[0], Ok(TaskStatus::Failed)), "{answers:?}");
+    assert!(matches!(answers[1], Err(FinishError::Locked)), "{answers:?}");
+    assert!(matches!(answers[2], Ok(TaskStatus::Failed)), "{answers:?}");
+    tx.commit().await.unwrap();
+    let status = within(
+        WAIT,
+        "the locked task's own finish",
+        queue::finish(&client, tokens[1], ids[1], &finishes[1].outcome, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, TaskStatus::Canceled, "its cancel was committed first");
+}
+
+#[tokio::test]
+async fn a_claim_given_back_and_the_next_claim_share_an_attempt_but_not_a_token() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id = enqueue(&client, "claimed twice").await;
+    let queues = vec!["default".to_string()];
+    let first = queue::claim(&client, "a", &queues, 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        queue::release(&client, first.token, id, true).await.unwrap(),
+        TaskStatus::Queued
+    );
+    let second = queue::claim(&client, "a", &queues, 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((first.id, second.id), (id, id));
+    assert_eq!(first.attempt, second.attempt, "a release is not an attempt");
+    assert_ne!(first.token, second.token, "one claim, one token");
+
+    // Every write of the first claim is refused; the second claim's lands.
+    let outcome = Outcome::Failed("stale".into());
+    let stale = queue::finish(&client, first.token, id, &outcome, true).await;
+    assert!(matches!(stale, Err(FinishError::NotRunning { .. })), "{stale:?}");
+    let stale = queue::release(&client, first.token, id, true).await;
+    assert!(matches!(stale, Err(FinishError::NotRunning { .. })), "{stale:?}");
+    let beats = queue::heartbeat(&client, &[id], &[first.token], Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(beats.is_empty(), "{beats:?}");
+    assert_eq!(
+        queue::finish(&client, second.token, id, &outcome, true)
+            .await
+            .unwrap(),
+        TaskStatus::Failed
+    );
+}
