@@ -86,6 +86,7 @@ impl Pool {
                 object: Some(object),
                 deadline: self.deadline,
                 broken: AtomicBool::new(false),
+                in_flight: AtomicBool::new(false),
             };
             if fresh {
                 self.check_replication(&session, id).await?;
@@ -164,6 +165,8 @@ pub struct Session {
     object: Option<deadpool_postgres::Object>,
     deadline: Duration,
     broken: AtomicBool,
+    /// An operation is on its way: set while [`Session::bounded`] waits.
+    in_flight: AtomicBool,
 }
 
 impl Session {
@@ -178,7 +181,13 @@ impl Session {
     where
         E: From<DbError> + Outage,
     {
-        match tokio::time::timeout(self.deadline, operation).await {
+        // Broken until the operation answers: an operation dropped on its way (its caller
+        // stopped waiting) leaves a statement on the connection that the next user would
+        // queue behind, so its session is discarded, never handed out again.
+        self.in_flight.store(true, Ordering::Relaxed);
+        let answer = tokio::time::timeout(self.deadline, operation).await;
+        self.in_flight.store(false, Ordering::Relaxed);
+        match answer {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
                 if err.is_outage() {
@@ -208,7 +217,7 @@ impl Deref for Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.broken.load(Ordering::Relaxed) {
+        if self.broken.load(Ordering::Relaxed) || self.in_flight.load(Ordering::Relaxed) {
             if let Some(object) = self.object.take() {
                 // Out of the pool: dropping it closes the connection.
                 drop(deadpool_postgres::Object::take(object));
