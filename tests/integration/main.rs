@@ -30,6 +30,7 @@ mod payload_limits;
 mod queues;
 mod roles;
 mod shutdown;
+mod signals;
 mod systemd;
 mod tls;
 mod ui;
