@@ -14,6 +14,7 @@ mod claim_budget;
 mod cli;
 mod cli_polish;
 mod credentials;
+mod database_defaults;
 mod end_to_end;
 mod failover;
 mod faults;
