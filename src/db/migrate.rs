@@ -95,6 +95,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0015_definer_paths",
         sql: include_str!("../../sql/0015_definer_paths.sql"),
     },
+    // 16 and 17 come from another branch; they are registered before this one.
+    Migration {
+        version: 18,
+        name: "0018_prepared_producers",
+        sql: include_str!("../../sql/0018_prepared_producers.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

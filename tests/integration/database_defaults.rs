@@ -2,15 +2,19 @@
 //! (docs/design.md, "Sessions set what they rely on"): transactions are read committed,
 //! read-write and not deferrable whatever `ALTER DATABASE ... SET` says. A server that really
 //! does not accept writes (a hot standby) is not ready, and `check-config --connect` says why.
+//! A producer that prepares its transaction (two-phase commit) can enqueue.
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use pgtaskd::queue::TaskStatus;
+
 use crate::support::daemon::pgtaskd;
 use crate::support::{
-    eventually, free_port, insert_payloads, within, Cluster, DaemonProcess, TestDb, WAIT,
+    eventually, free_port, insert_payloads, wait_count, wait_status, within, Cluster,
+    DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
 
 /// `GET path` on the daemon's HTTP port; `None` while nothing answers in time.
@@ -166,4 +170,65 @@ async fn a_hot_standby_is_not_ready_and_check_config_says_why() {
     );
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
+
+/// A producer that prepares its transaction (two-phase commit) enqueues with
+/// `SET LOCAL pgtaskd.notify = off`: the insert trigger does not notify, so PREPARE succeeds
+/// even while a daemon is idle, and the daemon finds the task at its poll tick. Without it,
+/// the insert notifies while a daemon is idle, and PostgreSQL refuses the PREPARE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_producer_enqueues_with_pgtaskd_notify_off_while_a_daemon_is_idle() {
+    let cluster = Cluster::start_with(&[("max_prepared_transactions", "2")], &[]);
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let daemon = InProcessDaemon::start(
+        &db,
+        db.config("[worker]\npoll_interval = \"1s\"\n"),
+        GatedAnalyzer::counting(),
+    )
+    .await;
+    let idle = "SELECT count(*) FROM pgtaskd.idle_daemons WHERE expires_at > now()";
+    wait_count(&client, idle, 1, "the daemon's idle flag").await;
+
+    let refused = client
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('prepared, notifying');
+             PREPARE TRANSACTION 'pgtaskd-notifying'",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("NOTIFY") || format!("{refused:?}").contains("NOTIFY"),
+        "{refused:?}"
+    );
+    client.batch_execute("ROLLBACK").await.unwrap();
+    wait_count(&client, idle, 1, "the daemon still idle").await;
+
+    within(
+        WAIT,
+        "a prepared enqueue",
+        client.batch_execute(
+            "BEGIN;
+             SET LOCAL pgtaskd.notify = off;
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('prepared');
+             PREPARE TRANSACTION 'pgtaskd-prepared'",
+        ),
+    )
+    .await
+    .unwrap();
+    client
+        .batch_execute("COMMIT PREPARED 'pgtaskd-prepared'")
+        .await
+        .unwrap();
+    let id: i64 = client
+        .query_one(
+            "SELECT id FROM pgtaskd.tasks WHERE payload = 'prepared'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_status(&client, id, TaskStatus::Succeeded).await;
+    daemon.stop().await;
 }

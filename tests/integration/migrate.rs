@@ -253,7 +253,7 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
     )
     .await
     .unwrap();
-    assert_eq!(applied, vec![14, 15]);
+    assert_eq!(applied, vec![14, 15, 18]);
     let lock_timeout: String = within(
         WAIT,
         "the session's lock timeout",
