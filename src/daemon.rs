@@ -255,6 +255,8 @@ async fn prepare_schema(
             }
             let version = migrate::check(&client).await?;
             tracing::info!(version, "schema checked");
+            // A standby answers the checks above, and would fail every claim.
+            health::check_writable(&client).await?;
             Ok::<(), SchemaError>(())
         };
         match attempt.await {

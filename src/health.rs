@@ -24,6 +24,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use sd_notify::NotifyState;
+
+use crate::db::DbError;
 use tokio_util::sync::CancellationToken;
 
 /// The daemon's readiness, shared by the listener, the HTTP server and systemd.
@@ -150,6 +152,40 @@ impl Health {
         ))]);
         true
     }
+}
+
+/// Whether sessions on the server `client` is connected to accept writes: a hot standby
+/// (`pg_is_in_recovery()`) does not, nor does a session whose `transaction_read_only` is on
+/// although pgtaskd's own startup options turn the default off (a connection pooler that
+/// drops them). Read by `run` before it reports ready and by `check-config --connect`.
+///
+/// # Errors
+///
+/// [`DbError::Unavailable`] saying why, when the server does not accept writes (a standby
+/// may be promoted: it is waited for, as an outage is); the database's error otherwise.
+pub async fn check_writable(client: &tokio_postgres::Client) -> Result<(), DbError> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('transaction_read_only'),
+                    pg_catalog.pg_is_in_recovery()",
+            &[],
+        )
+        .await?;
+    let read_only: String = row.get(0);
+    let recovery: bool = row.get(1);
+    if recovery {
+        return Err(DbError::unavailable(
+            "the server does not accept writes: pg_is_in_recovery() is true (a hot standby); \
+             pgtaskd needs the primary",
+        ));
+    }
+    if read_only == "on" {
+        return Err(DbError::unavailable(
+            "the server does not accept writes: transaction_read_only is on in pgtaskd's \
+             sessions (are its startup options dropped on the way, by a connection pooler?)",
+        ));
+    }
+    Ok(())
 }
 
 /// Ping the systemd watchdog at half its interval until `stop` fires; returns at once when

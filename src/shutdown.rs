@@ -2,12 +2,20 @@
 //!
 //! The first SIGTERM or SIGINT fires [`Shutdown::stopping`]: the worker stops claiming at
 //! once and running tasks get `shutdown.grace` to finish. The second fires
-//! [`Shutdown::hurrying`]: the rest of the grace is skipped. Any further signal is logged and
-//! changes nothing, so repeated signals never crash the daemon. Tests trigger the same tokens
-//! by calling [`Shutdown::trigger`] instead of sending signals.
+//! [`Shutdown::hurrying`]: the rest of the grace is skipped. SIGQUIT fires both at once: a
+//! fast stop that skips the grace and still gives every claim back. Any further signal is
+//! logged and changes nothing, so repeated signals never crash the daemon.
+//!
+//! The other signals a service receives never end the daemon with its claims RUNNING:
+//! SIGHUP (a reload, or a closed terminal) is logged, saying that the configuration is not
+//! reloaded; SIGUSR1 and SIGUSR2 are logged and ignored. SIGPIPE is ignored (the Rust runtime
+//! sets it so before `main`; a write to a closed pipe fails with `EPIPE` instead), and is
+//! not handled here: a handler that logs would log into the very pipe that raised it.
+//! README "Signals" has the table; tests trigger the same tokens by calling
+//! [`Shutdown::trigger`] and [`Shutdown::fast`] instead of sending signals.
 
 use futures_util::StreamExt;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use tokio_util::sync::CancellationToken;
 
 /// The shutdown trigger handed to [`crate::daemon::run`].
@@ -46,28 +54,69 @@ impl Shutdown {
         }
     }
 
-    /// Trigger this shutdown on every SIGTERM and SIGINT, from now on.
+    /// A fast stop: stop claiming and skip the grace at once; the analyzers are told to
+    /// stop and every claim is still committed or given back. Later requests change nothing.
+    pub fn fast(&self) {
+        if self.hurry.is_cancelled() {
+            tracing::info!("shutdown already under way");
+            return;
+        }
+        tracing::info!("fast shutdown requested: no more claims; stopping the analyzers now");
+        self.stop.cancel();
+        self.hurry.cancel();
+    }
+
+    /// Answer every signal of [`HANDLED`] as README "Signals" says, from now on.
     ///
     /// # Errors
     ///
     /// The signal handlers could not be installed.
     pub fn on_signals(&self) -> std::io::Result<()> {
-        let mut signals = signal_hook_tokio::Signals::new([SIGTERM, SIGINT])?;
+        let mut signals = signal_hook_tokio::Signals::new(HANDLED.iter().map(|(n, _)| *n))?;
         let shutdown = self.clone();
         tokio::spawn(async move {
             while let Some(signal) = signals.next().await {
-                let name = if signal == SIGTERM {
-                    "SIGTERM"
-                } else {
-                    "SIGINT"
-                };
-                tracing::info!(signal = name, "signal received");
-                shutdown.trigger();
+                shutdown.on_signal(signal);
             }
         });
         Ok(())
     }
+
+    /// What one signal does.
+    fn on_signal(&self, signal: i32) {
+        let name = HANDLED
+            .iter()
+            .find(|(n, _)| *n == signal)
+            .map_or("unknown", |(_, name)| name);
+        match signal {
+            SIGTERM | SIGINT => {
+                tracing::info!(signal = name, "signal received");
+                self.trigger();
+            }
+            SIGQUIT => {
+                tracing::info!(signal = name, "signal received");
+                self.fast();
+            }
+            SIGHUP => {
+                tracing::warn!(
+                    signal = name,
+                    "SIGHUP: the configuration is not reloaded; restart pgtaskd to apply a change"
+                );
+            }
+            _ => tracing::info!(signal = name, "signal received; ignored"),
+        }
+    }
 }
+
+/// The signals [`Shutdown::on_signals`] answers, with their names.
+const HANDLED: [(i32, &str); 6] = [
+    (SIGTERM, "SIGTERM"),
+    (SIGINT, "SIGINT"),
+    (SIGQUIT, "SIGQUIT"),
+    (SIGHUP, "SIGHUP"),
+    (SIGUSR1, "SIGUSR1"),
+    (SIGUSR2, "SIGUSR2"),
+];
 
 #[cfg(test)]
 mod tests {
@@ -85,5 +134,18 @@ mod tests {
         shutdown.trigger();
         shutdown.trigger();
         assert!(shutdown.stopping().is_cancelled() && shutdown.hurrying().is_cancelled());
+    }
+
+    #[test]
+    fn a_fast_stop_stops_and_hurries_at_once_and_ignored_signals_change_nothing() {
+        let shutdown = Shutdown::new();
+        for signal in [SIGHUP, SIGUSR1, SIGUSR2] {
+            shutdown.on_signal(signal);
+        }
+        assert!(!shutdown.stopping().is_cancelled() && !shutdown.hurrying().is_cancelled());
+        shutdown.on_signal(SIGQUIT);
+        assert!(shutdown.stopping().is_cancelled() && shutdown.hurrying().is_cancelled());
+        shutdown.on_signal(SIGQUIT);
+        shutdown.on_signal(SIGTERM);
     }
 }

@@ -69,7 +69,9 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     }
     let schema = if connect {
         let client = super::connect(config).await?;
-        Some(migrate::check(&client).await?)
+        let version = migrate::check(&client).await?;
+        crate::health::check_writable(&client).await?;
+        Some(version)
     } else {
         None
     };

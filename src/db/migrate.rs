@@ -100,6 +100,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0016_claim_tokens",
         sql: include_str!("../../sql/0016_claim_tokens.sql"),
     },
+    Migration {
+        version: 17,
+        name: "0017_prepared_producers",
+        sql: include_str!("../../sql/0017_prepared_producers.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -1,8 +1,14 @@
 //! The two-phase stop: stop claiming, let running tasks finish for a grace period, then
-//! stop the analyzers still running, wait for each to return, and settle every claim. The
-//! settling waits for the database at most one more grace period: a daemon told to stop while
-//! the database is unreachable exits, its unsettled claims left RUNNING for their leases to
-//! expire.
+//! stop the analyzers still running, wait for each to return, and settle every claim.
+//!
+//! The grace bounds the wait for the analyzers; giving the claims back has a bound of its own,
+//! [`settle_bound`]: one more grace, but never less than [`SETTLE_AT_LEAST`], so that a grace
+//! of zero ("do not wait for the analyzers") still waits for the database to take the tasks
+//! back. When that bound passes, the completer gives up, and one last look at the table
+//! ([`SWEEP_BOUND`]) counts what is really unsettled: a write given up on may have landed
+//! anyway, and the rows still RUNNING under this instance are given back if the database
+//! answers now. Only claims the database never took back count: a daemon told to stop while
+//! the database is unreachable exits, those claims left RUNNING for their leases to expire.
 //!
 //! Called by [`crate::daemon`] after [`Worker::run`] returned.
 
@@ -11,13 +17,28 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Worker;
+use crate::db::DbError;
+use crate::queue::{self, FinishError};
+
+/// The least time the last writes get, whatever the grace ("Two-phase shutdown" in
+/// docs/design.md).
+const SETTLE_AT_LEAST: Duration = Duration::from_secs(5);
+
+/// How long the last look for unsettled claims waits for the database.
+const SWEEP_BOUND: Duration = Duration::from_secs(2);
+
+/// How long the last writes may wait for the database after the analyzers were stopped:
+/// `grace`, but at least [`SETTLE_AT_LEAST`].
+fn settle_bound(grace: Duration) -> Duration {
+    grace.max(SETTLE_AT_LEAST)
+}
 
 impl Worker {
     /// The two-phase stop, after [`Worker::run`] returned: let running tasks finish for up
     /// to `grace` (or until `hurry` fires), then stop the analyzers that still run, wait for
     /// each to return, commit what finished and release the rest to QUEUED. Returns how many
-    /// claims were left unsettled because the database did not answer within one more
-    /// `grace` (0 after a clean stop).
+    /// claims were left unsettled because the database did not take them within
+    /// [`settle_bound`] (0 after a clean stop).
     pub async fn shutdown(&self, grace: Duration, hurry: CancellationToken) -> usize {
         let tracker = &self.inner.tracker;
         tracker.close();
@@ -39,20 +60,72 @@ impl Worker {
                 tracing::info!(running = self.running(), "shutdown grace is over; stopping the analyzers");
             }
             _ = hurry.cancelled() => {
-                tracing::info!(running = self.running(), "second signal; stopping the analyzers");
+                tracing::info!(running = self.running(), "skipping the rest of the grace; stopping the analyzers");
             }
         }
         self.inner.abort.cancel();
-        let settled = tokio::time::timeout(grace, tracker.wait()).await;
-        if settled.is_err() {
-            tracing::warn!(
-                unsettled = self.running(),
-                "the database did not answer for the last claims within the grace; leaving them RUNNING: their leases expire and another daemon runs them again"
-            );
-            self.inner.completer.give_up();
-            tracker.wait().await;
+        let bound = settle_bound(grace);
+        if tokio::time::timeout(bound, tracker.wait()).await.is_ok() {
+            self.inner.heartbeat_stop.cancel();
+            return 0;
         }
+        tracing::warn!(
+            unsettled = self.running(),
+            bound_ms = bound.as_millis() as u64,
+            "the database did not take the last claims back in time; giving up on them"
+        );
+        self.inner.completer.give_up();
+        tracker.wait().await;
         self.inner.heartbeat_stop.cancel();
-        self.inner.completer.abandoned()
+        let abandoned = self.inner.completer.abandoned();
+        match tokio::time::timeout(SWEEP_BOUND, self.release_held()).await {
+            Ok(Ok(0)) => {
+                tracing::info!("every claim was settled after all");
+                0
+            }
+            Ok(Ok(left)) => {
+                tracing::warn!(unsettled = left, "leaving claims RUNNING: their leases expire and another daemon runs them again");
+                left
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(unsettled = abandoned, error = %err, "leaving claims RUNNING: their leases expire and another daemon runs them again");
+                abandoned
+            }
+            Err(_) => {
+                tracing::warn!(unsettled = abandoned, "leaving claims RUNNING: their leases expire and another daemon runs them again");
+                abandoned
+            }
+        }
+    }
+
+    /// After every task ended: give back each row still RUNNING under this instance (a
+    /// write given up on that did not land), fenced on its claim's token, as a shutdown releases
+    /// its claims. Returns how many could not be given back.
+    ///
+    /// # Errors
+    ///
+    /// The database did not answer the look-up.
+    async fn release_held(&self) -> Result<usize, DbError> {
+        let inner = &self.inner;
+        let client = inner.pool.get().await?;
+        let held = client
+            .bounded(queue::held_by(&client, &inner.instance))
+            .await?;
+        let mut left = 0;
+        for (id, attempt, token) in held {
+            match client
+                .bounded(queue::release(&client, token, id, false))
+                .await
+            {
+                Ok(status) => {
+                    tracing::info!(id, attempt, %status, "task released for another daemon");
+                }
+                // Not given back: its lease expires.
+                Err(FinishError::Db(_) | FinishError::Locked) => left += 1,
+                // Changed meanwhile (finished by a late write, canceled, deleted): settled.
+                Err(_) => {}
+            }
+        }
+        Ok(left)
     }
 }

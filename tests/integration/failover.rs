@@ -221,7 +221,12 @@ async fn a_failover_under_load_finishes_every_task_once_within_30_s_of_the_promo
         within(WAIT, sql, client.batch_execute(sql)).await.unwrap();
     }
     let standby = Cluster::start_standby_of(&primary);
-    within(WAIT, "synchronous replication", wait_streaming(&client, "sync")).await;
+    within(
+        WAIT,
+        "synchronous replication",
+        wait_streaming(&client, "sync"),
+    )
+    .await;
     within(WAIT, "the backlog", insert_payloads(&client, TASKS)).await;
 
     let url = format!(

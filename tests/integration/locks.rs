@@ -36,7 +36,10 @@ async fn a_producers_open_cancel_delays_neither_the_heartbeat_nor_the_finish_of_
     let locked_at: String = within(
         WAIT,
         "the cancel",
-        tx.query_one("SELECT clock_timestamp()::text FROM pgtaskd.cancel($1)", &[&ids[0]]),
+        tx.query_one(
+            "SELECT clock_timestamp()::text FROM pgtaskd.cancel($1)",
+            &[&ids[0]],
+        ),
     )
     .await
     .unwrap()
@@ -143,7 +146,10 @@ async fn a_heartbeat_and_a_batched_finish_skip_a_locked_row_and_say_so() {
     .await
     .unwrap();
     assert!(matches!(answers[0], Ok(TaskStatus::Failed)), "{answers:?}");
-    assert!(matches!(answers[1], Err(FinishError::Locked)), "{answers:?}");
+    assert!(
+        matches!(answers[1], Err(FinishError::Locked)),
+        "{answers:?}"
+    );
     assert!(matches!(answers[2], Ok(TaskStatus::Failed)), "{answers:?}");
     tx.commit().await.unwrap();
     let status = within(
@@ -153,7 +159,11 @@ async fn a_heartbeat_and_a_batched_finish_skip_a_locked_row_and_say_so() {
     )
     .await
     .unwrap();
-    assert_eq!(status, TaskStatus::Canceled, "its cancel was committed first");
+    assert_eq!(
+        status,
+        TaskStatus::Canceled,
+        "its cancel was committed first"
+    );
 }
 
 #[tokio::test]
@@ -167,7 +177,9 @@ async fn a_claim_given_back_and_the_next_claim_share_an_attempt_but_not_a_token(
         .unwrap()
         .remove(0);
     assert_eq!(
-        queue::release(&client, first.token, id, true).await.unwrap(),
+        queue::release(&client, first.token, id, true)
+            .await
+            .unwrap(),
         TaskStatus::Queued
     );
     let second = queue::claim(&client, "a", &queues, 1, Duration::from_secs(30))
@@ -181,9 +193,15 @@ async fn a_claim_given_back_and_the_next_claim_share_an_attempt_but_not_a_token(
     // Every write of the first claim is refused; the second claim's lands.
     let outcome = Outcome::Failed("stale".into());
     let stale = queue::finish(&client, first.token, id, &outcome, true).await;
-    assert!(matches!(stale, Err(FinishError::NotRunning { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(FinishError::NotRunning { .. })),
+        "{stale:?}"
+    );
     let stale = queue::release(&client, first.token, id, true).await;
-    assert!(matches!(stale, Err(FinishError::NotRunning { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(FinishError::NotRunning { .. })),
+        "{stale:?}"
+    );
     let beats = queue::heartbeat(&client, &[id], &[first.token], Duration::from_secs(30))
         .await
         .unwrap();

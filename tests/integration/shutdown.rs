@@ -351,8 +351,8 @@ impl Drop for KillOnDrop {
 }
 
 /// Stopped while the database is down, a daemon does not wait for it forever: its last
-/// claim's finish retries for one more grace, then the daemon returns (exit 69 for the
-/// binary), the row left RUNNING under its lease. Once the server is back and the lease has
+/// claim's finish retries for the settle bound (one more grace, at least 5 s), then the
+/// daemon returns (exit 69 for the binary), the row left RUNNING under its lease. Once the server is back and the lease has
 /// expired, another daemon runs the task: nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_while_the_database_is_down_gives_up_after_the_grace_and_leaves_the_claim_to_its_lease(
@@ -389,4 +389,105 @@ async fn a_stop_while_the_database_is_down_gives_up_after_the_grace_and_leaves_t
     let task = wait_status(&client, id, TaskStatus::Succeeded).await;
     assert_eq!(task.attempt, 2, "run again after the lease expired");
     second.stop().await;
+}
+
+/// `shutdown.grace = "0s"` means "do not wait for the analyzers", not "do not wait for the
+/// database to take the tasks back": stopped while two large texts are being analyzed and the
+/// rest of the backlog is claimed ahead, the daemon stops the analyzers at once, gives every
+/// claim back and exits 0, leaving no row RUNNING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_zero_grace_while_analyzers_run_gives_every_claim_back_and_exits_0() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // Four texts of 60 MB first in claim order, then 2,000 short ones.
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+             SELECT repeat('large text ', 6000000) FROM generate_series(1, 4)",
+            &[],
+        )
+        .await
+        .unwrap();
+    insert_payloads(&client, 2_000).await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 2\n[shutdown]\ngrace = \"0s\"\n",
+        &[],
+    );
+    // An analyzer has started on a large text: SIGTERM lands while it runs.
+    daemon.wait_for_log("bytes=66000000").await;
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait().await;
+    let log = daemon.log_text();
+    assert!(
+        log.contains("stopping the analyzers running=1")
+            || log.contains("stopping the analyzers running=2"),
+        "the analyzers were running at the stop:\n{log}"
+    );
+    let counts = within(WAIT, "the status counts", status_counts(&client)).await;
+    assert!(
+        counts.iter().all(|(status, _)| status != "RUNNING"),
+        "{counts:?}\n{log}"
+    );
+    assert_eq!(status.code(), Some(0), "{counts:?}\n{log}");
+    let leftover = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.tasks
+              WHERE status = 'QUEUED' AND (attempt <> 0 OR lease_owner IS NOT NULL)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        leftover.get::<_, i64>(0),
+        0,
+        "released claims keep no lease"
+    );
+}
+
+/// A release the stop gave up on may still land: the daemon counts what is really left
+/// RUNNING, not what it stopped waiting for. The row is locked while the analyzer is stopped,
+/// so that the release waits past the settle bound; the lock is let go once the daemon has
+/// given up, the release lands, and the daemon exits 0 with the task QUEUED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_given_up_on_that_lands_anyway_counts_as_settled_and_exits_0() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT repeat('large text ', 6000000) RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 1\n[shutdown]\ngrace = \"0s\"\n",
+        &[],
+    );
+    daemon.wait_for_log("bytes=66000000").await;
+    let locker = db.client().await;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM pgtaskd.tasks WHERE id = {id} FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_for_log("giving up on them").await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    let status = daemon.wait().await;
+    let log = daemon.log_text();
+    assert!(
+        log.contains("stopping the analyzers running=1"),
+        "the analyzer was running at the stop:\n{log}"
+    );
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(
+        (task.status, task.attempt),
+        (TaskStatus::Queued, 0),
+        "{log}"
+    );
+    assert_eq!(status.code(), Some(0), "{log}");
 }

@@ -19,8 +19,12 @@
 //! that a failover manager moved. The connect timeout holds for each server tried.
 //!
 //! Every session gets `application_name = pgtaskd/<instance id>`, TCP keepalives and a
-//! user timeout, so that a dead peer is noticed in seconds. Daemon sessions also get
-//! `statement_timeout`, `lock_timeout` and `idle_in_transaction_session_timeout`.
+//! user timeout, so that a dead peer is noticed in seconds. Every session also sets, as
+//! startup options, what pgtaskd relies on and a database or role default could change
+//! (docs/design.md, "Sessions set what they rely on"): `statement_timeout`, `lock_timeout`
+//! and `idle_in_transaction_session_timeout`, and read-committed, read-write, not deferrable
+//! transactions. A setting given in the connection string's own `options` comes first, so
+//! these win over it as over the database's and the role's defaults.
 
 pub mod conninfo;
 mod libpq;
@@ -183,26 +187,43 @@ impl ConnectSettings {
         self.config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite
     }
 
-    /// Deadlines for the daemon's sessions, passed as startup options so that they hold
-    /// from the first statement on and survive a pool's connection reuse.
+    /// What the daemon's sessions rely on, passed as startup options so that it holds from
+    /// the first statement on, survives a pool's connection reuse, and wins over
+    /// `ALTER DATABASE ... SET` and `ALTER ROLE ... SET` (a client's setting comes later).
     fn add_session_timeouts(&mut self, statement_timeout: Duration) {
         let mut options = self.config.get_options().unwrap_or_default().to_string();
-        for (name, value) in [
-            ("statement_timeout", statement_timeout),
-            ("lock_timeout", statement_timeout),
+        let millis = |d: Duration| d.as_millis().to_string();
+        let settings = [
+            ("statement_timeout", millis(statement_timeout)),
+            ("lock_timeout", millis(statement_timeout)),
             (
                 "idle_in_transaction_session_timeout",
-                IDLE_IN_TRANSACTION_TIMEOUT,
+                millis(IDLE_IN_TRANSACTION_TIMEOUT),
             ),
-        ] {
+        ];
+        let fixed = SESSION_DEFAULTS
+            .iter()
+            .map(|(name, value)| (*name, value.to_string()));
+        for (name, value) in settings.into_iter().chain(fixed) {
             if !options.is_empty() {
                 options.push(' ');
             }
-            options.push_str(&format!("-c {name}={}", value.as_millis()));
+            // A space inside a startup option's value is escaped with a backslash.
+            options.push_str(&format!("-c {name}={}", value.replace(' ', "\\ ")));
         }
         self.config.options(&options);
     }
 }
+
+/// The transaction defaults every statement of pgtaskd is written for. A database default
+/// of `serializable` made every claim conflict with its neighbours' (a 20,000-task drain
+/// took 15 times as long, with thousands of retries); `default_transaction_read_only = on`
+/// failed every write while the server answered reads.
+const SESSION_DEFAULTS: [(&str, &str); 3] = [
+    ("default_transaction_isolation", "read committed"),
+    ("default_transaction_read_only", "off"),
+    ("default_transaction_deferrable", "off"),
+];
 
 /// The scheme of a URL that is not PostgreSQL's (`mysql://...`), which would otherwise be
 /// read as a malformed key=value string.
@@ -290,6 +311,13 @@ mod tests {
         assert!(options.contains("-c lock_timeout=1500"), "{options}");
         assert!(
             options.contains("-c idle_in_transaction_session_timeout=60000"),
+            "{options}"
+        );
+        assert!(
+            options.ends_with(
+                "-c default_transaction_isolation=read\\ committed \
+                 -c default_transaction_read_only=off -c default_transaction_deferrable=off"
+            ),
             "{options}"
         );
     }
