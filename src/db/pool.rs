@@ -115,8 +115,12 @@ impl Pool {
     async fn check_replication(&self, session: &Session, id: ObjectId) -> Result<(), DbError> {
         let unreplicated: bool = session
             .bounded(async {
-                let row = session.query_one(UNREPLICATED, &[]).await?;
-                Ok::<_, DbError>(row.get(0))
+                let rows = session.simple_query(UNREPLICATED).await?;
+                let answer = rows.iter().find_map(|message| match message {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                    _ => None,
+                });
+                Ok::<_, DbError>(answer.unwrap_or(false))
             })
             .await?;
         if !unreplicated {
