@@ -8,11 +8,11 @@ use crate::cli::ListArgs;
 use crate::config::Config;
 use crate::queue::{self, Listed, RetryOutcome, Stats, TaskStatus};
 
-use super::{checked, connect, CommandError};
+use super::{checked, session, CommandError};
 
 /// Pause `queue` and say so (also when it was paused already).
 pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     if checked(&client, queue::pause(&client, queue_name)).await? {
         println!(
             "queue {queue_name} paused: daemons claim nothing more from it; running tasks finish"
@@ -25,7 +25,7 @@ pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode,
 
 /// Resume `queue` and say so (also when it was not paused).
 pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     if checked(&client, queue::resume(&client, queue_name)).await? {
         println!("queue {queue_name} resumed");
     } else {
@@ -37,7 +37,7 @@ pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode
 /// Put task `id` back to QUEUED: 3 when there is no such task, 4 when it is not FAILED or
 /// CANCELED.
 pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     match checked(&client, queue::retry(&client, id)).await? {
         RetryOutcome::Requeued(was) => println!("QUEUED (was {was})"),
         RetryOutcome::Refused(status) => return Err(CommandError::NotRetryable { id, status }),
@@ -48,7 +48,7 @@ pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandE
 
 /// Print the latest tasks `args` select, newest first.
 pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let filter = queue::ListFilter {
         queue: args.queue.clone(),
         status: args.status,
@@ -67,7 +67,7 @@ pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, C
 
 /// Print every queue's figures and the daemons connected.
 pub(super) async fn stats(config: &Config, json: bool) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let stats = checked(&client, queue::stats(&client)).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);

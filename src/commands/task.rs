@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::queue::{self, CancelOutcome, Task, TaskStatus};
 
 use super::wait::Waiter;
-use super::{checked, connect, CommandError};
+use super::{checked, session, CommandError};
 
 /// Insert the task `args` describe and print its id; with `--wait`, wait for it as `wait`
 /// does.
@@ -30,7 +30,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         )?;
         return waiter.wait(config, &[id], args.timeout, args.json).await;
     }
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let id = enqueued(
         args,
         checked(&client, queue::enqueue(&client, &task)).await?,
@@ -41,7 +41,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
 
 /// Print task `id`, for people or as JSON.
 pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let task = checked(&client, queue::get(&client, id))
         .await?
         .ok_or(CommandError::NotFound(id))?;
@@ -56,7 +56,7 @@ pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitC
 
 /// Cancel task `id`, or ask its worker to stop it.
 pub(super) async fn cancel(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     match checked(&client, queue::cancel(&client, id)).await? {
         CancelOutcome::Canceled => println!("CANCELED"),
         CancelOutcome::Requested => {

@@ -343,3 +343,59 @@ async fn schema_14_resolves_nothing_through_the_migrating_roles_search_path() {
         "the session's search_path is back"
     );
 }
+
+/// Every one-shot command, with the arguments it needs.
+const ONE_SHOT_COMMANDS: &[&[&str]] = &[
+    &["enqueue", "text"],
+    &["status", "1"],
+    &["cancel", "1"],
+    &["retry", "1"],
+    &["list"],
+    &["stats"],
+    &["pause", "reports"],
+    &["resume", "reports"],
+    &["wait", "1", "--timeout", "1s"],
+];
+
+/// A statement of an older or newer schema can succeed and mean something else: the one-shot
+/// commands check the version before their statement, and say what `run` says.
+#[tokio::test]
+async fn one_shot_commands_refuse_an_older_schema_and_a_newer_one() {
+    let (older, client) = database_at(pgtaskd::db::migrate::LATEST_VERSION - 1).await;
+    for args in ONE_SHOT_COMMANDS {
+        let (status, stdout, stderr) = pgtaskd(Some(&older.url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stdout} {stderr}");
+        assert!(
+            stderr.contains("older than this binary") && stderr.contains("run `pgtaskd migrate`"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pgtaskd.tasks) + (SELECT count(*) FROM pgtaskd.paused_queues)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0, "nothing was written");
+
+    let newer = TestDb::new().await;
+    newer
+        .client()
+        .await
+        .execute(
+            "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES (999, '0999_future')",
+            &[],
+        )
+        .await
+        .unwrap();
+    for args in ONE_SHOT_COMMANDS {
+        let (status, stdout, stderr) = pgtaskd(Some(&newer.url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stdout} {stderr}");
+        assert!(
+            stderr.contains("version 999, newer than this binary")
+                && stderr.contains("upgrade pgtaskd"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
