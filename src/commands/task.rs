@@ -22,6 +22,10 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         idempotency_key: args.key.clone(),
         ..queue::NewTask::new(&args.queue, &payload)
     };
+    // The arguments were checked by the parser; the payload is known only now. Refused as
+    // the HTTP API refuses it, before a connection is opened.
+    task.check()
+        .map_err(|err| CommandError::Usage(err.to_string()))?;
     if args.wait {
         let mut waiter = Waiter::open(config).await?;
         let id = enqueued(

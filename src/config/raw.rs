@@ -228,8 +228,10 @@ impl RawConfig {
                 if queues.is_empty() {
                     return Err((span, "worker.queues must name at least one queue".into()));
                 }
-                if queues.iter().any(|q| q.trim().is_empty()) {
-                    return Err((span, "worker.queues has an empty queue name".into()));
+                for queue in &queues {
+                    if let Err(err) = crate::queue::enqueue::check_queue_name(queue) {
+                        return Err((span, format!("worker.queues: {err}: {queue:?}")));
+                    }
                 }
                 queues
             }

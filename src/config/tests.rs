@@ -125,6 +125,16 @@ fn bad_values_are_named_with_their_line() {
         ("[worker]\nconcurrency = 0\n", 2, "worker.concurrency"),
         ("[worker]\n\nqueues = []\n", 3, "worker.queues"),
         (
+            "[worker]\nqueues = [\"a\", \" \"]\n",
+            2,
+            "worker.queues: the queue name is empty",
+        ),
+        (
+            &format!("[worker]\n\nqueues = [\"{}\"]\n", "q".repeat(129)),
+            3,
+            "worker.queues: the queue name is 129 bytes long; the limit is 128",
+        ),
+        (
             "[worker]\npoll_interval = \"0s\"\n",
             2,
             "worker.poll_interval",

@@ -95,6 +95,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0015_definer_paths",
         sql: include_str!("../../sql/0015_definer_paths.sql"),
     },
+    Migration {
+        version: 16,
+        name: "0016_queue_names",
+        sql: include_str!("../../sql/0016_queue_names.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

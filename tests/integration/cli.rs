@@ -281,3 +281,79 @@ async fn a_closed_pipe_or_a_full_disk_ends_a_command_without_a_panic() {
     assert!(stderr.contains("No space left on device"), "{stderr}");
     assert_eq!(stderr.lines().last(), Some("1"), "{stderr}");
 }
+
+/// The CLI refuses what the HTTP API refuses, with the same words, before it connects: a NUL
+/// in the payload, an empty or over-long idempotency key, an empty queue. Exit 2, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_refuses_what_http_refuses_with_the_same_words() {
+    let db = TestDb::new().await;
+    let port = crate::support::free_port();
+    let config = db.config(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let daemon = crate::support::InProcessDaemon::start(
+        &db,
+        config,
+        crate::support::GatedAnalyzer::counting(),
+    )
+    .await;
+    let nul = TempPath::write("nul \u{0} inside");
+    let nul_path = nul.path().to_string_lossy().into_owned();
+    let long_key = "k".repeat(300);
+    let payload_nul = "the payload contains a NUL character, which PostgreSQL text cannot hold";
+    let bad_key = "the idempotency key must be 1 to 255 visible ASCII characters";
+    let no_queue = "the queue name is empty";
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/tasks");
+    let text = |body: &str| {
+        http.post(&url)
+            .header("content-type", "text/plain")
+            .body(body.to_string())
+    };
+    let cases: Vec<(Vec<&str>, reqwest::RequestBuilder, &str)> = vec![
+        (
+            vec!["enqueue", "--file", &nul_path],
+            text("nul \u{0} inside"),
+            payload_nul,
+        ),
+        (
+            vec!["enqueue", "x", "--key", ""],
+            text("x").header("idempotency-key", ""),
+            bad_key,
+        ),
+        (
+            vec!["enqueue", "x", "--key", &long_key],
+            text("x").header("idempotency-key", &long_key),
+            bad_key,
+        ),
+        (
+            vec!["enqueue", "x", "--queue", ""],
+            http.post(&url)
+                .header("content-type", "application/json")
+                .body(r#"{"payload": "x", "queue": ""}"#),
+            no_queue,
+        ),
+    ];
+    for (args, request, words) in cases {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &args).await;
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        let response = crate::support::within(crate::support::WAIT, "a response", request.send())
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{args:?}");
+        let body: serde_json::Value =
+            crate::support::within(crate::support::WAIT, "a body", response.json())
+                .await
+                .unwrap();
+        assert_eq!(body, serde_json::json!({ "error": words }), "{args:?}");
+    }
+    let client = db.client().await;
+    let tasks: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tasks, 0, "nothing was written");
+    daemon.stop().await;
+}

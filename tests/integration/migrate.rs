@@ -253,7 +253,10 @@ async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
     )
     .await
     .unwrap();
-    assert_eq!(applied, vec![14, 15]);
+    assert_eq!(
+        applied,
+        (14..=pgtaskd::db::migrate::LATEST_VERSION).collect::<Vec<_>>()
+    );
     let lock_timeout: String = within(
         WAIT,
         "the session's lock timeout",
@@ -398,4 +401,64 @@ async fn one_shot_commands_refuse_an_older_schema_and_a_newer_one() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// Schema 16 limits queue names to 128 bytes. It changes no existing name: over a task (or
+/// a pause) with a longer one it refuses to apply, says how many and what to do, and leaves
+/// the schema at 15; once they are renamed it applies, with the table's constraint added
+/// NOT VALID (no scan under the table's lock), which VALIDATE can then mark valid.
+#[tokio::test]
+async fn schema_16_refuses_to_apply_over_longer_queue_names_until_they_are_renamed() {
+    let (db, mut client) = database_at(15).await;
+    let long = "q".repeat(129);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('a', '{long}'), ('b', '{long}'), ('c', 'ok');
+             INSERT INTO pgtaskd.paused_queues (queue) VALUES ('{long}');"
+        ))
+        .await
+        .unwrap();
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits queue names to 1 to 128 bytes, and 2 tasks and 1 paused queues"),
+        "{stderr}"
+    );
+    let version: i32 = client
+        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 15, "nothing was applied");
+
+    client
+        .batch_execute(&format!(
+            "UPDATE pgtaskd.tasks SET queue = 'renamed' WHERE queue = '{long}';
+             UPDATE pgtaskd.paused_queues SET queue = 'renamed' WHERE queue = '{long}';"
+        ))
+        .await
+        .unwrap();
+    let applied = within(
+        WAIT,
+        "migration 16",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied, [16]);
+    let validated = "SELECT convalidated FROM pg_constraint WHERE conname = 'tasks_queue_name'";
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(!row.get::<_, bool>(0), "added NOT VALID");
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks VALIDATE CONSTRAINT tasks_queue_name")
+        .await
+        .unwrap();
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(row.get::<_, bool>(0));
+    let lock_timeout: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lock_timeout, "0", "the session's setting is as it was");
 }
