@@ -357,3 +357,41 @@ async fn enqueue_refuses_what_http_refuses_with_the_same_words() {
     assert_eq!(tasks, 0, "nothing was written");
     daemon.stop().await;
 }
+
+/// `/dev/zero` as the configuration was read until the OOM killer came: the read stops past
+/// 1 MiB, and every command that reads a configuration exits 78 naming the file and the limit.
+#[tokio::test]
+async fn a_config_file_over_one_mebibyte_exits_78_naming_the_file_and_the_limit() {
+    for args in [
+        &["check-config", "--config", "/dev/zero"][..],
+        &["run", "--config", "/dev/zero"],
+        &["status", "1", "--config", "/dev/zero"],
+    ] {
+        let (status, stdout, stderr) = pgtaskd(None, args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(
+            stderr.contains("config file /dev/zero is larger than 1048576 bytes (1 MiB)"),
+            "{stderr}"
+        );
+    }
+}
+
+/// PostgreSQL takes a timeout of at most INT_MAX milliseconds: a longer statement_timeout
+/// used to pass check-config, and `run` then retried the refused sessions forever.
+#[tokio::test]
+async fn a_statement_timeout_postgresql_refuses_exits_78_naming_the_key_and_line() {
+    let config = TempPath::write("[database]\nstatement_timeout = \"30days\"\n");
+    let path = config.path().to_string_lossy().to_string();
+    for args in [
+        &["check-config", "--config", &path][..],
+        &["run", "--config", &path],
+    ] {
+        let (status, _, stderr) = pgtaskd(Some(&nowhere()), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("line 2") && stderr.contains("database.statement_timeout is 30days"),
+            "{stderr}"
+        );
+    }
+}
