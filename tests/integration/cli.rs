@@ -395,3 +395,46 @@ async fn a_statement_timeout_postgresql_refuses_exits_78_naming_the_key_and_line
         );
     }
 }
+
+/// A `--database-url` whose port is served by something else (here an HTTP server, which
+/// answers the startup message with a 400) is named as such, not as "bytes remaining on
+/// stream"; it is still an outage (69), never "no such task". The server answers one
+/// connection at a time, as a test double may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_does_not_speak_postgresql_is_named_as_such() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                )
+                .await;
+            // Half-close, and read what the client still sends (a startup message after the
+            // answer to its TLS request), so that it sees the end of the stream, not a reset.
+            let _ = stream.shutdown().await;
+            while matches!(stream.read(&mut request).await, Ok(n) if n > 0) {}
+        }
+    });
+    for sslmode in ["disable", "prefer"] {
+        let url = format!("postgresql://pgtaskd@127.0.0.1:{port}/pgtaskd?sslmode={sslmode}");
+        let (status, stdout, stderr) =
+            pgtaskd(None, &["--database-url", &url, "status", "1"]).await;
+        assert_eq!(status.code(), Some(69), "{sslmode}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(
+            stderr.contains(&format!(
+                "port {port} failed: the server there does not speak the PostgreSQL protocol"
+            )),
+            "{sslmode}: {stderr}"
+        );
+    }
+    server.abort();
+}
