@@ -77,6 +77,22 @@ pub(super) async fn stats(config: &Config, json: bool) -> Result<ExitCode, Comma
     Ok(ExitCode::SUCCESS)
 }
 
+/// `text` for a terminal: control characters (an escape sequence in a queue name, a newline
+/// in an error) shown escaped as Rust writes them (`\u{1b}`, `\n`), so that a name a
+/// producer chose cannot move the cursor, recolour the screen or forge a line. Every other
+/// character is shown as it is; the JSON forms stay exact.
+pub(super) fn printable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
+}
+
 /// The human form of `list`: one line per task.
 fn describe_list(tasks: &[Listed]) -> String {
     let mut text = format!(
@@ -89,14 +105,14 @@ fn describe_list(tasks: &[Listed]) -> String {
                 "words={} bytes={} runes={}",
                 task.words, task.bytes, task.runes
             ),
-            TaskStatus::Failed => task.error.clone().unwrap_or_default(),
+            TaskStatus::Failed => printable(task.error.as_deref().unwrap_or_default()),
             _ => format!("{} bytes", task.payload_bytes),
         };
         let _ = writeln!(
             text,
             "{:>10}  {:<12} {:<9} {:>7}  {:<20}  {}",
             task.id,
-            task.queue,
+            printable(&task.queue),
             task.status.as_str(),
             format!("{}/{}", task.attempt, task.max_attempts),
             task.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
@@ -127,7 +143,7 @@ fn describe_stats(stats: &Stats) -> String {
         let _ = writeln!(
             text,
             "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
-            queue.queue,
+            printable(&queue.queue),
             if queue.paused { "paused" } else { "active" },
             queue.queued,
             queue.due,
@@ -142,8 +158,27 @@ fn describe_stats(stats: &Stats) -> String {
     } else {
         let _ = writeln!(text, "daemons: {}", stats.daemons.len());
         for daemon in &stats.daemons {
-            let _ = writeln!(text, "  {} ({} sessions)", daemon.instance, daemon.sessions);
+            let _ = writeln!(
+                text,
+                "  {} ({} sessions)",
+                printable(&daemon.instance),
+                daemon.sessions
+            );
         }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_are_shown_escaped_and_the_rest_as_it_is() {
+        assert_eq!(printable("default"), "default");
+        assert_eq!(printable("naïve 日本"), "naïve 日本");
+        assert_eq!(printable("\u{1b}[31mred\u{7}"), "\\u{1b}[31mred\\u{7}");
+        assert_eq!(printable("two\nlines\r"), "two\\nlines\\r");
+        assert_eq!(printable("\u{9b}2J"), "\\u{9b}2J");
+    }
 }

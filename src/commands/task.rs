@@ -123,10 +123,13 @@ pub fn describe_task(task: &Task) -> String {
     text.push('\n');
     text.push_str(&format!(
         "  queue: {}  priority: {}  attempt: {}/{}\n",
-        task.queue, task.priority, task.attempt, task.max_attempts
+        super::queues::printable(&task.queue),
+        task.priority,
+        task.attempt,
+        task.max_attempts
     ));
     if let Some(error) = &task.error {
-        text.push_str(&format!("  error: {error}\n"));
+        text.push_str(&format!("  error: {}\n", super::queues::printable(error)));
     }
     if task.cancel_requested {
         text.push_str("  cancel requested\n");

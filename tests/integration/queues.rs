@@ -595,3 +595,36 @@ async fn queue_names_over_128_bytes_are_refused_by_the_cli_http_and_the_tables()
         "only the name of 128 bytes"
     );
 }
+
+/// A queue name with an escape sequence (any producer may choose one) is shown escaped by
+/// `list`, `stats` and `status`, so that it cannot drive the operator's terminal; the JSON
+/// forms keep it exact.
+#[tokio::test]
+async fn list_stats_and_status_show_control_characters_of_a_queue_name_escaped() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let name = "evil\u{1b}[2J\u{7}";
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', $1) RETURNING id",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for args in [&["list"][..], &["stats"], &["status", &id.to_string()]] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), args).await;
+        assert!(status.success(), "{args:?}: {stderr}");
+        assert!(
+            !stdout.contains(|c: char| c.is_control() && c != '\n'),
+            "{args:?}: {stdout:?}"
+        );
+        assert!(
+            stdout.contains("evil\\u{1b}[2J\\u{7}"),
+            "{args:?}: {stdout}"
+        );
+    }
+    let rows = json_lines(&db.url, &["list", "--json"]).await;
+    assert_eq!(rows[0]["queue"], name);
+    assert_eq!(stats_json(&db.url).await["queues"][0]["queue"], name);
+}
