@@ -15,12 +15,15 @@ use super::{checked, session, CommandError};
 /// does.
 pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitCode, CommandError> {
     let payload = read_payload(args)?;
+    // The payload is moved, not copied: `enqueue --file` of a large file holds it once (and
+    // once more in the protocol message that sends it).
     let task = queue::NewTask {
+        queue: args.queue.clone(),
+        payload,
         priority: args.priority,
         run_at: args.run_at.unwrap_or(queue::RunAt::Now),
         max_attempts: args.max_attempts,
         idempotency_key: args.key.clone(),
-        ..queue::NewTask::new(&args.queue, &payload)
     };
     // The arguments were checked by the parser; the payload is known only now. Refused as
     // the HTTP API refuses it, before a connection is opened.
