@@ -148,11 +148,13 @@ pub enum Command {
     /// Stop daemons claiming from a queue (running tasks finish; enqueueing goes on)
     Pause {
         /// The queue
+        #[arg(value_parser = parse_queue)]
         queue: String,
     },
     /// Let daemons claim from a paused queue again, at once
     Resume {
         /// The queue
+        #[arg(value_parser = parse_queue)]
         queue: String,
     },
     /// Put a FAILED or CANCELED task back to QUEUED, as if new (attempt 0); exit 3 for an
@@ -174,7 +176,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// Only this queue
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = parse_queue)]
     pub queue: Option<String>,
     /// Only this status: queued, running, succeeded, failed or canceled
     #[arg(long, value_name = "S", value_parser = parse_status)]
@@ -253,8 +255,8 @@ pub struct EnqueueArgs {
     /// Read the text from this file
     #[arg(long, value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// The queue to put it in
-    #[arg(long, default_value = crate::config::DEFAULT_QUEUE)]
+    /// The queue to put it in (1 to 128 bytes)
+    #[arg(long, default_value = crate::config::DEFAULT_QUEUE, value_parser = parse_queue)]
     pub queue: String,
     /// Higher is claimed first (default 0)
     #[arg(long, allow_negative_numbers = true)]
@@ -266,7 +268,8 @@ pub struct EnqueueArgs {
     #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: Option<i32>,
     /// Idempotency key, unique per queue: enqueueing again with it prints the first task's id
-    #[arg(long, value_name = "K")]
+    /// (1 to 255 visible ASCII characters)
+    #[arg(long, value_name = "K", value_parser = parse_key)]
     pub key: Option<String>,
     /// Then wait until the task is finished, as `pgtaskd wait` does
     #[arg(long)]
@@ -290,6 +293,18 @@ pub struct WaitArgs {
     /// Print each row as one line of JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// A queue name, by the rule the HTTP API and the table apply.
+fn parse_queue(text: &str) -> Result<String, String> {
+    crate::queue::enqueue::check_queue_name(text).map_err(|err| err.to_string())?;
+    Ok(text.to_string())
+}
+
+/// An idempotency key, by the rule the HTTP API applies to `Idempotency-Key`.
+fn parse_key(text: &str) -> Result<String, String> {
+    crate::queue::enqueue::check_idempotency_key(text).map_err(|err| err.to_string())?;
+    Ok(text.to_string())
 }
 
 /// An RFC 3339 time, or a delay such as "10m" counted from the database's clock.

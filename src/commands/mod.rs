@@ -214,10 +214,22 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
     }
 }
 
-/// One session for a one-shot command.
+/// One session, as it comes: for `run` and `migrate`, which check or migrate the schema
+/// themselves.
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError> {
     let settings = ConnectSettings::new(&config.database, "cli")?;
     Ok(settings.connect().await?)
+}
+
+/// One session for a one-shot command (`enqueue`, `status`, `cancel`, `retry`, `list`,
+/// `stats`, `pause`, `resume`), on a schema checked to be this binary's, as `run` checks it:
+/// a statement of another version's schema can succeed and mean something else (a function
+/// whose arguments changed, a column added since), so the check comes first, not after a
+/// failure. A missing, older or newer schema is a configuration error (78) with the hint.
+async fn session(config: &Config) -> Result<tokio_postgres::Client, CommandError> {
+    let client = connect(config).await?;
+    migrate::check(&client).await?;
+    Ok(client)
 }
 
 /// Await one statement of a one-shot command. When the server answers it with an error,

@@ -8,11 +8,11 @@ use crate::cli::ListArgs;
 use crate::config::Config;
 use crate::queue::{self, Listed, RetryOutcome, Stats, TaskStatus};
 
-use super::{checked, connect, CommandError};
+use super::{checked, session, CommandError};
 
 /// Pause `queue` and say so (also when it was paused already).
 pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     if checked(&client, queue::pause(&client, queue_name)).await? {
         println!(
             "queue {queue_name} paused: daemons claim nothing more from it; running tasks finish"
@@ -25,7 +25,7 @@ pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode,
 
 /// Resume `queue` and say so (also when it was not paused).
 pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     if checked(&client, queue::resume(&client, queue_name)).await? {
         println!("queue {queue_name} resumed");
     } else {
@@ -37,7 +37,7 @@ pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode
 /// Put task `id` back to QUEUED: 3 when there is no such task, 4 when it is not FAILED or
 /// CANCELED.
 pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     match checked(&client, queue::retry(&client, id)).await? {
         RetryOutcome::Requeued(was) => println!("QUEUED (was {was})"),
         RetryOutcome::Refused(status) => return Err(CommandError::NotRetryable { id, status }),
@@ -48,7 +48,7 @@ pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandE
 
 /// Print the latest tasks `args` select, newest first.
 pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let filter = queue::ListFilter {
         queue: args.queue.clone(),
         status: args.status,
@@ -67,7 +67,7 @@ pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, C
 
 /// Print every queue's figures and the daemons connected.
 pub(super) async fn stats(config: &Config, json: bool) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let stats = checked(&client, queue::stats(&client)).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
@@ -75,6 +75,22 @@ pub(super) async fn stats(config: &Config, json: bool) -> Result<ExitCode, Comma
         print!("{}", describe_stats(&stats));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `text` for a terminal: control characters (an escape sequence in a queue name, a newline
+/// in an error) shown escaped as Rust writes them (`\u{1b}`, `\n`), so that a name a
+/// producer chose cannot move the cursor, recolour the screen or forge a line. Every other
+/// character is shown as it is; the JSON forms stay exact.
+pub(super) fn printable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 /// The human form of `list`: one line per task.
@@ -89,14 +105,14 @@ fn describe_list(tasks: &[Listed]) -> String {
                 "words={} bytes={} runes={}",
                 task.words, task.bytes, task.runes
             ),
-            TaskStatus::Failed => task.error.clone().unwrap_or_default(),
+            TaskStatus::Failed => printable(task.error.as_deref().unwrap_or_default()),
             _ => format!("{} bytes", task.payload_bytes),
         };
         let _ = writeln!(
             text,
             "{:>10}  {:<12} {:<9} {:>7}  {:<20}  {}",
             task.id,
-            task.queue,
+            printable(&task.queue),
             task.status.as_str(),
             format!("{}/{}", task.attempt, task.max_attempts),
             task.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
@@ -127,7 +143,7 @@ fn describe_stats(stats: &Stats) -> String {
         let _ = writeln!(
             text,
             "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
-            queue.queue,
+            printable(&queue.queue),
             if queue.paused { "paused" } else { "active" },
             queue.queued,
             queue.due,
@@ -142,8 +158,27 @@ fn describe_stats(stats: &Stats) -> String {
     } else {
         let _ = writeln!(text, "daemons: {}", stats.daemons.len());
         for daemon in &stats.daemons {
-            let _ = writeln!(text, "  {} ({} sessions)", daemon.instance, daemon.sessions);
+            let _ = writeln!(
+                text,
+                "  {} ({} sessions)",
+                printable(&daemon.instance),
+                daemon.sessions
+            );
         }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_are_shown_escaped_and_the_rest_as_it_is() {
+        assert_eq!(printable("default"), "default");
+        assert_eq!(printable("naïve 日本"), "naïve 日本");
+        assert_eq!(printable("\u{1b}[31mred\u{7}"), "\\u{1b}[31mred\\u{7}");
+        assert_eq!(printable("two\nlines\r"), "two\\nlines\\r");
+        assert_eq!(printable("\u{9b}2J"), "\\u{9b}2J");
+    }
 }

@@ -9,19 +9,26 @@ use crate::config::Config;
 use crate::queue::{self, CancelOutcome, Task, TaskStatus};
 
 use super::wait::Waiter;
-use super::{checked, connect, CommandError};
+use super::{checked, session, CommandError};
 
 /// Insert the task `args` describe and print its id; with `--wait`, wait for it as `wait`
 /// does.
 pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitCode, CommandError> {
     let payload = read_payload(args)?;
+    // The payload is moved, not copied: `enqueue --file` of a large file holds it once (and
+    // once more in the protocol message that sends it).
     let task = queue::NewTask {
+        queue: args.queue.clone(),
+        payload,
         priority: args.priority,
         run_at: args.run_at.unwrap_or(queue::RunAt::Now),
         max_attempts: args.max_attempts,
         idempotency_key: args.key.clone(),
-        ..queue::NewTask::new(&args.queue, &payload)
     };
+    // The arguments were checked by the parser; the payload is known only now. Refused as
+    // the HTTP API refuses it, before a connection is opened.
+    task.check()
+        .map_err(|err| CommandError::Usage(err.to_string()))?;
     if args.wait {
         let mut waiter = Waiter::open(config).await?;
         let id = enqueued(
@@ -30,7 +37,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         )?;
         return waiter.wait(config, &[id], args.timeout, args.json).await;
     }
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let id = enqueued(
         args,
         checked(&client, queue::enqueue(&client, &task)).await?,
@@ -41,7 +48,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
 
 /// Print task `id`, for people or as JSON.
 pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     let task = checked(&client, queue::get(&client, id))
         .await?
         .ok_or(CommandError::NotFound(id))?;
@@ -56,7 +63,7 @@ pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitC
 
 /// Cancel task `id`, or ask its worker to stop it.
 pub(super) async fn cancel(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
-    let client = connect(config).await?;
+    let client = session(config).await?;
     match checked(&client, queue::cancel(&client, id)).await? {
         CancelOutcome::Canceled => println!("CANCELED"),
         CancelOutcome::Requested => {
@@ -119,10 +126,13 @@ pub fn describe_task(task: &Task) -> String {
     text.push('\n');
     text.push_str(&format!(
         "  queue: {}  priority: {}  attempt: {}/{}\n",
-        task.queue, task.priority, task.attempt, task.max_attempts
+        super::queues::printable(&task.queue),
+        task.priority,
+        task.attempt,
+        task.max_attempts
     ));
     if let Some(error) = &task.error {
-        text.push_str(&format!("  error: {error}\n"));
+        text.push_str(&format!("  error: {}\n", super::queues::printable(error)));
     }
     if task.cancel_requested {
         text.push_str("  cancel requested\n");

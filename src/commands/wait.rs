@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use crate::cli::WaitArgs;
 use crate::config::Config;
+use crate::db::migrate;
 use crate::db::{ConnectSettings, DbError};
 use crate::queue::{self, TaskStatus};
 
@@ -30,11 +31,13 @@ pub(super) struct Waiter {
 const WAIT_MESSAGES: usize = 1024;
 
 impl Waiter {
-    /// Connect and LISTEN, before any row is read (docs/design.md, "Completion notifications").
+    /// Connect, check the schema as every one-shot command does, and LISTEN, before any row
+    /// is read (docs/design.md, "Completion notifications").
     pub(super) async fn open(config: &Config) -> Result<Waiter, CommandError> {
         let settings = ConnectSettings::new(&config.database, "cli")?;
         let (sender, messages) = tokio::sync::mpsc::channel(WAIT_MESSAGES);
         let (client, driver) = settings.open(Some(sender)).await?;
+        migrate::check(&client).await?;
         let listen = format!("LISTEN {}", crate::db::listen::DONE_CHANNEL);
         checked(&client, async {
             client.batch_execute(&listen).await.map_err(DbError::from)

@@ -33,6 +33,9 @@ mod wording;
 
 /// The file read when neither `--config` nor `PGTASKD_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
+/// The most a configuration file may hold: 1 MiB. A configuration is a few kilobytes; a path
+/// such as `/dev/zero` would otherwise be read until memory runs out.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
 /// The environment variable that, when set and not empty, overrides `database.url`.
@@ -196,6 +199,8 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("config file {path} is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), the most pgtaskd reads")]
+    TooLarge { path: PathBuf },
     #[error("{origin}: line {line}, column {column}: {message}")]
     Invalid {
         origin: String,
@@ -245,10 +250,7 @@ impl Config {
             None if Path::new(DEFAULT_CONFIG_PATH).exists() => PathBuf::from(DEFAULT_CONFIG_PATH),
             None => return Ok(Config::default()),
         };
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = read_bounded(&path)?;
         let mut config = Config::from_toml(&text, &path.display().to_string())?;
         config.file = Some(path);
         Ok(config)
@@ -292,6 +294,26 @@ impl Config {
             }
         })
     }
+}
+
+/// The text of the file at `path`, at most [`MAX_CONFIG_BYTES`] of it.
+fn read_bounded(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let failed = |source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(failed)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    String::from_utf8(bytes)
+        .map_err(|err| failed(std::io::Error::new(std::io::ErrorKind::InvalidData, err)))
 }
 
 /// The log format: `value` of `PGTASKD_LOG_FORMAT` when it is set and not empty, else the

@@ -198,6 +198,39 @@ fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
     }
 }
 
+/// The longest duration PostgreSQL takes for a timeout setting: `INT_MAX` milliseconds, about
+/// 24.8 days. A longer one passes here but is refused by the server at every connection.
+const SERVER_TIMEOUT_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// A duration sent to the server as a setting in whole milliseconds (`statement_timeout`, and
+/// `lock_timeout` with it): zero (off), or 1 ms to [`SERVER_TIMEOUT_MAX`]. A non-zero value
+/// under a millisecond would be sent as 0 and turn the timeout off.
+fn server_timeout(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
+    let duration = *value.get_ref();
+    if duration > SERVER_TIMEOUT_MAX {
+        return Err((
+            value.span(),
+            format!(
+                "{key} is {}, longer than PostgreSQL takes: at most {}ms (about 24.8 days), \
+                 or \"0s\" for no timeout",
+                humantime::format_duration(duration),
+                SERVER_TIMEOUT_MAX.as_millis()
+            ),
+        ));
+    }
+    if !duration.is_zero() && duration < Duration::from_millis(1) {
+        return Err((
+            value.span(),
+            format!(
+                "{key} is {}: PostgreSQL counts it in whole milliseconds, so it would turn the \
+                 timeout off; write at least \"1ms\", or \"0s\" for no timeout",
+                humantime::format_duration(duration)
+            ),
+        ));
+    }
+    Ok(duration)
+}
+
 impl RawConfig {
     pub(super) fn validate(self) -> Result<Config, Invalid> {
         let database = DatabaseConfig {
@@ -215,10 +248,10 @@ impl RawConfig {
                 Some(v) => nonzero("database.connect_timeout", v)?,
                 None => DEFAULT_CONNECT_TIMEOUT,
             },
-            statement_timeout: self
-                .database
-                .statement_timeout
-                .map_or(DEFAULT_STATEMENT_TIMEOUT, Spanned::into_inner),
+            statement_timeout: match &self.database.statement_timeout {
+                Some(v) => server_timeout("database.statement_timeout", v)?,
+                None => DEFAULT_STATEMENT_TIMEOUT,
+            },
         };
         let queues = match self.worker.queues {
             None => vec![DEFAULT_QUEUE.to_string()],
@@ -228,8 +261,10 @@ impl RawConfig {
                 if queues.is_empty() {
                     return Err((span, "worker.queues must name at least one queue".into()));
                 }
-                if queues.iter().any(|q| q.trim().is_empty()) {
-                    return Err((span, "worker.queues has an empty queue name".into()));
+                for queue in &queues {
+                    if let Err(err) = crate::queue::enqueue::check_queue_name(queue) {
+                        return Err((span, format!("worker.queues: {err}: {queue:?}")));
+                    }
                 }
                 queues
             }

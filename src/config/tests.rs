@@ -125,6 +125,16 @@ fn bad_values_are_named_with_their_line() {
         ("[worker]\nconcurrency = 0\n", 2, "worker.concurrency"),
         ("[worker]\n\nqueues = []\n", 3, "worker.queues"),
         (
+            "[worker]\nqueues = [\"a\", \" \"]\n",
+            2,
+            "worker.queues: the queue name is empty",
+        ),
+        (
+            &format!("[worker]\n\nqueues = [\"{}\"]\n", "q".repeat(129)),
+            3,
+            "worker.queues: the queue name is 129 bytes long; the limit is 128",
+        ),
+        (
             "[worker]\npoll_interval = \"0s\"\n",
             2,
             "worker.poll_interval",
@@ -166,6 +176,39 @@ fn bad_values_are_named_with_their_line() {
     }
 }
 
+/// PostgreSQL takes a timeout of at most INT_MAX milliseconds, in whole milliseconds: a longer
+/// one would be refused by the server at every connection (and `run` would retry forever), a
+/// shorter one would be sent as 0, no timeout.
+#[test]
+fn a_statement_timeout_the_server_would_refuse_or_round_to_off_is_named_with_its_line() {
+    for (value, needle) in [
+        (
+            "30days",
+            "database.statement_timeout is 30days, longer than PostgreSQL takes",
+        ),
+        ("2147483648ms", "at most 2147483647ms"),
+        ("500us", "would turn the timeout off"),
+    ] {
+        let (line, message) = invalid(&format!(
+            "[database]\npool_size = 2\nstatement_timeout = \"{value}\"\n"
+        ));
+        assert_eq!(line, 3, "{value}: {message}");
+        assert!(message.contains(needle), "{value}: {message}");
+    }
+    for (value, want) in [
+        ("2147483647ms", Duration::from_millis(i32::MAX as u64)),
+        ("1ms", Duration::from_millis(1)),
+        ("0s", Duration::ZERO),
+    ] {
+        let config = Config::from_toml(
+            &format!("[database]\nstatement_timeout = \"{value}\"\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(config.database.statement_timeout, want, "{value}");
+    }
+}
+
 #[test]
 fn sizes_take_iec_and_si_units() {
     for (text, bytes) in [
@@ -179,6 +222,16 @@ fn sizes_take_iec_and_si_units() {
             Config::from_toml(&format!("[worker]\nmax_inflight_bytes = {text}\n"), "t").unwrap();
         assert_eq!(config.worker.max_inflight_bytes, bytes, "{text}");
     }
+}
+
+#[test]
+fn a_file_over_one_mebibyte_is_refused_without_reading_it_all() {
+    let err = Config::load(Some(Path::new("/dev/zero"))).unwrap_err();
+    assert!(matches!(err, ConfigError::TooLarge { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "config file /dev/zero is larger than 1048576 bytes (1 MiB), the most pgtaskd reads"
+    );
 }
 
 #[test]

@@ -105,6 +105,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0017_prepared_producers",
         sql: include_str!("../../sql/0017_prepared_producers.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_queue_names",
+        sql: include_str!("../../sql/0018_queue_names.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

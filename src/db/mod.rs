@@ -147,6 +147,13 @@ impl DbError {
         while let Some(source) = reason.source() {
             reason = source;
         }
+        if speaks_another_protocol(&err, reason) {
+            return DbError::Unavailable(Cause::message(format!(
+                "{} failed: the server there does not speak the PostgreSQL protocol (it \
+                 answered with something else, such as HTTP): check the host and port",
+                servers(config)
+            )));
+        }
         DbError::Unavailable(Cause::message(format!(
             "{} failed: {reason}",
             servers(config)
@@ -161,6 +168,22 @@ impl DbError {
             | DbError::Rejected { cause, .. } => cause.code.as_ref(),
         }
     }
+}
+
+/// Whether a session's start failed because the peer's answer was not PostgreSQL's protocol
+/// (an HTTP server on the port, say): the answer ended inside what the client took for a
+/// message ("bytes remaining on stream", tokio-util's words at the end of a stream), its tag
+/// was none of the protocol's, or it came where another was due. Neither tokio-postgres nor
+/// tokio-util exposes these as kinds: only their fixed `Display` text tells them apart.
+fn speaks_another_protocol(
+    err: &tokio_postgres::Error,
+    reason: &(dyn std::error::Error + 'static),
+) -> bool {
+    let reason = reason.to_string();
+    err.code().is_none()
+        && (reason == "bytes remaining on stream"
+            || reason.starts_with("unknown message tag")
+            || err.to_string() == "unexpected message from server")
 }
 
 /// What to check when the password was refused or missing. pgtaskd takes the password from

@@ -2,8 +2,9 @@
 //! accept loop.
 //!
 //! Each connection holds a [`Ticket`] while it is open. At the cap, a new connection takes the
-//! place of the oldest one that is not handling a request (still reading its headers, or idle
-//! between requests): that one is told to close. Slow clients thus cannot keep a prompt one
+//! place of the oldest one that is not handling a request (still reading its headers, idle
+//! between requests, or waiting for the client to send more of a request's body): that one is
+//! told to close. Slow clients thus cannot keep a prompt one
 //! out (it is the newest, and it is busy once its headers are in), and the server never holds
 //! many more descriptors than the cap. When every connection is busy, or too many evicted ones
 //! are still closing, the new connection is refused: the caller closes it at once.
@@ -36,7 +37,17 @@ struct Registry {
 
 struct Slot {
     busy: Arc<AtomicUsize>,
+    /// Of the busy requests, those waiting for the client to send more of their body: as
+    /// idle as a connection reading its headers.
+    waiting: Arc<AtomicUsize>,
     evict: CancellationToken,
+}
+
+impl Slot {
+    /// Not answering anything: no request, or only requests that wait for their client.
+    fn idle(&self) -> bool {
+        self.busy.load(Ordering::Acquire) <= self.waiting.load(Ordering::Acquire)
+    }
 }
 
 /// What [`Connections::admit`] decided.
@@ -74,7 +85,7 @@ impl Connections {
             let oldest_idle = registry
                 .open
                 .iter()
-                .find(|(_, slot)| slot.busy.load(Ordering::Acquire) == 0)
+                .find(|(_, slot)| slot.idle())
                 .map(|(id, _)| *id);
             let Some(id) = oldest_idle else {
                 return Admission::Refused;
@@ -88,11 +99,13 @@ impl Connections {
         let id = registry.next;
         registry.next += 1;
         let busy = Arc::new(AtomicUsize::new(0));
+        let waiting = Arc::new(AtomicUsize::new(0));
         let evict = CancellationToken::new();
         registry.open.insert(
             id,
             Slot {
                 busy: Arc::clone(&busy),
+                waiting: Arc::clone(&waiting),
                 evict: evict.clone(),
             },
         );
@@ -100,6 +113,7 @@ impl Connections {
             connections: Arc::clone(self),
             id,
             busy,
+            waiting,
             evict,
         };
         if evicted {
@@ -115,6 +129,7 @@ pub struct Ticket {
     connections: Arc<Connections>,
     id: u64,
     busy: Arc<AtomicUsize>,
+    waiting: Arc<AtomicUsize>,
     evict: CancellationToken,
 }
 
@@ -135,6 +150,31 @@ impl Ticket {
             future.await
         })
     }
+}
+
+impl Ticket {
+    /// What a request's body counts itself in while it waits for the client to send more.
+    pub fn waiting(&self) -> Waiting {
+        Waiting(Arc::clone(&self.waiting))
+    }
+}
+
+/// The count of a connection's requests waiting for their client; see [`Waiting::enter`].
+#[derive(Clone)]
+pub struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    /// Counted as waiting for the client until the guard is dropped.
+    pub fn enter(&self) -> WaitingGuard {
+        WaitingGuard {
+            _busy: Busy::enter(&self.0),
+        }
+    }
+}
+
+/// One request waiting for its client.
+pub struct WaitingGuard {
+    _busy: Busy,
 }
 
 impl Drop for Ticket {
@@ -188,6 +228,26 @@ mod tests {
         let _also_busy = Busy::enter(&third.busy);
         drop(second);
         assert!(matches!(connections.admit(), Admission::Refused));
+    }
+
+    #[test]
+    fn a_request_waiting_for_its_body_leaves_its_connection_evictable() {
+        let connections = Connections::new(1);
+        let only = ticket(connections.admit());
+        let _request = Busy::enter(&only.busy);
+        let waiting = only.waiting();
+        let guard = waiting.enter();
+        assert!(matches!(connections.admit(), Admission::Evicted(_)));
+        assert!(only.evict.is_cancelled());
+
+        let connections = Connections::new(1);
+        let only = ticket(connections.admit());
+        let _request = Busy::enter(&only.busy);
+        drop(guard);
+        assert!(
+            matches!(connections.admit(), Admission::Refused),
+            "a request being answered keeps its connection"
+        );
     }
 
     #[test]

@@ -44,6 +44,13 @@ pub(crate) enum ApiError {
     Db(#[from] DbError),
 }
 
+/// A task's field the queue layer refuses: 400 with its words, as the CLI prints them.
+impl From<crate::queue::enqueue::BadInput> for ApiError {
+    fn from(err: crate::queue::enqueue::BadInput) -> Self {
+        ApiError::BadRequest(err.to_string())
+    }
+}
+
 impl ApiError {
     fn status(&self) -> StatusCode {
         match self {

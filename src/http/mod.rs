@@ -46,15 +46,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tokio_util::sync::CancellationToken;
-use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use self::error::ApiError;
 use crate::db::Pool;
 use crate::health::Health;
 use crate::metrics::Metrics;
 
-/// How long one request may take, body included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one request may take, body included (the body alone has the shorter deadline of
+/// `server.rs`'s `ClientBody`).
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -121,7 +121,6 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/ui", get(ui::page))
         .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(RequestBodyTimeoutLayer::new(REQUEST_TIMEOUT))
         .layer(middleware::from_fn(wait::deadline))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             reject_declared_oversize(max_body, request, next)

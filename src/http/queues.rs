@@ -11,21 +11,18 @@ use super::error::ApiError;
 use super::extract::Db;
 use crate::queue;
 
-/// The `{queue}` of a queue route: 400 when it is empty, not UTF-8, or holds a NUL
-/// character (PostgreSQL text cannot).
+/// The `{queue}` of a queue route: 400 when it is not UTF-8 or not a queue name
+/// ([`queue::enqueue::check_queue_name`]: empty, too long, or with a NUL character).
 pub(super) struct QueueName(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for QueueName {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let bad = || ApiError::BadRequest("the queue must be a non-empty name without NUL".into());
         let Path(name) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|_| bad())?;
-        if name.is_empty() || name.contains('\0') {
-            return Err(bad());
-        }
+            .map_err(|_| ApiError::BadRequest("the queue name is not UTF-8 text".into()))?;
+        queue::enqueue::check_queue_name(&name)?;
         Ok(QueueName(name))
     }
 }

@@ -10,6 +10,13 @@
 //! takes the place of the oldest idle one, or is closed at once, so that the server's
 //! descriptors stay bounded and a prompt client still gets in. An `accept` that fails for want
 //! of descriptors or memory pauses the loop briefly instead of spinning or ending it.
+//!
+//! A request's body is the client's to send too: a body trickled a byte a second held its
+//! connection busy, and so out of reach of eviction, for the 30 s request deadline, and
+//! `http.max_connections` such clients shut the API out. While a request waits for more of
+//! its body ([`ClientBody`]) its connection counts as idle for the eviction, and the whole
+//! body must arrive within `http.header_timeout` (at most 30 s) of the end of the head, or the
+//! answer is 408 with the JSON error body and the connection is closed.
 
 use std::future::Future;
 use std::io;
@@ -25,7 +32,17 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::connections::{Admission, Connections, Ticket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue};
+use axum::response::IntoResponse;
+use hyper::body::{Body, Frame, SizeHint};
+
+use super::connections::{Admission, Connections, Ticket, Waiting, WaitingGuard};
+use super::error::ApiError;
 use crate::config::HttpConfig;
 
 /// What bounds the server's connections.
@@ -109,6 +126,7 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
         let service = TrackedService {
             inner: TowerToHyperService::new(router.clone()),
             ticket,
+            body_timeout: limits.header_timeout.min(super::REQUEST_TIMEOUT),
         };
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         // The ticket lives in the connection's service: dropping the connection, at its end
@@ -134,22 +152,102 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
 }
 
 /// A connection's service: the router, with the connection counted busy while a request is
-/// being answered.
+/// being answered (but for the time its body waits for the client), and the request's body
+/// given [`ClientBody`]'s deadline.
 struct TrackedService {
     inner: TowerToHyperService<Router>,
     ticket: Ticket,
+    body_timeout: Duration,
 }
 
+type Inner = TowerToHyperService<Router>;
+type Response = <Inner as hyper::service::Service<hyper::Request<ClientBody>>>::Response;
+type InnerError = <Inner as hyper::service::Service<hyper::Request<ClientBody>>>::Error;
+
 impl hyper::service::Service<hyper::Request<Incoming>> for TrackedService {
-    type Response = <TowerToHyperService<Router> as hyper::service::Service<
-        hyper::Request<Incoming>,
-    >>::Response;
-    type Error =
-        <TowerToHyperService<Router> as hyper::service::Service<hyper::Request<Incoming>>>::Error;
+    type Response = Response;
+    type Error = InnerError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        self.ticket.busy_while(self.inner.call(request))
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let deadline = tokio::time::Instant::now() + self.body_timeout;
+        let waiting = self.ticket.waiting();
+        let flag = Arc::clone(&timed_out);
+        let request = request.map(|body| ClientBody {
+            inner: body,
+            waiting,
+            guard: None,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            timed_out: flag,
+        });
+        let answer = hyper::service::Service::call(&self.inner, request);
+        self.ticket.busy_while(async move {
+            let response = answer.await?;
+            if !timed_out.load(Ordering::Acquire) {
+                return Ok(response);
+            }
+            // Whatever the handler made of a body cut short, the client was too slow: 408,
+            // and the connection is closed (the rest of the body may still be coming).
+            let mut response = ApiError::Timeout.into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Ok(response)
+        })
+    }
+}
+
+/// A request's body as the client sends it: while it waits for more, its connection counts as
+/// waiting for the client (evictable at the cap), and past its deadline it ends with an error
+/// and says so through `timed_out`.
+pub(super) struct ClientBody {
+    inner: Incoming,
+    waiting: Waiting,
+    guard: Option<WaitingGuard>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timed_out: Arc<AtomicBool>,
+}
+
+/// The body did not arrive within its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within its deadline")]
+struct BodyTimedOut;
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.guard = None;
+                Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    this.guard = None;
+                    this.timed_out.store(true, Ordering::Release);
+                    return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
+                }
+                if this.guard.is_none() {
+                    this.guard = Some(this.waiting.enter());
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -38,14 +38,10 @@ pub(super) struct ListParams {
 
 impl ListParams {
     fn filter(self) -> Result<ListFilter, ApiError> {
-        let queue = match self.queue {
-            Some(q) if q.is_empty() || q.contains('\0') => {
-                return Err(ApiError::BadRequest(
-                    "the queue must be a non-empty name without NUL".into(),
-                ))
-            }
-            other => other,
-        };
+        if let Some(queue) = &self.queue {
+            queue::enqueue::check_queue_name(queue)?;
+        }
+        let queue = self.queue;
         let status = self
             .status
             .map(|s| {

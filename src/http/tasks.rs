@@ -25,9 +25,6 @@ fn default_queue() -> String {
     crate::config::DEFAULT_QUEUE.to_string()
 }
 
-/// The longest `Idempotency-Key` accepted.
-const MAX_KEY: usize = 255;
-
 /// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue": "..."}`. 202 means
 /// accepted (committed to the table), not done. With an `Idempotency-Key` header already used
 /// in the queue: 200 with that task's id and current status when the payload is the same, 422
@@ -40,11 +37,12 @@ pub(super) async fn submit(
     // The body is judged before a session is taken: a bad request is 400 even in an outage.
     let submission = parse_submission(&headers, &body)?;
     let key = idempotency_key(&headers)?;
-    let session = state.pool.get().await?;
     let task = queue::NewTask {
         idempotency_key: key,
         ..queue::NewTask::new(&submission.queue, &submission.payload)
     };
+    task.check()?;
+    let session = state.pool.get().await?;
     let (code, id, status) = match session.bounded(queue::enqueue(&session, &task)).await? {
         Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
         Enqueued::Existing(id) => {
@@ -63,22 +61,13 @@ pub(super) async fn submit(
     ))
 }
 
-/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+/// The `Idempotency-Key` header, checked by [`queue::enqueue::check_idempotency_key`].
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else {
         return Ok(None);
     };
-    let key = value
-        .to_str()
-        .ok()
-        .filter(|key| {
-            !key.is_empty() && key.len() <= MAX_KEY && key.bytes().all(|b| b.is_ascii_graphic())
-        })
-        .ok_or_else(|| {
-            ApiError::BadRequest(format!(
-                "the Idempotency-Key must be 1 to {MAX_KEY} visible ASCII characters"
-            ))
-        })?;
+    let key = value.to_str().map_err(|_| queue::enqueue::BadInput::Key)?;
+    queue::enqueue::check_idempotency_key(key)?;
     Ok(Some(key.to_string()))
 }
 
@@ -103,15 +92,6 @@ fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiE
         },
         _ => return Err(ApiError::UnsupportedMediaType),
     };
-    if submission.queue.trim().is_empty() {
-        return Err(ApiError::BadRequest("the queue name is empty".into()));
-    }
-    // PostgreSQL text cannot hold NUL: refuse it here rather than fail in the database.
-    if submission.payload.contains('\0') || submission.queue.contains('\0') {
-        return Err(ApiError::BadRequest(
-            "the payload or the queue contains a NUL character".into(),
-        ));
-    }
     Ok(submission)
 }
 

@@ -5,12 +5,90 @@
 //! index (`tasks_idempotency_key_idx`, unique per queue): a producer that does not know whether
 //! its first enqueue committed (its connection dropped) sends it again with the same key and
 //! gets the same task, never a second one (docs/design.md, "Idempotent enqueue").
+//!
+//! It also owns what a task's fields may be, checked before any statement by the CLI, the
+//! HTTP API and the configuration alike ([`check_queue_name`], [`check_payload`],
+//! [`check_idempotency_key`], [`NewTask::check`]), so that each refuses the same input with
+//! the same words; the table's constraints (sql/0018_queue_names.sql) hold the queue-name
+//! rule for every other writer.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
+
+/// The longest queue name, in bytes of UTF-8. A pause and a resume NOTIFY the name (a
+/// NOTIFY payload must be shorter than 8,000 bytes), the idempotency index holds it beside the
+/// key (an index entry must fit a third of a page), and `list` and `stats` show it in a
+/// column; the table refuses longer ones too (`tasks_queue_name`, schema 16).
+pub const MAX_QUEUE_NAME: usize = 128;
+
+/// The longest idempotency key, in bytes (visible ASCII only).
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// Why a task's field cannot be used; the same words for the CLI (exit 2), the HTTP API
+/// (400) and the configuration (78).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadInput {
+    #[error("the queue name is empty")]
+    QueueEmpty,
+    #[error("the queue name is {0} bytes long; the limit is {MAX_QUEUE_NAME}")]
+    QueueTooLong(usize),
+    #[error("the queue name contains a NUL character")]
+    QueueNul,
+    #[error("the payload contains a NUL character, which PostgreSQL text cannot hold")]
+    PayloadNul,
+    #[error("the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters")]
+    Key,
+}
+
+/// A queue name: not empty nor only white space, at most [`MAX_QUEUE_NAME`] bytes, no NUL.
+///
+/// # Errors
+///
+/// The first rule it breaks.
+pub fn check_queue_name(name: &str) -> Result<(), BadInput> {
+    if name.trim().is_empty() {
+        Err(BadInput::QueueEmpty)
+    } else if name.len() > MAX_QUEUE_NAME {
+        Err(BadInput::QueueTooLong(name.len()))
+    } else if name.contains('\0') {
+        Err(BadInput::QueueNul)
+    } else {
+        Ok(())
+    }
+}
+
+/// A payload: any UTF-8 text without NUL (PostgreSQL text cannot hold it).
+///
+/// # Errors
+///
+/// [`BadInput::PayloadNul`].
+pub fn check_payload(payload: &str) -> Result<(), BadInput> {
+    if payload.contains('\0') {
+        Err(BadInput::PayloadNul)
+    } else {
+        Ok(())
+    }
+}
+
+/// An idempotency key: 1 to [`MAX_IDEMPOTENCY_KEY`] visible ASCII characters (what an HTTP
+/// header carries unmangled).
+///
+/// # Errors
+///
+/// [`BadInput::Key`].
+pub fn check_idempotency_key(key: &str) -> Result<(), BadInput> {
+    if !key.is_empty()
+        && key.len() <= MAX_IDEMPOTENCY_KEY
+        && key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        Ok(())
+    } else {
+        Err(BadInput::Key)
+    }
+}
 
 /// When a task may first be claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +126,21 @@ impl NewTask {
             max_attempts: None,
             idempotency_key: None,
         }
+    }
+
+    /// Check the queue name, the payload and the idempotency key: what the CLI and the HTTP
+    /// API do before they call [`enqueue`].
+    ///
+    /// # Errors
+    ///
+    /// The first field that breaks its rule.
+    pub fn check(&self) -> Result<(), BadInput> {
+        check_queue_name(&self.queue)?;
+        check_payload(&self.payload)?;
+        if let Some(key) = &self.idempotency_key {
+            check_idempotency_key(key)?;
+        }
+        Ok(())
     }
 }
 
@@ -134,4 +227,44 @@ pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbErro
     Err(DbError::unavailable(
         "the idempotency key is held by a task that could not be read",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_are_one_to_128_bytes_without_nul() {
+        assert_eq!(check_queue_name("default"), Ok(()));
+        assert_eq!(check_queue_name(&"é".repeat(64)), Ok(()));
+        assert_eq!(check_queue_name("a\u{1b}[31m"), Ok(()));
+        assert_eq!(check_queue_name(""), Err(BadInput::QueueEmpty));
+        assert_eq!(check_queue_name(" \t"), Err(BadInput::QueueEmpty));
+        assert_eq!(
+            check_queue_name(&"é".repeat(65)),
+            Err(BadInput::QueueTooLong(130))
+        );
+        assert_eq!(check_queue_name("a\0b"), Err(BadInput::QueueNul));
+    }
+
+    #[test]
+    fn keys_are_one_to_255_visible_ascii_characters() {
+        assert_eq!(check_idempotency_key("order-42"), Ok(()));
+        assert_eq!(check_idempotency_key(&"k".repeat(255)), Ok(()));
+        for bad in ["", "a b", "clé", "\0"] {
+            assert_eq!(check_idempotency_key(bad), Err(BadInput::Key), "{bad:?}");
+        }
+        assert_eq!(check_idempotency_key(&"k".repeat(256)), Err(BadInput::Key));
+    }
+
+    #[test]
+    fn a_task_is_checked_field_by_field() {
+        let mut task = NewTask::new("q", "text");
+        assert_eq!(task.check(), Ok(()));
+        task.payload = "a\0".into();
+        assert_eq!(task.check(), Err(BadInput::PayloadNul));
+        task.payload = "a".into();
+        task.idempotency_key = Some(String::new());
+        assert_eq!(task.check(), Err(BadInput::Key));
+    }
 }

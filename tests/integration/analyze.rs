@@ -143,3 +143,83 @@ async fn analyze_reads_standard_input_for_a_dash() {
     assert!(output.status.success());
     assert_eq!(String::from_utf8_lossy(&output.stdout), "3 21 14 -\n");
 }
+
+/// A FIFO, removed when dropped.
+struct Fifo(PathBuf);
+
+impl Fifo {
+    fn new(name: &str) -> Fifo {
+        let path =
+            std::env::temp_dir().join(format!("pgtaskd-test-fifo-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+        Fifo(path)
+    }
+
+    fn arg(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `--timeout` bounds the open and the read, not only the analysis: a FIFO no writer ever
+/// opens (whose open blocks), and one whose writer never writes (whose read blocks), are
+/// reported canceled and the command ends; a FIFO whose writer writes and closes is read as
+/// a file is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_bounds_the_open_and_the_read_of_a_fifo() {
+    let unopened = Fifo::new("unopened");
+    let silent = Fifo::new("silent");
+    let written = Fifo::new("written");
+    // Read and write: the open does not wait for a reader, and the FIFO has a writer that
+    // never writes for as long as the test holds it.
+    let _silent_writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&silent.0)
+        .unwrap();
+    let written_path = written.0.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        // Blocks until pgtaskd opens the FIFO for reading.
+        let mut fifo = std::fs::OpenOptions::new()
+            .write(true)
+            .open(written_path)
+            .unwrap();
+        fifo.write_all("naïve 日本語 text".as_bytes()).unwrap();
+    });
+    let (status, stdout, stderr) = pgtaskd(
+        None,
+        &[
+            "analyze",
+            "--workers",
+            "3",
+            "--timeout",
+            "1s",
+            &unopened.arg(),
+            &silent.arg(),
+            &written.arg(),
+        ],
+    )
+    .await;
+    writer.join().unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stdout, format!("3 21 14 {}\n", written.arg()));
+    for fifo in [&unopened, &silent] {
+        assert!(
+            stderr.contains(&format!("{}: canceled: the timeout expired", fifo.arg())),
+            "{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("2 of 3 files could not be analyzed"),
+        "{stderr}"
+    );
+}

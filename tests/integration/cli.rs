@@ -281,3 +281,160 @@ async fn a_closed_pipe_or_a_full_disk_ends_a_command_without_a_panic() {
     assert!(stderr.contains("No space left on device"), "{stderr}");
     assert_eq!(stderr.lines().last(), Some("1"), "{stderr}");
 }
+
+/// The CLI refuses what the HTTP API refuses, with the same words, before it connects: a NUL
+/// in the payload, an empty or over-long idempotency key, an empty queue. Exit 2, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_refuses_what_http_refuses_with_the_same_words() {
+    let db = TestDb::new().await;
+    let port = crate::support::free_port();
+    let config = db.config(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let daemon = crate::support::InProcessDaemon::start(
+        &db,
+        config,
+        crate::support::GatedAnalyzer::counting(),
+    )
+    .await;
+    let nul = TempPath::write("nul \u{0} inside");
+    let nul_path = nul.path().to_string_lossy().into_owned();
+    let long_key = "k".repeat(300);
+    let payload_nul = "the payload contains a NUL character, which PostgreSQL text cannot hold";
+    let bad_key = "the idempotency key must be 1 to 255 visible ASCII characters";
+    let no_queue = "the queue name is empty";
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/tasks");
+    let text = |body: &str| {
+        http.post(&url)
+            .header("content-type", "text/plain")
+            .body(body.to_string())
+    };
+    let cases: Vec<(Vec<&str>, reqwest::RequestBuilder, &str)> = vec![
+        (
+            vec!["enqueue", "--file", &nul_path],
+            text("nul \u{0} inside"),
+            payload_nul,
+        ),
+        (
+            vec!["enqueue", "x", "--key", ""],
+            text("x").header("idempotency-key", ""),
+            bad_key,
+        ),
+        (
+            vec!["enqueue", "x", "--key", &long_key],
+            text("x").header("idempotency-key", &long_key),
+            bad_key,
+        ),
+        (
+            vec!["enqueue", "x", "--queue", ""],
+            http.post(&url)
+                .header("content-type", "application/json")
+                .body(r#"{"payload": "x", "queue": ""}"#),
+            no_queue,
+        ),
+    ];
+    for (args, request, words) in cases {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &args).await;
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        let response = crate::support::within(crate::support::WAIT, "a response", request.send())
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{args:?}");
+        let body: serde_json::Value =
+            crate::support::within(crate::support::WAIT, "a body", response.json())
+                .await
+                .unwrap();
+        assert_eq!(body, serde_json::json!({ "error": words }), "{args:?}");
+    }
+    let client = db.client().await;
+    let tasks: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tasks, 0, "nothing was written");
+    daemon.stop().await;
+}
+
+/// `/dev/zero` as the configuration was read until the OOM killer came: the read stops past
+/// 1 MiB, and every command that reads a configuration exits 78 naming the file and the limit.
+#[tokio::test]
+async fn a_config_file_over_one_mebibyte_exits_78_naming_the_file_and_the_limit() {
+    for args in [
+        &["check-config", "--config", "/dev/zero"][..],
+        &["run", "--config", "/dev/zero"],
+        &["status", "1", "--config", "/dev/zero"],
+    ] {
+        let (status, stdout, stderr) = pgtaskd(None, args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(
+            stderr.contains("config file /dev/zero is larger than 1048576 bytes (1 MiB)"),
+            "{stderr}"
+        );
+    }
+}
+
+/// PostgreSQL takes a timeout of at most INT_MAX milliseconds: a longer statement_timeout
+/// used to pass check-config, and `run` then retried the refused sessions forever.
+#[tokio::test]
+async fn a_statement_timeout_postgresql_refuses_exits_78_naming_the_key_and_line() {
+    let config = TempPath::write("[database]\nstatement_timeout = \"30days\"\n");
+    let path = config.path().to_string_lossy().to_string();
+    for args in [
+        &["check-config", "--config", &path][..],
+        &["run", "--config", &path],
+    ] {
+        let (status, _, stderr) = pgtaskd(Some(&nowhere()), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("line 2") && stderr.contains("database.statement_timeout is 30days"),
+            "{stderr}"
+        );
+    }
+}
+
+/// A `--database-url` whose port is served by something else (here an HTTP server, which
+/// answers the startup message with a 400) is named as such, not as "bytes remaining on
+/// stream"; it is still an outage (69), never "no such task". The server answers one
+/// connection at a time, as a test double may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_does_not_speak_postgresql_is_named_as_such() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request).await;
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                )
+                .await;
+            // Half-close, and read what the client still sends (a startup message after the
+            // answer to its TLS request), so that it sees the end of the stream, not a reset.
+            let _ = stream.shutdown().await;
+            while matches!(stream.read(&mut request).await, Ok(n) if n > 0) {}
+        }
+    });
+    for sslmode in ["disable", "prefer"] {
+        let url = format!("postgresql://pgtaskd@127.0.0.1:{port}/pgtaskd?sslmode={sslmode}");
+        let (status, stdout, stderr) =
+            pgtaskd(None, &["--database-url", &url, "status", "1"]).await;
+        assert_eq!(status.code(), Some(69), "{sslmode}: {stderr}");
+        assert!(stdout.is_empty());
+        assert!(
+            stderr.contains(&format!(
+                "port {port} failed: the server there does not speak the PostgreSQL protocol"
+            )),
+            "{sslmode}: {stderr}"
+        );
+    }
+    server.abort();
+}

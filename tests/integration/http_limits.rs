@@ -164,6 +164,102 @@ async fn a_client_trickling_its_headers_is_closed_after_the_header_deadline() {
     daemon.stop().await;
 }
 
+/// A client that sends the head of a `POST /tasks` with a 100-byte body and `Expect:
+/// 100-continue`, then one byte of the body, and returns once the server's `100 Continue`
+/// says a handler is reading the body: the connection is then answering a request.
+async fn trickling_client(port: u16) -> TcpStream {
+    let mut stream = connect(port).await;
+    within(
+        WAIT,
+        "a request head",
+        stream.write_all(
+            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n\
+              Content-Length: 100\r\nExpect: 100-continue\r\n\r\n",
+        ),
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut chunk = [0u8; 256];
+        let n = within(WAIT, "100 Continue", stream.read(&mut chunk))
+            .await
+            .unwrap();
+        assert!(n > 0, "closed before 100 Continue: {seen:?}");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    assert!(seen.starts_with(b"HTTP/1.1 100"), "{seen:?}");
+    within(WAIT, "one byte of the body", stream.write_all(b"x"))
+        .await
+        .unwrap();
+    stream
+}
+
+/// `http.max_connections` clients trickling their bodies used to hold every place for the
+/// 30 s request deadline: a connection waiting for its client's body now counts as idle,
+/// so a prompt client takes the oldest one's place at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_trickling_their_bodies_at_the_cap_do_not_shut_out_healthz() {
+    const MAX_CONNECTIONS: usize = 4;
+    let db = TestDb::new().await;
+    let (daemon, port) = daemon_with_http(
+        &db,
+        &format!("header_timeout = \"60s\"\nmax_connections = {MAX_CONNECTIONS}\n"),
+    )
+    .await;
+    let mut tricklers = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        tricklers.push(trickling_client(port).await);
+    }
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    within(
+        Duration::from_secs(5),
+        "/healthz with every place held by a trickling client",
+        healthz(&client, port),
+    )
+    .await
+    .expect("/healthz answered");
+    // The oldest trickler gave its place.
+    let mut chunk = [0u8; 64];
+    let n = within(
+        WAIT,
+        "the evicted connection's end",
+        tricklers[0].read(&mut chunk),
+    )
+    .await
+    .unwrap_or(0);
+    assert_eq!(n, 0, "{:?}", &chunk[..n]);
+    daemon.stop().await;
+}
+
+/// The whole body must arrive within `http.header_timeout` of the end of the head: a body
+/// trickled past it is 408 with the JSON error body, and the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_not_sent_within_the_deadline_gets_408_with_a_json_error_and_a_close() {
+    let db = TestDb::new().await;
+    let (daemon, port) = daemon_with_http(&db, "header_timeout = \"1s\"\n").await;
+    let mut stream = trickling_client(port).await;
+    let (status, body) = within(WAIT, "the 408", read_response(&mut stream)).await;
+    assert_eq!(status, 408, "{body}");
+    assert_eq!(json_error(&body), "request timed out");
+    let mut chunk = [0u8; 64];
+    let n = within(WAIT, "the connection's end", stream.read(&mut chunk))
+        .await
+        .unwrap_or(0);
+    assert_eq!(n, 0, "{:?}", &chunk[..n]);
+    let client = db.client().await;
+    let tasks: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tasks, 0);
+    daemon.stop().await;
+}
+
 /// `pgtaskd run` as a process of its own whose descriptors are limited to `nofile`, as a
 /// systemd service's are by default; its log goes to a file.
 struct LimitedDaemon {

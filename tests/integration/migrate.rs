@@ -346,3 +346,119 @@ async fn schema_14_resolves_nothing_through_the_migrating_roles_search_path() {
         "the session's search_path is back"
     );
 }
+
+/// Every one-shot command, with the arguments it needs.
+const ONE_SHOT_COMMANDS: &[&[&str]] = &[
+    &["enqueue", "text"],
+    &["status", "1"],
+    &["cancel", "1"],
+    &["retry", "1"],
+    &["list"],
+    &["stats"],
+    &["pause", "reports"],
+    &["resume", "reports"],
+    &["wait", "1", "--timeout", "1s"],
+];
+
+/// A statement of an older or newer schema can succeed and mean something else: the one-shot
+/// commands check the version before their statement, and say what `run` says.
+#[tokio::test]
+async fn one_shot_commands_refuse_an_older_schema_and_a_newer_one() {
+    let (older, client) = database_at(pgtaskd::db::migrate::LATEST_VERSION - 1).await;
+    for args in ONE_SHOT_COMMANDS {
+        let (status, stdout, stderr) = pgtaskd(Some(&older.url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stdout} {stderr}");
+        assert!(
+            stderr.contains("older than this binary") && stderr.contains("run `pgtaskd migrate`"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pgtaskd.tasks) + (SELECT count(*) FROM pgtaskd.paused_queues)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0, "nothing was written");
+
+    let newer = TestDb::new().await;
+    newer
+        .client()
+        .await
+        .execute(
+            "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES (999, '0999_future')",
+            &[],
+        )
+        .await
+        .unwrap();
+    for args in ONE_SHOT_COMMANDS {
+        let (status, stdout, stderr) = pgtaskd(Some(&newer.url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stdout} {stderr}");
+        assert!(
+            stderr.contains("version 999, newer than this binary")
+                && stderr.contains("upgrade pgtaskd"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// Schema 18 limits queue names to 128 bytes. It changes no existing name: over a task (or
+/// a pause) with a longer one it refuses to apply, says how many and what to do, and leaves
+/// the schema at 15; once they are renamed it applies, with the table's constraint added
+/// NOT VALID (no scan under the table's lock), which VALIDATE can then mark valid.
+#[tokio::test]
+async fn schema_18_refuses_to_apply_over_longer_queue_names_until_they_are_renamed() {
+    let (db, mut client) = database_at(15).await;
+    let long = "q".repeat(129);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('a', '{long}'), ('b', '{long}'), ('c', 'ok');
+             INSERT INTO pgtaskd.paused_queues (queue) VALUES ('{long}');"
+        ))
+        .await
+        .unwrap();
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits queue names to 1 to 128 bytes, and 2 tasks and 1 paused queues"),
+        "{stderr}"
+    );
+    let version: i32 = client
+        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 15, "nothing was applied");
+
+    client
+        .batch_execute(&format!(
+            "UPDATE pgtaskd.tasks SET queue = 'renamed' WHERE queue = '{long}';
+             UPDATE pgtaskd.paused_queues SET queue = 'renamed' WHERE queue = '{long}';"
+        ))
+        .await
+        .unwrap();
+    let applied = within(
+        WAIT,
+        "migration 16",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied, [16]);
+    let validated = "SELECT convalidated FROM pg_constraint WHERE conname = 'tasks_queue_name'";
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(!row.get::<_, bool>(0), "added NOT VALID");
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks VALIDATE CONSTRAINT tasks_queue_name")
+        .await
+        .unwrap();
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(row.get::<_, bool>(0));
+    let lock_timeout: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lock_timeout, "0", "the session's setting is as it was");
+}

@@ -519,3 +519,112 @@ async fn get_text(http: &reqwest::Client, port: u16, path: &str) -> String {
     assert_eq!(response.status().as_u16(), 200);
     within(WAIT, "an HTTP body", response.text()).await.unwrap()
 }
+
+/// A pause NOTIFYs the queue's name, whose payload must be under 8,000 bytes: names are
+/// 1 to 128 bytes, refused with the same words by the CLI (2), the HTTP API (400) and, for
+/// every other writer, the table's constraints (23514). Nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_names_over_128_bytes_are_refused_by_the_cli_http_and_the_tables() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let huge = "q".repeat(8000);
+    let over = "é".repeat(64) + "q";
+    let limit = "q".repeat(128);
+    let said = |bytes: usize| format!("the queue name is {bytes} bytes long; the limit is 128");
+
+    for (args, bytes) in [
+        (vec!["pause", huge.as_str()], 8000),
+        (vec!["resume", over.as_str()], 129),
+        (vec!["enqueue", "text", "--queue", over.as_str()], 129),
+        (vec!["list", "--queue", over.as_str()], 129),
+    ] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &args).await;
+        assert_eq!(status.code(), Some(2), "{}: {stderr}", args[0]);
+        assert!(stdout.is_empty(), "{stdout}");
+        assert!(stderr.contains(&said(bytes)), "{}: {stderr}", args[0]);
+    }
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["pause", &limit]).await;
+    assert!(status.success(), "a name of exactly 128 bytes: {stderr}");
+
+    let port = free_port();
+    let config = db.config(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n[worker]\npoll_interval = \"1h\"\n"
+    ));
+    let daemon = InProcessDaemon::start(&db, config, GatedAnalyzer::counting()).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    for (request, bytes) in [
+        (http.post(format!("{base}/queues/{huge}/pause")), 8000),
+        (http.post(format!("{base}/queues/{over}/resume")), 129),
+        (
+            http.post(format!("{base}/tasks"))
+                .header("content-type", "application/json")
+                .body(serde_json::json!({"payload": "x", "queue": over}).to_string()),
+            129,
+        ),
+        (http.get(format!("{base}/tasks?queue={over}")), 129),
+    ] {
+        let response = within(WAIT, "an HTTP response", request.send())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: Value = within(WAIT, "an HTTP body", response.json()).await.unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body, serde_json::json!({ "error": said(bytes) }));
+    }
+    daemon.stop().await;
+
+    for sql in [
+        format!("INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', '{over}')"),
+        "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', '')".to_string(),
+        format!("SELECT pgtaskd.enqueue('x', queue => '{over}')"),
+        format!("SELECT pgtaskd.pause_queue('{huge}')"),
+    ] {
+        let err = within(WAIT, "a refused statement", client.batch_execute(&sql))
+            .await
+            .expect_err(&sql);
+        assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION), "{err:?}");
+    }
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.paused_queues").await,
+        1,
+        "only the name of 128 bytes"
+    );
+}
+
+/// A queue name with an escape sequence (any producer may choose one) is shown escaped by
+/// `list`, `stats` and `status`, so that it cannot drive the operator's terminal; the JSON
+/// forms keep it exact.
+#[tokio::test]
+async fn list_stats_and_status_show_control_characters_of_a_queue_name_escaped() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let name = "evil\u{1b}[2J\u{7}";
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', $1) RETURNING id",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for args in [&["list"][..], &["stats"], &["status", &id.to_string()]] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), args).await;
+        assert!(status.success(), "{args:?}: {stderr}");
+        assert!(
+            !stdout.contains(|c: char| c.is_control() && c != '\n'),
+            "{args:?}: {stdout:?}"
+        );
+        assert!(
+            stdout.contains("evil\\u{1b}[2J\\u{7}"),
+            "{args:?}: {stdout}"
+        );
+    }
+    let rows = json_lines(&db.url, &["list", "--json"]).await;
+    assert_eq!(rows[0]["queue"], name);
+    assert_eq!(stats_json(&db.url).await["queues"][0]["queue"], name);
+}
