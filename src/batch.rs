@@ -10,7 +10,7 @@
 //! input can block either for ever (a FIFO with no writer blocks its open; a writer that
 //! never writes blocks the read), and a blocked system call cannot be canceled: such a file is
 //! opened with `O_NONBLOCK` and read only after `poll` says it is ready, asking the deadline
-//! every [`POLL_SLICE`]. Regular files are read as they are.
+//! every `POLL_SLICE`. Regular files are read as they are.
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};

@@ -23,10 +23,10 @@ use crate::db::migrate::{self, SchemaError};
 use crate::db::{BadConnectionString, ConnectSettings, DbError};
 use crate::health::{self, Health};
 use crate::http::{self, HttpError};
+use crate::maintenance;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::worker::Worker;
-use crate::{rescuer, retention, table_vacuum, vacuum};
 use tokio_util::sync::CancellationToken;
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
@@ -104,6 +104,9 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let instance = new_instance_id();
     let settings = ConnectSettings::new(&config.database, &instance)?;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     tracing::info!(instance = %instance, concurrency = config.worker.concurrency,
         queues = ?config.worker.queues, "pgtaskd starting");
     let health = Arc::new(Health::new());
@@ -175,36 +178,15 @@ pub async fn run(
             background.clone(),
         ));
     }
-    tokio::spawn(rescuer::run(
-        pool.clone(),
-        worker.instance().to_string(),
-        config.worker.lease,
-        Arc::clone(&metrics),
-        background.clone(),
-    ));
-    let pruned = Arc::new(AtomicU64::new(0));
-    if let Some(older_than) = config.retention.finished_after {
-        tokio::spawn(retention::run(
-            pool.clone(),
-            older_than,
-            Arc::clone(&pruned),
-            background.clone(),
-        ));
-    }
-    tokio::spawn(table_vacuum::run(
-        pool.clone(),
-        settings.clone(),
-        pruned,
-        Arc::clone(&metrics),
-        background.clone(),
-    ));
-    tokio::spawn(vacuum::run(
-        pool.clone(),
-        config.health.clone(),
-        Arc::clone(&metrics),
-        Arc::clone(&health),
-        background.clone(),
-    ));
+    maintenance::start(
+        config,
+        &pool,
+        &settings,
+        worker.instance(),
+        &metrics,
+        &health,
+        &background,
+    );
     // Ready once the listener is up and a scan for work ran after it came up.
     let readiness = tokio::spawn({
         let health = Arc::clone(&health);

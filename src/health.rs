@@ -12,7 +12,7 @@
 //! - `STOPPING=1` when shutdown begins.
 //!
 //! Beside readiness, warnings that do not make the daemon unready: an xmin horizon held back
-//! past `health.xmin_horizon_warning`, set by the vacuum-health watch (`src/vacuum.rs`) and
+//! past `vacuum_health.xmin_horizon_warning`, set by the vacuum-health watch (`src/maintenance/vacuum_health.rs`) and
 //! given by `/readyz` with its 200 (docs/design.md, "Vacuum health").
 //!
 //! Without `NOTIFY_SOCKET` (not under systemd) every notification is a no-op.

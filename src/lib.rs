@@ -13,10 +13,7 @@
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read, wait, pause, retry, list, stats |
 //! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
-//! | [`rescuer`] | taking back the tasks of expired leases |
-//! | [`retention`] | pruning old finished rows, when configured |
-//! | [`table_vacuum`] | the daemon's own `VACUUM` of the table, after retention's deletes or while autovacuum is off for it |
-//! | `vacuum` | the vacuum-health watch: the table's bloat and a held xmin horizon, for `/metrics`, `/readyz` and the log |
+//! | [`maintenance`] | the periodic services beside the worker: the rescuer of expired leases, retention, the daemon's own `VACUUM`, the vacuum-health watch |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
@@ -44,14 +41,11 @@ pub mod db;
 pub mod events;
 pub(crate) mod health;
 pub(crate) mod http;
+pub mod maintenance;
 pub mod metrics;
 pub mod process;
 pub mod queue;
-pub mod rescuer;
-pub mod retention;
 pub mod shutdown;
-pub mod table_vacuum;
-pub(crate) mod vacuum;
 pub mod worker;
 
 /// An error and its sources, joined by ": ": the one line a log or standard error shows.

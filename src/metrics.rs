@@ -11,7 +11,7 @@
 //! tasks still count in the totals by status.
 //!
 //! The vacuum health of the task table (docs/design.md, "Vacuum health") is not read at
-//! scrape time: the daemon's watch (`src/vacuum.rs`) reads it every `health.check_interval`
+//! scrape time: the daemon's watch (`src/maintenance/vacuum_health.rs`) reads it every `vacuum_health.check_interval`
 //! and sets its gauges here, so a storm of scrapes costs the database nothing for it; the age
 //! of that reading is a gauge of its own. The horizon's gauges carry one series, labelled with
 //! the kind of what holds it (`none` when nothing does); the holder's pid, name and state are

@@ -66,7 +66,7 @@ impl Shutdown {
         self.hurry.cancel();
     }
 
-    /// Answer every signal of [`HANDLED`] as README "Signals" says, from now on.
+    /// Answer every signal of `HANDLED` as README "Signals" says, from now on.
     ///
     /// # Errors
     ///

@@ -52,6 +52,9 @@ pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
 /// resolves; with `connect`, also open a session and check the schema version, as `run` does.
 pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitCode, CommandError> {
     let settings = ConnectSettings::new(&config.database, "check-config")?;
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
     if let Some(path) = &config.http.token_file {
         http::read_token(path).map_err(|err| CommandError::Daemon(DaemonError::Token(err)))?;
     }
@@ -195,9 +198,9 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
     let _ = writeln!(out, "header_timeout = {}", duration(h.header_timeout));
     let _ = writeln!(
         out,
-        "\n[health]\ncheck_interval = {}\nxmin_horizon_warning = {}",
-        duration(config.health.check_interval),
-        duration(config.health.xmin_horizon_warning)
+        "\n[vacuum_health]\ncheck_interval = {}\nxmin_horizon_warning = {}",
+        duration(config.vacuum_health.check_interval),
+        duration(config.vacuum_health.xmin_horizon_warning)
     );
     let format = match config.log.format {
         LogFormat::Text => "text",

@@ -164,7 +164,13 @@ impl Completer {
     pub async fn write(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
         // Boxed, here and in `Pending::answer`: settling alone is the rare path, and its large
         // future would otherwise be part of every claim's task, copied at each spawn.
-        Box::pin(resolve::settle(&self.shared, claim, action, Why::Alone)).await
+        Box::pin(resolve::write_alone(
+            &self.shared,
+            claim,
+            action,
+            Why::Alone,
+        ))
+        .await
     }
 }
 
@@ -199,7 +205,7 @@ impl Pending {
                         attempt,
                         "row locked by another transaction; finishing the task alone"
                     );
-                    return Box::pin(resolve::settle(
+                    return Box::pin(resolve::write_alone(
                         &self.shared,
                         self.claim,
                         &self.action,
@@ -211,7 +217,7 @@ impl Pending {
                 Ok(Err(failed)) => failed,
                 // The batching task dropped the finish unanswered: it may have been sent.
                 Err(_) => {
-                    return Box::pin(resolve::settle(
+                    return Box::pin(resolve::write_alone(
                         &self.shared,
                         self.claim,
                         &self.action,
@@ -235,6 +241,12 @@ impl Pending {
             true => Why::OutcomeUnknown,
             false => Why::BatchRefused,
         };
-        Box::pin(resolve::settle(&self.shared, self.claim, &self.action, why)).await
+        Box::pin(resolve::write_alone(
+            &self.shared,
+            self.claim,
+            &self.action,
+            why,
+        ))
+        .await
     }
 }

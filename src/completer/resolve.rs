@@ -1,6 +1,6 @@
 //! Settling one claim alone, and what happens when a write's commit outcome is unknown.
 //!
-//! Re-read, never re-run (docs/design.md). [`settle`] applies the write and retries until the
+//! Re-read, never re-run (docs/design.md). [`write_alone`] applies the write and retries until the
 //! database answers, with capped, jittered backoff while it is down. A server error means
 //! nothing was written: the write is simply sent again. An outage (the connection failed, or
 //! the deadline passed, after the statement may have been sent) means the outcome is
@@ -92,7 +92,7 @@ pub(super) enum Why {
 /// Apply `action` to `claim`, retrying until the database answers. After a failure whose
 /// outcome is unknown (or `why` says an earlier try may have committed), re-read before
 /// writing again. A row someone else holds is waited for, one claim at a time.
-pub(super) async fn settle(
+pub(super) async fn write_alone(
     shared: &Shared,
     claim: Claim,
     action: &Action,

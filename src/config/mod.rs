@@ -75,8 +75,11 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub retention: RetentionConfig,
     pub http: HttpConfig,
-    pub health: HealthConfig,
+    pub vacuum_health: VacuumHealthConfig,
     pub log: LogConfig,
+    /// What the file said that is still read but should change (an old section name); the
+    /// daemon logs each at start and `check-config` prints them.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -161,8 +164,9 @@ pub struct HttpConfig {
     pub header_timeout: Duration,
 }
 
+/// `[vacuum_health]` (called `[health]` before; the old name is still read, with a warning).
 #[derive(Debug, Clone, PartialEq)]
-pub struct HealthConfig {
+pub struct VacuumHealthConfig {
     /// How often the vacuum health of the task table is read; `/metrics` shows the last
     /// reading, so scrapes cost the database nothing for it.
     pub check_interval: Duration,

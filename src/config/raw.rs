@@ -11,8 +11,8 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use super::{
-    Config, DatabaseConfig, HealthConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig,
-    ShutdownConfig, UrlSource, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
+    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
+    UrlSource, VacuumHealthConfig, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY,
     DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES,
     DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE,
@@ -34,8 +34,10 @@ pub(super) struct RawConfig {
     retention: RawRetention,
     #[serde(default)]
     http: RawHttp,
+    /// The name `[vacuum_health]` had before: still read, with a warning.
+    health: Option<Spanned<RawHealth>>,
     #[serde(default)]
-    health: RawHealth,
+    vacuum_health: Option<Spanned<RawHealth>>,
     #[serde(default)]
     log: RawLog,
 }
@@ -317,13 +319,32 @@ impl RawConfig {
                 None => DEFAULT_HTTP_HEADER_TIMEOUT,
             },
         };
-        let health = HealthConfig {
-            check_interval: match &self.health.check_interval {
-                Some(v) => nonzero("health.check_interval", v)?,
+        let mut warnings = Vec::new();
+        let (section, raw) = match (self.health, self.vacuum_health) {
+            (Some(old), Some(_)) => {
+                return Err((
+                    old.span(),
+                    "[health] is the old name of [vacuum_health]: give only [vacuum_health]"
+                        .to_string(),
+                ))
+            }
+            (Some(old), None) => {
+                warnings.push(
+                    "[health] is now called [vacuum_health]; the old name is still read"
+                        .to_string(),
+                );
+                ("health", old.into_inner())
+            }
+            (None, Some(new)) => ("vacuum_health", new.into_inner()),
+            (None, None) => ("vacuum_health", RawHealth::default()),
+        };
+        let vacuum_health = VacuumHealthConfig {
+            check_interval: match &raw.check_interval {
+                Some(v) => nonzero(&format!("{section}.check_interval"), v)?,
                 None => DEFAULT_HEALTH_CHECK_INTERVAL,
             },
-            xmin_horizon_warning: match &self.health.xmin_horizon_warning {
-                Some(v) => nonzero("health.xmin_horizon_warning", v)?,
+            xmin_horizon_warning: match &raw.xmin_horizon_warning {
+                Some(v) => nonzero(&format!("{section}.xmin_horizon_warning"), v)?,
                 None => DEFAULT_XMIN_HORIZON_WARNING,
             },
         };
@@ -348,11 +369,12 @@ impl RawConfig {
             },
             retention,
             http,
-            health,
+            vacuum_health,
             log: LogConfig {
                 format: self.log.format.unwrap_or(LogFormat::Text),
                 level,
             },
+            warnings,
         })
     }
 }

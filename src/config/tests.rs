@@ -27,8 +27,11 @@ fn empty_file_gives_every_default() {
     assert_eq!(config.http.listen, None);
     assert_eq!(config.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
     assert_eq!(config.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
-    assert_eq!(config.health.check_interval, Duration::from_secs(15));
-    assert_eq!(config.health.xmin_horizon_warning, Duration::from_secs(300));
+    assert_eq!(config.vacuum_health.check_interval, Duration::from_secs(15));
+    assert_eq!(
+        config.vacuum_health.xmin_horizon_warning,
+        Duration::from_secs(300)
+    );
     assert_eq!(config.log.format, LogFormat::Text);
     assert_eq!(config.log.level, "info");
 }
@@ -58,7 +61,7 @@ fn every_key_is_read() {
         max_body = 4096
         max_connections = 64
         header_timeout = "3s"
-        [health]
+        [vacuum_health]
         check_interval = "30s"
         xmin_horizon_warning = "10m"
         [log]
@@ -89,8 +92,11 @@ fn every_key_is_read() {
     assert_eq!(config.http.max_body, 4096);
     assert_eq!(config.http.max_connections, 64);
     assert_eq!(config.http.header_timeout, Duration::from_secs(3));
-    assert_eq!(config.health.check_interval, Duration::from_secs(30));
-    assert_eq!(config.health.xmin_horizon_warning, Duration::from_secs(600));
+    assert_eq!(config.vacuum_health.check_interval, Duration::from_secs(30));
+    assert_eq!(
+        config.vacuum_health.xmin_horizon_warning,
+        Duration::from_secs(600)
+    );
     assert_eq!(config.log.format, LogFormat::Json);
     assert_eq!(config.log.level, "pgtaskd=debug");
 }
@@ -154,9 +160,19 @@ fn bad_values_are_named_with_their_line() {
         ("[log]\nlevel = \"[[[\"\n", 2, "log.level"),
         ("[http]\nlisten = \"nowhere\"\n", 2, "address"),
         (
+            "[vacuum_health]\nxmin_horizon_warning = \"0s\"\n",
+            2,
+            "vacuum_health.xmin_horizon_warning must be longer than zero",
+        ),
+        (
             "[health]\nxmin_horizon_warning = \"0s\"\n",
             2,
             "health.xmin_horizon_warning must be longer than zero",
+        ),
+        (
+            "[vacuum_health]\ncheck_interval = \"1s\"\n[health]\ncheck_interval = \"1s\"\n",
+            3,
+            "give only [vacuum_health]",
         ),
         (
             "[health]\ncheck_interval = 15\n",
@@ -262,4 +278,17 @@ fn log_format_variable_overrides_the_file_and_refuses_other_values() {
         err.to_string(),
         "PGTASKD_LOG_FORMAT: \"JSON\" is not a log format (write \"text\" or \"json\")"
     );
+}
+
+#[test]
+fn the_old_name_of_the_vacuum_health_section_is_read_with_a_warning() {
+    let old = Config::from_toml("[health]\ncheck_interval = \"30s\"\n", "old.toml").unwrap();
+    assert_eq!(old.vacuum_health.check_interval, Duration::from_secs(30));
+    assert_eq!(
+        old.warnings,
+        ["[health] is now called [vacuum_health]; the old name is still read"]
+    );
+    let new = Config::from_toml("[vacuum_health]\ncheck_interval = \"30s\"\n", "new.toml").unwrap();
+    assert_eq!(new.vacuum_health, old.vacuum_health);
+    assert!(new.warnings.is_empty());
 }

@@ -20,7 +20,9 @@ fn expected(key: &str) -> Option<&'static str> {
         | "retention.finished_after"
         | "http.header_timeout"
         | "health.check_interval"
-        | "health.xmin_horizon_warning" => DURATION,
+        | "health.xmin_horizon_warning"
+        | "vacuum_health.check_interval"
+        | "vacuum_health.xmin_horizon_warning" => DURATION,
         "worker.queues" => "a list of queue names, such as [\"default\", \"mail\"]",
         "worker.max_inflight_bytes" | "worker.max_payload_bytes" => SIZE,
         "http.listen" => "HOST:PORT in quotes, such as \"127.0.0.1:8080\" or \"localhost:8080\"",

@@ -73,7 +73,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
 
 /// `GET /metrics`: Prometheus text format. The table's figures are read now, per queue,
 /// from the partial indexes (`queue::backlog`); the totals by status are their sums. The
-/// vacuum health is the watch's last reading (`src/vacuum.rs`), not read here.
+/// vacuum health is the watch's last reading (`src/maintenance/vacuum_health.rs`), not read here.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     if let Ok(session) = state.pool.get().await {
         let backlog = session.bounded(crate::queue::backlog(&session)).await;

@@ -37,7 +37,7 @@ impl Worker {
                 "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not analyzed"
             )));
             let result = inner.completer.write(claim, &action).await;
-            self.settle(claim, started, &action, result);
+            self.record_outcome(claim, started, &action, result);
             return;
         };
         let permit = tokio::select! {
@@ -58,7 +58,7 @@ impl Worker {
                 Action::Release
             };
             let result = inner.completer.write(claim, &action).await;
-            self.settle(claim, started, &action, result);
+            self.record_outcome(claim, started, &action, result);
             return;
         };
         let analysis = inner.intake.analysis();
@@ -82,7 +82,7 @@ impl Worker {
                 result
             }
         };
-        self.settle(claim, started, &action, result);
+        self.record_outcome(claim, started, &action, result);
     }
 
     /// Run the analyzer on `payload`, and say what to do with the claim.
@@ -130,7 +130,7 @@ impl Worker {
     }
 
     /// The claim is settled: forget it, count it and log it.
-    fn settle(
+    fn record_outcome(
         &self,
         claim: Claim,
         started: Instant,

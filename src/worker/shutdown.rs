@@ -38,7 +38,7 @@ impl Worker {
     /// to `grace` (or until `hurry` fires), then stop the analyzers that still run, wait for
     /// each to return, commit what finished and release the rest to QUEUED. Returns how many
     /// claims were left unsettled because the database did not take them within
-    /// [`settle_bound`] (0 after a clean stop).
+    /// `settle_bound` (0 after a clean stop).
     pub async fn shutdown(&self, grace: Duration, hurry: CancellationToken) -> usize {
         let tracker = &self.inner.tracker;
         tracker.close();

@@ -45,7 +45,7 @@ async fn check_config_names_the_file_or_says_the_defaults_apply_and_prints_every
         "[shutdown]",
         "[retention]",
         "[http]",
-        "[health]",
+        "[vacuum_health]",
         "[log]",
     ] {
         assert!(stdout.contains(section), "{section}: {stdout}");

@@ -164,7 +164,11 @@ async fn a_task_that_loses_every_lease_ends_failed_after_max_attempts() {
         eventually(WAIT, "the lease to be rescued", || {
             let pool = &pool;
             async move {
-                (pgtaskd::rescuer::run_once(pool, "rescuer").await.unwrap() == 1).then_some(())
+                (pgtaskd::maintenance::rescuer::run_once(pool, "rescuer")
+                    .await
+                    .unwrap()
+                    == 1)
+                    .then_some(())
             }
         })
         .await;
@@ -200,7 +204,13 @@ async fn an_expired_lease_of_a_canceled_task_ends_canceled() {
     let pool = db.pool(1);
     eventually(WAIT, "the rescue", || {
         let pool = &pool;
-        async move { (pgtaskd::rescuer::run_once(pool, "r").await.unwrap() == 1).then_some(()) }
+        async move {
+            (pgtaskd::maintenance::rescuer::run_once(pool, "r")
+                .await
+                .unwrap()
+                == 1)
+                .then_some(())
+        }
     })
     .await;
     let task = queue::get(&client, id).await.unwrap().unwrap();
@@ -294,7 +304,7 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
     .await
     .unwrap();
     let pool = db.pool(1);
-    let deleted = pgtaskd::retention::run_once(&pool, Duration::from_secs(86_400))
+    let deleted = pgtaskd::maintenance::retention::run_once(&pool, Duration::from_secs(86_400))
         .await
         .unwrap();
     assert_eq!(deleted, 2500);
@@ -388,7 +398,7 @@ async fn under_a_held_snapshot_a_prune_batch_starts_after_the_rows_the_pass_dele
     let rest = within(
         WAIT,
         "the rest of the pass",
-        pgtaskd::retention::run_once(&db.pool(1), old),
+        pgtaskd::maintenance::retention::run_once(&db.pool(1), old),
     )
     .await
     .unwrap();
@@ -422,7 +432,7 @@ async fn retention_prunes_a_grown_table_whose_statistics_say_it_is_empty() {
     let deleted = within(
         Duration::from_secs(60),
         "retention to prune a table its statistics call empty",
-        pgtaskd::retention::run_once(&db.pool(1), Duration::from_secs(86_400)),
+        pgtaskd::maintenance::retention::run_once(&db.pool(1), Duration::from_secs(86_400)),
     )
     .await
     .unwrap();
@@ -433,7 +443,7 @@ async fn retention_prunes_a_grown_table_whose_statistics_say_it_is_empty() {
 async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let rows = pgtaskd::table_vacuum::VACUUM_AFTER as i64 + 10;
+    let rows = pgtaskd::maintenance::vacuum::VACUUM_AFTER as i64 + 10;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
@@ -448,7 +458,7 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     let before = count(&client, vacuums).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let pruned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let retention = tokio::spawn(pgtaskd::retention::run(
+    let retention = tokio::spawn(pgtaskd::maintenance::retention::run(
         db.pool(1),
         Duration::from_secs(86_400),
         std::sync::Arc::clone(&pruned),
@@ -456,7 +466,7 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     ));
     // No claims: the rows retention deleted alone make the vacuum due.
     let settings = pgtaskd::db::ConnectSettings::new(&db.config("").database, "test").unwrap();
-    let vacuum = tokio::spawn(pgtaskd::table_vacuum::run(
+    let vacuum = tokio::spawn(pgtaskd::maintenance::vacuum::run(
         db.pool(1),
         settings,
         pruned,
@@ -521,7 +531,7 @@ async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
         .await
         .unwrap();
     // Two dead versions a task: this many make one vacuum due.
-    let n = pgtaskd::table_vacuum::VACUUM_AFTER as usize / 2 + 100;
+    let n = pgtaskd::maintenance::vacuum::VACUUM_AFTER as usize / 2 + 100;
     let vacuums = drain_without_retention(&db, n).await;
     assert!(
         vacuums >= 1,
@@ -535,7 +545,7 @@ async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
                 "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass",
             )
             .await;
-            (dead < pgtaskd::table_vacuum::VACUUM_AFTER as i64).then_some(())
+            (dead < pgtaskd::maintenance::vacuum::VACUUM_AFTER as i64).then_some(())
         }
     })
     .await;
@@ -546,7 +556,7 @@ async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
 async fn a_daemon_leaves_vacuuming_to_autovacuum_where_it_covers_the_table() {
     let cluster = crate::support::Cluster::start_with(&[("autovacuum", "on")], &[]);
     let db = TestDb::on(&cluster).await;
-    let n = pgtaskd::table_vacuum::VACUUM_AFTER as usize / 2 + 100;
+    let n = pgtaskd::maintenance::vacuum::VACUUM_AFTER as usize / 2 + 100;
     assert_eq!(drain_without_retention(&db, n).await, 0, "no manual vacuum");
 }
 

@@ -36,7 +36,7 @@ async fn start_daemon(url: &str) -> (DaemonProcess, u16) {
     let toml = format!(
         "[http]\nlisten = \"127.0.0.1:{port}\"\n\
          [worker]\nqueues = [\"default\"]\n\
-         [health]\ncheck_interval = \"100ms\"\nxmin_horizon_warning = \"1s\"\n"
+         [vacuum_health]\ncheck_interval = \"100ms\"\nxmin_horizon_warning = \"1s\"\n"
     );
     let daemon = DaemonProcess::start_url(url, &toml, &[]);
     let ready = tokio::time::timeout(WAIT, async {

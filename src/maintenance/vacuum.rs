@@ -1,10 +1,10 @@
 //! The daemon's own `VACUUM` of `pgtaskd.tasks` (docs/design.md, "Vacuum"): run once the row
 //! versions this daemon made dead since its last vacuum reach [`VACUUM_AFTER`], looking every
-//! second. Started by [`crate::daemon`]; nothing else vacuums from the daemon.
+//! second. Started by `maintenance::start`; nothing else vacuums from the daemon.
 //!
 //! What counts as made dead:
 //!
-//! - the rows retention deleted ([`crate::retention`] adds them to the shared count), always:
+//! - the rows retention deleted ([`super::retention`] adds them to the shared count), always:
 //!   autovacuum visits a database at most once per `autovacuum_naptime`, and between two visits
 //!   a busy queue with retention writes a minute of dead rows into new pages;
 //! - while autovacuum leaves the table alone (off in the server, or `autovacuum_enabled =
@@ -118,7 +118,7 @@ pub async fn run(
                 Some(false) => return,
                 None => pause = RETRY,
                 Some(true) => {
-                    let before = crate::vacuum::read(&pool).await.ok();
+                    let before = super::vacuum_health::read(&pool).await.ok();
                     let dead_before = before.as_ref().map_or(0, |h| h.dead_tuples);
                     let horizon = before.and_then(|h| h.horizon).map(|h| h.xid);
                     if held.waits(horizon, Instant::now()) {
@@ -141,7 +141,10 @@ pub async fn run(
                             if dead_before >= MUCH_TO_REMOVE {
                                 pause = pause.min(MAX_PAUSE);
                             }
-                            let left = crate::vacuum::read(&pool).await.ok().map(|h| h.dead_tuples);
+                            let left = super::vacuum_health::read(&pool)
+                                .await
+                                .ok()
+                                .map(|h| h.dead_tuples);
                             if let Some(xid) = held.vacuumed(horizon, left, Instant::now()) {
                                 tracing::info!(
                                     xid,

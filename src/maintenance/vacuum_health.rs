@@ -1,7 +1,7 @@
-//! The vacuum-health watch (docs/design.md, "Vacuum health"): every `health.check_interval`,
+//! The vacuum-health watch (docs/design.md, "Vacuum health"): every `vacuum_health.check_interval`,
 //! read the task table's bloat and the oldest xmin horizon with one statement
 //! ([`queue::vacuum_health`]), set the `/metrics` gauges from it, and, while the horizon has
-//! been held longer than `health.xmin_horizon_warning`, give `/readyz` a warning (the daemon
+//! been held longer than `vacuum_health.xmin_horizon_warning`, give `/readyz` a warning (the daemon
 //! stays ready) and log one: at once when the horizon becomes held, then at most once a
 //! minute while it stays held, and once when it is released.
 //!
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HealthConfig;
+use crate::config::VacuumHealthConfig;
 use crate::db::{DbError, Pool};
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -27,7 +27,7 @@ const REMINDER: Duration = Duration::from_secs(60);
 /// Watch until `stop` fires.
 pub async fn run(
     pool: Pool,
-    config: HealthConfig,
+    config: VacuumHealthConfig,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     stop: CancellationToken,
@@ -68,7 +68,7 @@ pub async fn run(
 }
 
 /// One reading of the vacuum health on a pooled session (also the daemon's vacuum's, in
-/// `crate::table_vacuum`).
+/// `super::vacuum`).
 pub(crate) async fn read(pool: &Pool) -> Result<VacuumHealth, DbError> {
     let session = pool.get().await?;
     session.bounded(queue::vacuum_health(&session)).await

@@ -2,7 +2,7 @@
 //! in bounded batches, every quarter of that window (at least once a minute, at most once a
 //! second; see [`interval`]). Off by default: results are the user's data.
 //!
-//! Every row deleted is added to the count of dead rows that [`crate::table_vacuum`] vacuums
+//! Every row deleted is added to the count of dead rows that [`super::vacuum`] vacuums
 //! after (docs/design.md, "Vacuum"): the daemon knows when it made rows dead, and vacuuming
 //! then keeps the table at the size of its retention window.
 
