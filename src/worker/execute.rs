@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
+use super::held::Held;
 use super::Worker;
 use crate::analyzer::AnalyzeError;
 use crate::completer::{Action, Claim};
@@ -17,7 +18,7 @@ use crate::queue::{Claimed, FinishError, Outcome, Payload, TaskStatus};
 
 impl Worker {
     /// Wait for a permit, analyze one claimed task and commit what came of it.
-    pub(super) async fn execute(self, task: Claimed, cancel: CancellationToken) {
+    pub(super) async fn execute(self, task: Claimed, mut held: Held, cancel: CancellationToken) {
         let started = Instant::now();
         let Claimed {
             id,
@@ -31,7 +32,7 @@ impl Worker {
         let inner = &self.inner;
         let Some(payload) = payload else {
             // Over worker.max_payload_bytes: the text was never loaded, and never will be.
-            inner.intake.done(0);
+            held.free_intake();
             let limit = inner.config.max_payload_bytes.unwrap_or_default();
             let action = Action::Finish(Outcome::Failed(format!(
                 "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not analyzed"
@@ -51,7 +52,7 @@ impl Worker {
         let Some(permit) = permit else {
             // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
             drop(payload);
-            inner.intake.done(bytes);
+            held.free_intake();
             let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
                 Action::Finish(Outcome::Canceled)
             } else {
@@ -61,24 +62,24 @@ impl Worker {
             self.record_outcome(claim, started, &action, result);
             return;
         };
+        held.hold_permit(permit);
         let analysis = inner.intake.analysis();
         // The analyzer takes the payload and lets go of it when it returns.
         let action = self.analyze(claim, payload, &cancel).await;
-        inner.running.analyzed(id, token);
-        inner.intake.done(bytes);
+        held.analyzed();
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
         // claims need not wait for this commit.
         let result = match &action {
             Action::Finish(outcome) => {
                 let pending = inner.completer.finish(claim, outcome.clone()).await;
-                drop(permit);
+                held.free_permit();
                 drop(analysis);
                 pending.answer().await
             }
             Action::Release => {
                 let result = inner.completer.write(claim, &action).await;
-                drop(permit);
+                held.free_permit();
                 result
             }
         };
@@ -129,7 +130,7 @@ impl Worker {
         }
     }
 
-    /// The claim is settled: forget it, count it and log it.
+    /// The claim is settled: count it and log it (the caller's [`Held`] forgets it).
     fn record_outcome(
         &self,
         claim: Claim,
@@ -137,8 +138,7 @@ impl Worker {
         action: &Action,
         result: Result<TaskStatus, FinishError>,
     ) {
-        let Claim { id, attempt, token } = claim;
-        self.inner.running.remove(id, token);
+        let Claim { id, attempt, .. } = claim;
         let duration = started.elapsed();
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());

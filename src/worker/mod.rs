@@ -30,9 +30,11 @@
 //! | --- | --- |
 //! | `mod.rs` | the [`Worker`] handle, the producer loop ([`Worker::run`], [`Worker::run_once`]) |
 //! | `claim.rs` | claiming batches, starting them, giving back unanswered claims |
+//! | `floor.rs` | where a claim starts: the front of the queue, or after a position while claims from the front are slow |
 //! | `idle.rs` | after a scan: lingering, the idle flag the insert trigger reads, the window's watch |
 //! | [`intake`] (`intake.rs`) | how many tasks to claim next |
-//! | `execute.rs` | one claim: permit, analyzer (inline or blocking), settling |
+//! | `execute.rs` | one claim: permit, analyzer (inline or blocking), its outcome to the completer |
+//! | `held.rs` | what one claimed task holds (registry entry, intake bytes, permit), given back on drop |
 //! | `registry.rs` | the running tasks and their cancellation tokens |
 //! | `cancel.rs` | cancel notifications, confirmed in the database before they stop anything |
 //! | `heartbeat.rs` | lease extension, and the cancel read it carries |
@@ -59,7 +61,9 @@ use crate::metrics::Metrics;
 mod cancel;
 mod claim;
 mod execute;
+mod floor;
 mod heartbeat;
+mod held;
 mod idle;
 pub mod intake;
 mod registry;
@@ -123,7 +127,7 @@ struct Inner {
     /// Whether this daemon's idle flag is written (`idle.rs`).
     flag: idle::Flag,
     /// Where the next claim may start while claims from the start are slow (`claim.rs`).
-    floor: std::sync::Mutex<claim::Floor>,
+    floor: std::sync::Mutex<floor::Floor>,
 }
 
 impl Worker {

@@ -1,0 +1,294 @@
+//! Where a claim starts. Claims start from the front of the queue, except while those
+//! claims are slow: a held xmin horizon leaves the entries of every task claimed since at the front of the claim index,
+//! and each claim from the start walks them all. After a claim from the start that took at
+//! least [`SLOW_CLAIM`] and came back full, the next claims start after the last task it
+//! took ([`Floor`]), for ten times its duration and at most one poll interval; then one claims
+//! from the start again, and while it is on its way the others still claim after the
+//! position: while there is a position, claims from the start that walk a held horizon's
+//! entries do not take both claim slots. What such a claim cannot see (a task of a higher
+//! priority inserted since, one given back or retried, a late commit of a lower id) waits at
+//! most until the next claim from the start has come back: a poll interval plus that claim's
+//! own duration (docs/design.md, "Claims after a position"). Only a worker of one queue does
+//! this.
+
+use std::time::{Duration, Instant};
+
+use crate::queue::Position;
+
+/// A claim from the start at least this slow makes the next claims start after a position.
+/// A claim of 500 short texts takes a few milliseconds; one that walks the index entries left
+/// by a held horizon takes tens to thousands.
+const SLOW_CLAIM: Duration = Duration::from_millis(20);
+
+/// How many times a slow claim from the start's duration the claims after a position go on.
+const AFTER_SLOW_CLAIM: u32 = 10;
+
+/// Where the next claim may start, and what the last claim from the start cost.
+#[derive(Debug, Default)]
+pub(super) struct Floor {
+    /// The last task of the latest full claim, in claim order.
+    at: Option<Position>,
+    /// The latest claim from the start: when it ended, and how long it took.
+    from_start: Option<(Instant, Duration)>,
+    /// Claims from the start on their way.
+    starting: usize,
+}
+
+impl Floor {
+    /// Where the claim about to be sent at `now` starts: after [`Floor::at`] while the latest
+    /// claim from the start was slow and either ended less than ten times its duration ago
+    /// (at most `poll`) or has a successor on its way; `None`: from the start, and then that
+    /// claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is called
+    /// for it.
+    pub(super) fn next(&mut self, now: Instant, poll: Duration) -> Option<Position> {
+        let after = self
+            .at
+            .zip(self.from_start)
+            .and_then(|(at, (ended, took))| {
+                let window = (took * AFTER_SLOW_CLAIM).min(poll);
+                let recent = now.saturating_duration_since(ended) < window;
+                (took >= SLOW_CLAIM && (recent || self.starting > 0)).then_some(at)
+            });
+        if after.is_none() {
+            self.starting += 1;
+        }
+        after
+    }
+
+    /// A claim that started `after` (or from the start) failed: nothing is learned from it.
+    pub(super) fn abandon(&mut self, after: Option<Position>) {
+        if after.is_none() {
+            self.starting = self.starting.saturating_sub(1);
+        }
+    }
+
+    /// Record a claim that started `after` (or from the start), took `took` and ended at
+    /// `now`: `more` when it took all it had room for (there may be more), `last` its last
+    /// task. A claim that found less than it could take ends the positions: the next claim
+    /// starts from the start.
+    pub(super) fn record(
+        &mut self,
+        after: Option<Position>,
+        took: Duration,
+        now: Instant,
+        more: bool,
+        last: Option<Position>,
+    ) {
+        if after.is_none() {
+            // What it saw replaces the positions before it (it may have found a task of a
+            // higher priority, before them in claim order).
+            self.from_start = Some((now, took));
+            self.at = None;
+            self.starting = self.starting.saturating_sub(1);
+        }
+        self.at = match (more, last) {
+            (true, Some(last)) => Some(self.at.map_or(last, |at| at.max(last))),
+            _ => None,
+        };
+    }
+}
+
+/// A claim the [`Floor`] chose a start for and has not been told about yet: dropped before
+/// [`Floor::record`] (the claim failed, panicked or was dropped), it abandons the claim, so
+/// that a claim from the start never stays counted as on its way.
+pub(super) struct Pending<'a> {
+    pub(super) floor: &'a std::sync::Mutex<Floor>,
+    pub(super) after: Option<Position>,
+    pub(super) recorded: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            if let Ok(mut floor) = self.floor.lock() {
+                floor.abandon(self.after);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(priority: i32, id: i64) -> Option<Position> {
+        Some(Position { priority, id })
+    }
+
+    const POLL: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_fast_claim_from_the_start_keeps_every_claim_at_the_start() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), None);
+    }
+
+    #[test]
+    fn after_a_slow_full_claim_the_next_ones_start_after_its_last_task_for_ten_times_its_duration()
+    {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(50);
+        floor.record(None, slow, t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), at(0, 500));
+        // A claim after it that came back full moves the position on.
+        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 1000));
+        assert_eq!(floor.next(t0 + slow * 9, POLL), at(0, 1000));
+        assert_eq!(
+            floor.next(t0 + slow * 10, POLL),
+            None,
+            "then from the start"
+        );
+    }
+
+    #[test]
+    fn the_claims_after_a_position_last_at_most_a_poll_interval() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_secs(1), t0, true, at(0, 500));
+        assert_eq!(
+            floor.next(t0 + Duration::from_millis(1999), POLL),
+            at(0, 500)
+        );
+        assert_eq!(floor.next(t0 + POLL, POLL), None);
+    }
+
+    #[test]
+    fn while_a_slow_claim_from_the_start_is_on_its_way_the_others_claim_after_the_position() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor.record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        assert_eq!(
+            floor.next(later, POLL),
+            None,
+            "the window is over: one from the start"
+        );
+        assert_eq!(
+            floor.next(later, POLL),
+            at(0, 500),
+            "the second claim slot does not walk the same entries"
+        );
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            later,
+            true,
+            at(0, 1000),
+        );
+        assert_eq!(floor.next(later, POLL), at(0, 1000));
+        // It came back, slow again: its window starts.
+        let back = later + slow;
+        floor.record(None, slow, back, true, at(0, 1200));
+        assert_eq!(floor.next(back, POLL), at(0, 1200));
+        // Past that window, one goes from the start; it fails: the next goes from the start.
+        let past = back + POLL;
+        assert_eq!(floor.next(past, POLL), None);
+        floor.abandon(None);
+        assert_eq!(floor.next(past, POLL), None);
+    }
+
+    #[test]
+    fn each_claim_from_the_start_on_its_way_counts_until_it_comes_back() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor.record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        // A claim after the position came back with less than it had room for: no position,
+        // so two claims from the start may be on their way at once.
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            later,
+            false,
+            at(0, 600),
+        );
+        assert_eq!(floor.next(later, POLL), None);
+        assert_eq!(floor.next(later, POLL), None);
+        // The first comes back (slow, full) while the second is still on its way.
+        floor.record(None, slow, later + slow, true, at(0, 1100));
+        let past = later + slow + POLL;
+        assert_eq!(
+            floor.next(past, POLL),
+            at(0, 1100),
+            "one from the start is still on its way"
+        );
+        floor.abandon(None);
+        assert_eq!(floor.next(past, POLL), None, "now none is");
+    }
+
+    #[test]
+    fn a_claim_dropped_before_it_was_recorded_is_no_longer_on_its_way() {
+        let floor = std::sync::Mutex::new(Floor::default());
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(500);
+        floor
+            .lock()
+            .unwrap()
+            .record(None, slow, t0, true, at(0, 500));
+        let later = t0 + POLL;
+        let after = floor.lock().unwrap().next(later, POLL);
+        assert_eq!(after, None);
+        drop(Pending {
+            floor: &floor,
+            after,
+            recorded: false,
+        });
+        assert_eq!(floor.lock().unwrap().starting, 0);
+        assert_eq!(floor.lock().unwrap().next(later, POLL), None);
+    }
+
+    #[test]
+    fn fast_claims_from_the_start_may_overlap() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), None);
+        assert_eq!(floor.next(t0, POLL), None);
+    }
+
+    #[test]
+    fn a_claim_that_found_less_than_it_could_take_sends_the_next_to_the_start() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, false, at(0, 600));
+        assert_eq!(floor.next(t0, POLL), None);
+        floor.record(None, Duration::from_millis(50), t0, false, at(0, 700));
+        assert_eq!(
+            floor.next(t0, POLL),
+            None,
+            "a drained queue has no position"
+        );
+    }
+
+    #[test]
+    fn a_claim_from_the_start_replaces_the_position_with_its_own() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 5000));
+        // Tasks of priority 5 were inserted since: the next claim from the start takes some.
+        floor.record(None, Duration::from_millis(50), t0, true, at(5, 600));
+        assert_eq!(
+            floor.next(t0, POLL),
+            at(5, 600),
+            "the rest of priority 5 is not skipped"
+        );
+    }
+
+    #[test]
+    fn concurrent_claims_keep_the_later_position_in_claim_order() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(50), t0, true, at(5, 900));
+        // A lower priority is later in claim order than any id of a higher one.
+        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(3, 10));
+        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(5, 1400));
+        assert_eq!(floor.next(t0, POLL), at(3, 10));
+    }
+}
