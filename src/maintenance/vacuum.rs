@@ -47,7 +47,7 @@ use crate::metrics::Metrics;
 use crate::queue;
 
 /// Dead row versions after which the daemon vacuums: the table's own autovacuum threshold
-/// (sql/0008_autovacuum.sql).
+/// (`pgtaskd.tasks`'s storage parameters in sql/schema.sql).
 pub const VACUUM_AFTER: u64 = 5000;
 /// How often the count is looked at.
 const CHECK: Duration = Duration::from_secs(1);

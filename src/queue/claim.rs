@@ -133,7 +133,7 @@ pub struct ClaimBatch {
     pub last: Option<Position>,
 }
 
-/// The statement lives in `pgtaskd.claim` (sql/0016_claim_tokens.sql), whose planner settings
+/// The statement lives in `pgtaskd.claim` (in sql/schema.sql), whose planner settings
 /// keep the ordered index plan however stale the table's statistics are.
 const CLAIM_AFTER: &str =
     "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim \

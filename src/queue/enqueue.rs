@@ -9,8 +9,8 @@
 //! It also owns what a task's fields may be, checked before any statement by the CLI, the
 //! HTTP API and the configuration alike ([`check_queue_name`], [`check_payload`],
 //! [`check_idempotency_key`], [`NewTask::check`]), so that each refuses the same input with
-//! the same words; the table's constraints (sql/0018_queue_names.sql) hold the queue-name
-//! rule for every other writer.
+//! the same words; the tables' constraints (`tasks_queue_name`, `paused_queues_queue_name` in
+//! sql/schema.sql) hold the queue-name rule for every other writer.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
@@ -165,7 +165,7 @@ impl Enqueued {
 }
 
 /// Insert or, for a key already taken, find. The defaults written here are the columns' own
-/// (sql/0001_tasks.sql). The read of a taken key is a second part of the same statement, which
+/// (`pgtaskd.tasks` in sql/schema.sql). The read of a taken key is a second part of the same statement, which
 /// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
 /// again, with a fresh snapshot.
 const ENQUEUE: &str = "

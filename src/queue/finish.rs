@@ -75,7 +75,7 @@ impl From<tokio_postgres::Error> for FinishError {
     }
 }
 
-/// The statement lives in `pgtaskd.finish` (sql/0016_claim_tokens.sql), planned once per
+/// The statement lives in `pgtaskd.finish` (in sql/schema.sql), planned once per
 /// session; it also sends `NOTIFY pgtaskd_done` with the ids it ended, in the same transaction.
 const FINISH_MANY: &str = "SELECT task_id, written, current, skipped \
      FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";

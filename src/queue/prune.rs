@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use crate::db::DbError;
 
-/// The batch lives in `pgtaskd.prune` (sql/0013_positions.sql). Its rows are picked once,
+/// The batch lives in `pgtaskd.prune` (in sql/schema.sql). Its rows are picked once,
 /// into an array, and then deleted by primary key: written as `WHERE id IN (SELECT ...)`, the
 /// planner may turn the pick into a semi-join, and with statistics taken while the table was
 /// empty it chose to walk the whole primary key and run the locking pick once per row. The

@@ -1,4 +1,4 @@
-//! Vacuum health: one call of `pgtaskd.vacuum_health()` (`sql/0009_vacuum_health.sql`) reads
+//! Vacuum health: one call of `pgtaskd.vacuum_health()` (in `sql/schema.sql`) reads
 //! whether the task table is bloating and whether vacuum is held back (docs/design.md,
 //! "Vacuum health"): its live and dead tuples, when it was last vacuumed, its sizes, and the
 //! oldest xmin horizon that holds back its vacuum with what holds it. The function runs with

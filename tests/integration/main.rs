@@ -31,6 +31,7 @@ mod notifications;
 mod payload_limits;
 mod queues;
 mod roles;
+mod schema_file;
 mod shutdown;
 mod signals;
 mod systemd;

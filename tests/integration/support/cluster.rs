@@ -199,6 +199,12 @@ impl Cluster {
         config
     }
 
+    /// A program of the server binaries this cluster runs (`pg_dump`, `psql`): a client of
+    /// the server's own version.
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.bindir.join(name)
+    }
+
     /// Start the server process (again), and wait until it accepts connections.
     pub fn start_server(&self) {
         let mut slot = self.child.lock().unwrap();
