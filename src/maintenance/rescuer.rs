@@ -108,12 +108,26 @@ async fn probe(pool: &Pool) -> Result<(), DbError> {
 pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
     let client = pool.get().await?;
     let mut total = 0;
-    loop {
-        let rescued = client
+    let mut by_status = [0usize; 3];
+    let mut owners = std::collections::BTreeSet::new();
+    let result = loop {
+        let rescued = match client
             .bounded(queue::rescue(&client, BATCH, instance))
-            .await?;
+            .await
+        {
+            Ok(rescued) => rescued,
+            Err(err) => break Err(err),
+        };
         for task in &rescued {
-            tracing::warn!(
+            by_status[match task.status {
+                TaskStatus::Queued => 0,
+                TaskStatus::Failed => 1,
+                _ => 2,
+            }] += 1;
+            if owners.len() < 5 {
+                owners.insert(task.previous_owner.clone().unwrap_or_default());
+            }
+            tracing::debug!(
                 id = task.id,
                 attempt = task.attempt,
                 previous_owner = task.previous_owner.as_deref().unwrap_or(""),
@@ -124,12 +138,27 @@ pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
         }
         total += rescued.len();
         if rescued.iter().any(|t| t.status == TaskStatus::Queued) {
-            client.bounded(queue::notify_tasks(&client)).await?;
+            if let Err(err) = client.bounded(queue::notify_tasks(&client)).await {
+                break Err(err);
+            }
         }
         if (rescued.len() as i64) < BATCH {
-            return Ok(total);
+            break Ok(total);
         }
+    };
+    if total > 0 {
+        // One line for the whole run; each task's is at debug level.
+        tracing::warn!(
+            tasks = total,
+            queued = by_status[0],
+            failed = by_status[1],
+            canceled = by_status[2],
+            previous_owners = ?owners,
+            rescued_by = instance,
+            "leases expired; tasks rescued"
+        );
     }
+    result
 }
 
 #[cfg(test)]

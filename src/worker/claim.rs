@@ -151,20 +151,32 @@ impl Worker {
             .into_iter()
             .filter(|(id, _, _)| !inner.running.contains(*id))
             .collect();
+        let mut given_back = 0;
+        let mut result = Ok(());
         for (id, attempt, token) in unanswered {
             match client
                 .bounded(queue::release(&client, token, id, false))
                 .await
             {
                 Ok(status) => {
-                    tracing::warn!(id, attempt, claim = token, %status, "task of a claim whose answer was lost given back");
+                    given_back += 1;
+                    tracing::debug!(id, attempt, claim = token, %status, "task of a claim whose answer was lost given back");
                 }
-                Err(FinishError::Db(err)) => return Err(err),
+                Err(FinishError::Db(err)) => {
+                    result = Err(err);
+                    break;
+                }
                 // Changed meanwhile (canceled, deleted): nothing of ours to give back.
                 Err(_) => {}
             }
         }
-        Ok(())
+        if given_back > 0 {
+            tracing::warn!(
+                tasks = given_back,
+                "tasks of a claim whose answer was lost given back, unanalyzed"
+            );
+        }
+        result
     }
 
     /// Claim what `room`, reserved in the intake, allows, and start the tasks.
@@ -218,10 +230,11 @@ impl Worker {
             pending.recorded = true;
         }
         inner.intake.claimed(room, claimed, batch.bytes, took);
+        inner.summary.claimed(claimed);
         for task in batch.tasks {
             let cancel = inner.abort.child_token();
             let held = Held::new(&self.inner, &task, cancel.clone());
-            tracing::info!(
+            tracing::debug!(
                 id = task.id,
                 attempt = task.attempt,
                 claim = task.token,

@@ -143,28 +143,30 @@ impl Worker {
         if let Ok(status) = &result {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
         }
+        self.inner.summary.settled(result.as_ref().ok().copied());
         match (result, action) {
             (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
                 if status == TaskStatus::Succeeded =>
             {
-                tracing::info!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, ?duration, "task finished");
+                tracing::debug!(id, attempt, %status, words = counts.words, bytes = counts.bytes, runes = counts.runes, ?duration, "task finished");
             }
             (Ok(status), Action::Finish(Outcome::Failed(error)))
                 if status == TaskStatus::Failed =>
             {
-                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, error = error.as_str(), "task finished");
+                tracing::debug!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, error = error.as_str(), "task finished");
             }
             (Ok(status), Action::Release) if status == TaskStatus::Queued => {
-                tracing::info!(id, attempt, %status, ?duration, "task released for another daemon");
+                tracing::debug!(id, attempt, %status, ?duration, "task released for another daemon");
             }
             (Ok(status), _) => {
-                tracing::info!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, "task finished");
+                tracing::debug!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, "task finished");
             }
             (Err(FinishError::NotRunning { status }), _) => {
-                tracing::warn!(id, attempt, %status, "claim lost before the finish; result dropped");
+                // Counted in the summary (`results_dropped`).
+                tracing::debug!(id, attempt, %status, "claim lost before the finish; result dropped");
             }
             (Err(FinishError::NotFound), _) => {
-                tracing::warn!(id, attempt, "task deleted while it ran; result dropped");
+                tracing::debug!(id, attempt, "task deleted while it ran; result dropped");
             }
             (Err(FinishError::Locked), _) => {
                 // Settling alone waits for a locked row; this is not expected here.

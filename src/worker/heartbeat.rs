@@ -61,6 +61,7 @@ impl Worker {
             if !busy.is_empty() && !waiting.swap(true, Ordering::AcqRel) {
                 tokio::spawn(self.clone().extend_busy(busy, Arc::clone(&waiting)));
             }
+            let mut lost = 0;
             for &(id, token) in &claims {
                 let Some(task) = self.inner.running.get(id) else {
                     continue;
@@ -80,7 +81,8 @@ impl Worker {
                         task.cancel.cancel();
                     }
                     Verdict::LeaseLost => {
-                        tracing::warn!(
+                        lost += 1;
+                        tracing::debug!(
                             id,
                             attempt,
                             "lease lost; stopping the analyzer, its result will be dropped"
@@ -88,6 +90,12 @@ impl Worker {
                         task.cancel.cancel();
                     }
                 }
+            }
+            if lost > 0 {
+                tracing::warn!(
+                    tasks = lost,
+                    "leases lost; stopping their analyzers, their results will be dropped"
+                );
             }
         }
     }

@@ -39,6 +39,7 @@
 //! | `cancel.rs` | cancel notifications, confirmed in the database before they stop anything |
 //! | `heartbeat.rs` | lease extension, and the cancel read it carries |
 //! | `shutdown.rs` | the two-phase stop |
+//! | `summary.rs` | the minute's summary line, in place of a line per task at info level |
 //!
 //! Callers: [`crate::daemon`] runs [`Worker::run`] and [`Worker::shutdown`]; tests also call
 //! [`Worker::run_once`].
@@ -68,6 +69,7 @@ mod idle;
 pub mod intake;
 mod registry;
 mod shutdown;
+mod summary;
 
 use claim::MAX_CLAIM_BATCH;
 pub use idle::ttl as idle_flag_ttl;
@@ -126,6 +128,8 @@ struct Inner {
     relisten: AtomicBool,
     /// Whether this daemon's idle flag is written (`idle.rs`).
     flag: idle::Flag,
+    /// What this worker's tasks came to since the last summary line.
+    summary: summary::Summary,
     /// Where the next claim may start while claims from the start are slow (`claim.rs`).
     floor: std::sync::Mutex<floor::Floor>,
 }
@@ -164,6 +168,7 @@ impl Worker {
                 claim_unanswered: AtomicBool::new(false),
                 relisten: AtomicBool::new(false),
                 flag: idle::Flag::default(),
+                summary: summary::Summary::default(),
                 floor: std::sync::Mutex::default(),
             }),
         }
@@ -205,6 +210,7 @@ impl Worker {
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
         tokio::spawn(self.clone().confirm_cancels());
+        tokio::spawn(self.clone().summarize());
         // A claim sent just before the stop may still bring tasks back after it: they are
         // given back unanalyzed (the first phase of the stop starts with the stop itself), so
         // nothing is started once the stop fired.

@@ -118,7 +118,7 @@ impl Worker {
                 .await
             {
                 Ok(status) => {
-                    tracing::info!(id, attempt, %status, "task released for another daemon");
+                    tracing::debug!(id, attempt, %status, "task released for another daemon");
                 }
                 // Not given back: its lease expires.
                 Err(FinishError::Db(_) | FinishError::Locked) => left += 1,

@@ -130,3 +130,51 @@ async fn run_with_migrate_installs_the_schema_first() {
     daemon.signal(libc::SIGINT);
     assert_eq!(daemon.wait().await.code(), Some(0));
 }
+
+/// At info level a drain writes no line per task: the lifecycle, and a summary with the
+/// counts (each task's lines are at debug level).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_info_level_a_drain_logs_a_summary_and_no_line_per_task() {
+    const TASKS: usize = 2_000;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    crate::support::insert_payloads(&client, TASKS).await;
+    let mut daemon = DaemonProcess::start_with_env(
+        &db.url,
+        "[worker]\nconcurrency = 4\n",
+        &[],
+        &[("RUST_LOG", "pgtaskd=info")],
+    );
+    crate::support::wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        TASKS as i64,
+        "the drain",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert!(!log.contains("task claimed"), "{log}");
+    assert!(!log.contains("task finished"), "{log}");
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|line| {
+            line.contains("tasks since the last summary")
+                || line.contains("tasks in the last minute")
+        })
+        .collect();
+    let succeeded: u64 = summaries
+        .iter()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix("succeeded=")?.parse::<u64>().ok())
+        })
+        .sum();
+    assert_eq!(succeeded, TASKS as u64, "{log}");
+    assert!(
+        log.lines().count() < 40,
+        "{} lines for {TASKS} tasks:\n{log}",
+        log.lines().count()
+    );
+}

@@ -144,13 +144,14 @@ impl DaemonProcess {
     ) -> DaemonProcess {
         let mut command =
             DaemonCommand::new(binary(), config_toml).expect("write the daemon's configuration");
-        for (key, value) in env {
-            command.env(key, value);
-        }
         command
             .args(args)
             .env("PGTASKD_DATABASE_URL", url)
             .env("RUST_LOG", "pgtaskd=debug");
+        // After the defaults: a test's own `RUST_LOG` wins.
+        for (key, value) in env {
+            command.env(key, value);
+        }
         DaemonProcess {
             child: command.spawn().expect("pgtaskd starts"),
         }

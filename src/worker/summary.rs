@@ -1,0 +1,158 @@
+//! The worker's periodic summary: at info level, one line a minute with what its tasks came
+//! to (claimed, finished by status, given back, results dropped, and the rate), silent while
+//! idle, and one last line at the stop. Each task's own lines are at debug level, so that a
+//! busy daemon's log grows by a line a minute, not two lines a task (docs/design.md, "Logs").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::Worker;
+use crate::queue::TaskStatus;
+
+/// How often the summary is written while tasks come.
+pub const EVERY: Duration = Duration::from_secs(60);
+
+/// What came of this worker's tasks since the last summary line.
+#[derive(Debug, Default)]
+pub(super) struct Summary {
+    claimed: AtomicU64,
+    succeeded: AtomicU64,
+    failed: AtomicU64,
+    canceled: AtomicU64,
+    released: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// One summary's figures.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Figures {
+    pub claimed: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub canceled: u64,
+    pub released: u64,
+    pub dropped: u64,
+}
+
+impl Figures {
+    fn is_empty(&self) -> bool {
+        *self == Figures::default()
+    }
+}
+
+impl Summary {
+    pub(super) fn claimed(&self, n: usize) {
+        self.claimed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A claim was settled with `status` written (`None`: its result was dropped).
+    pub(super) fn settled(&self, status: Option<TaskStatus>) {
+        let counter = match status {
+            Some(TaskStatus::Succeeded) => &self.succeeded,
+            Some(TaskStatus::Failed) => &self.failed,
+            Some(TaskStatus::Canceled) => &self.canceled,
+            Some(TaskStatus::Queued) => &self.released,
+            Some(TaskStatus::Running) | None => &self.dropped,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures since the last call, which start again from zero.
+    pub(super) fn take(&self) -> Figures {
+        let take = |n: &AtomicU64| n.swap(0, Ordering::Relaxed);
+        Figures {
+            claimed: take(&self.claimed),
+            succeeded: take(&self.succeeded),
+            failed: take(&self.failed),
+            canceled: take(&self.canceled),
+            released: take(&self.released),
+            dropped: take(&self.dropped),
+        }
+    }
+
+    /// Log the figures since the last line, over `since`, unless there are none.
+    pub(super) fn log(&self, since: Instant, last: bool) {
+        let figures = self.take();
+        if figures.is_empty() {
+            return;
+        }
+        let seconds = since.elapsed().as_secs_f64().max(0.001);
+        let finished = figures.succeeded + figures.failed + figures.canceled;
+        let per_second = (finished as f64 / seconds * 10.0).round() / 10.0;
+        let Figures {
+            claimed,
+            succeeded,
+            failed,
+            canceled,
+            released,
+            dropped,
+        } = figures;
+        let message = if last {
+            "tasks since the last summary, at the stop"
+        } else {
+            "tasks in the last minute"
+        };
+        tracing::info!(
+            claimed,
+            succeeded,
+            failed,
+            canceled,
+            released,
+            results_dropped = dropped,
+            per_second,
+            "{message}"
+        );
+    }
+}
+
+impl Worker {
+    /// Write the summary every [`EVERY`] while tasks come, and once more when the last task
+    /// of a stop has ended.
+    pub(super) async fn summarize(self) {
+        let mut since = Instant::now();
+        loop {
+            tokio::select! {
+                _ = self.inner.heartbeat_stop.cancelled() => {
+                    self.inner.summary.log(since, true);
+                    return;
+                }
+                _ = tokio::time::sleep(EVERY) => {}
+            }
+            self.inner.summary.log(since, false);
+            since = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_settled_claim_counts_once_under_its_status_and_a_take_starts_again() {
+        let summary = Summary::default();
+        summary.claimed(5);
+        for status in [
+            Some(TaskStatus::Succeeded),
+            Some(TaskStatus::Succeeded),
+            Some(TaskStatus::Failed),
+            Some(TaskStatus::Canceled),
+            Some(TaskStatus::Queued),
+            None,
+        ] {
+            summary.settled(status);
+        }
+        assert_eq!(
+            summary.take(),
+            Figures {
+                claimed: 5,
+                succeeded: 2,
+                failed: 1,
+                canceled: 1,
+                released: 1,
+                dropped: 1,
+            }
+        );
+        assert!(summary.take().is_empty());
+    }
+}
