@@ -3,10 +3,13 @@
 //! names one of its headings, by GitHub's slug rules (lowercase; spaces to `-`; every other
 //! character but letters, digits, `-` and `_` removed; a repeated heading gets `-1`, `-2`...).
 //! Links inside code (fenced blocks, indented blocks, `spans`) are not links and are skipped.
+//! And where the docs repeat what the binary's help says (the libpq variables read, exit 4),
+//! they say the same.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
+use std::process::Command;
 
 #[test]
 fn every_relative_link_and_anchor_in_the_docs_resolves() {
@@ -53,6 +56,102 @@ fn a_missing_file_or_heading_is_reported_with_its_line() {
         ],
         "{broken:#?}"
     );
+}
+
+#[test]
+fn the_help_the_example_file_and_the_docs_name_the_same_libpq_variables() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let help = help(&["run", "--help"]);
+    let from_help = libpq_variables(between(&help, "RUST_LOG", "libpq's, for whatever"));
+    assert!(
+        from_help.contains("PGHOST") && from_help.contains("PGTARGETSESSIONATTRS"),
+        "{from_help:?}\n{help}"
+    );
+    let read = |path: &str| fs::read_to_string(root.join(path)).unwrap();
+    let example = read("pgtaskd.example.toml");
+    let configuration = read("docs/configuration.md");
+    let operations = read("docs/operations.md");
+    for (source, text) in [
+        (
+            "pgtaskd.example.toml, [database]",
+            between(&example, "else the libpq environment", "which also fills"),
+        ),
+        (
+            "docs/configuration.md, The connection",
+            between(
+                &configuration,
+                "then the libpq environment",
+                "which also fills",
+            ),
+        ),
+        (
+            "docs/configuration.md, Environment variables",
+            between(&configuration, "| `PGHOST`", "libpq's, for whatever"),
+        ),
+        (
+            "docs/operations.md, Run as a sidecar",
+            between(
+                &operations,
+                "| `PGHOST`",
+                "fill what the string leaves unset",
+            ),
+        ),
+    ] {
+        assert_eq!(libpq_variables(text), from_help, "{source}: {text}");
+    }
+}
+
+#[test]
+fn the_help_and_the_docs_agree_on_exit_4() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let top = help(&["--help"]);
+    let four = between(&top, "\n  4 ", "\n  69 ");
+    assert!(
+        four.contains("cancel") && four.contains("retry") && four.contains("FAILED or CANCELED"),
+        "pgtaskd --help, exit 4: {four}"
+    );
+    let retry = help(&["retry", "--help"]);
+    assert!(
+        retry.contains("4 for a task that is not FAILED or CANCELED"),
+        "{retry}"
+    );
+    let cli = fs::read_to_string(root.join("docs/cli.md")).unwrap();
+    let row = between(&cli, "| 4 |", "\n");
+    assert!(
+        row.contains("`cancel` of a finished task")
+            && row.contains("`retry` of a task that is not FAILED or CANCELED"),
+        "docs/cli.md, exit 4: {row}"
+    );
+}
+
+/// What `pgtaskd ARGS` prints on standard output; it must succeed.
+fn help(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_pgtaskd"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "pgtaskd {args:?}: {output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The text of `text` from the first `start` to the next `end` after it.
+fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("{start:?} not found in:\n{text}"));
+    let rest = &text[from..];
+    let to = rest
+        .find(end)
+        .unwrap_or_else(|| panic!("{end:?} not found after {start:?} in:\n{text}"));
+    &rest[..to]
+}
+
+/// The libpq variables `text` names: words of `PG` and capitals, `PGTASKD_*` left out.
+fn libpq_variables(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+        .filter(|word| word.starts_with("PG") && word.len() > 2 && !word.starts_with("PGTASKD_"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// `README.md`, `CHANGELOG.md` and `docs/*.md` under `root`, sorted.
