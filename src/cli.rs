@@ -25,7 +25,8 @@ Exit codes:
   1   runtime failure (for wait: a task FAILED or was CANCELED)
   2   usage error
   3   no such task
-  4   the task is already finished (cancel)
+  4   refused for the task's state: cancel of a finished task, retry of a task that is not
+      FAILED or CANCELED
   69  database unavailable
   75  wait timed out before every task finished
   78  configuration error: the file, the connection settings, settings the database refuses,
@@ -55,6 +56,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon until SIGTERM or SIGINT
+    #[command(after_help = AFTER_HELP)]
     Run {
         /// Apply pending migrations first
         #[arg(long)]

@@ -15,6 +15,7 @@ mod cli;
 mod cli_polish;
 mod credentials;
 mod database_defaults;
+mod doc_links;
 mod end_to_end;
 mod failover;
 mod faults;
