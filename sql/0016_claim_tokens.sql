@@ -20,8 +20,8 @@
 -- daemon's statements cannot deadlock with each other either.
 --
 -- The claim's previous overloads (4, 7 and 9 arguments) are dropped: daemons of this release
--- call only the new one. Stop the daemons before applying it (README, "Migrations and
--- upgrades"): a daemon of an earlier release left running can no longer claim or finish.
+-- call only the new one. Stop the daemons before applying it (docs/upgrading.md,
+-- "Schema 16"): a daemon of an earlier release left running can no longer claim or finish.
 
 ALTER TABLE pgtaskd.tasks ADD COLUMN claim_token bigint;
 COMMENT ON COLUMN pgtaskd.tasks.claim_token IS

@@ -11,7 +11,7 @@
 //! reloaded; SIGUSR1 and SIGUSR2 are logged and ignored. SIGPIPE is ignored (the Rust runtime
 //! sets it so before `main`; a write to a closed pipe fails with `EPIPE` instead), and is
 //! not handled here: a handler that logs would log into the very pipe that raised it.
-//! README "Signals" has the table; tests trigger the same tokens by calling
+//! docs/operations.md, "Signals", has the table; tests trigger the same tokens by calling
 //! [`Shutdown::trigger`] and [`Shutdown::fast`] instead of sending signals.
 
 use futures_util::StreamExt;
@@ -66,7 +66,7 @@ impl Shutdown {
         self.hurry.cancel();
     }
 
-    /// Answer every signal of `HANDLED` as README "Signals" says, from now on.
+    /// Answer every signal of `HANDLED` as docs/operations.md, "Signals", says, from now on.
     ///
     /// # Errors
     ///

@@ -6,7 +6,7 @@
 //! next accumulates in the channel, so an idle daemon commits at once and a busy one commits
 //! many rows per round trip. Two at once, not one: the server works on one finish while the
 //! other's commit waits for its WAL flush (a drain went from 84-86% of `bench --mode ceiling`
-//! to 93-99% in the same runs: README, "Performance"). Batches are independent: each claim is
+//! to 93-99% in the same runs: docs/performance.md). Batches are independent: each claim is
 //! in one, and each batch answers for its own claims. When a batch's statement fails, every
 //! claim in it learns why, and whether the outcome is unknown (an outage: re-read, never
 //! re-run) or known to be nothing (the server refused: write again);

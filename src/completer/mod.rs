@@ -135,19 +135,11 @@ impl Completer {
     /// Queue `outcome` of `claim` for the next batch, waiting for room in the queue. Returns
     /// once it is queued; the [`Pending`] resolves to the final answer.
     pub async fn finish(&self, claim: Claim, outcome: Outcome) -> Pending {
-        let (reply, answer) = oneshot::channel();
         let action = Action::Finish(outcome.clone());
-        let finish = crate::queue::Finish {
-            id: claim.id,
-            token: claim.token,
-            outcome,
-        };
-        let answer = match self.tx.send(Completion { finish, reply }).await {
-            Ok(()) => Ok(answer),
-            Err(_) => Err(BatchFailed::Stopped),
-        };
+        let answer = queue_finish(&self.tx, claim, outcome).await;
         Pending {
             shared: Arc::clone(&self.shared),
+            tx: self.tx.clone(),
             claim,
             action,
             answer,
@@ -174,10 +166,33 @@ impl Completer {
     }
 }
 
+/// How many more batches a finish whose row was locked goes into before it is written alone:
+/// the lock is most often this daemon's own heartbeat, held for a moment.
+const LOCKED_BATCHES: usize = 3;
+
+/// Queue `outcome` of `claim` for a batch; the receiver gets the batch's answer.
+async fn queue_finish(
+    tx: &mpsc::Sender<Completion>,
+    claim: Claim,
+    outcome: Outcome,
+) -> Result<oneshot::Receiver<batch::Answer>, BatchFailed> {
+    let (reply, answer) = oneshot::channel();
+    let finish = crate::queue::Finish {
+        id: claim.id,
+        token: claim.token,
+        outcome,
+    };
+    match tx.send(Completion { finish, reply }).await {
+        Ok(()) => Ok(answer),
+        Err(_) => Err(BatchFailed::Stopped),
+    }
+}
+
 /// A finish queued for a batch; [`Pending::answer`] waits for its final answer.
 #[must_use = "the claim is settled only once its answer is awaited"]
 pub struct Pending {
     shared: Arc<Shared>,
+    tx: mpsc::Sender<Completion>,
     claim: Claim,
     action: Action,
     answer: Result<oneshot::Receiver<batch::Answer>, BatchFailed>,
@@ -190,15 +205,32 @@ impl Pending {
     /// # Errors
     ///
     /// As [`Completer::write`].
-    pub async fn answer(self) -> Result<TaskStatus, FinishError> {
+    pub async fn answer(mut self) -> Result<TaskStatus, FinishError> {
         let Claim { id, attempt, .. } = self.claim;
-        let failed = match self.answer {
-            Ok(receiver) => match tokio::select! {
+        let mut batches_left = LOCKED_BATCHES;
+        let failed = loop {
+            let receiver = match self.answer {
+                Ok(receiver) => receiver,
+                Err(failed) => break failed,
+            };
+            match tokio::select! {
                 biased;
                 answer = receiver => answer,
                 _ = self.shared.give_up.cancelled() => return self.shared.abandon(),
             } {
-                // Someone else holds the row: the batch did not wait; this claim alone does.
+                // Someone else held the row for a moment (often this daemon's heartbeat):
+                // into the next batch, a few times.
+                Ok(Ok(Err(FinishError::Locked))) if batches_left > 0 => {
+                    if let Action::Finish(outcome) = &self.action {
+                        batches_left -= 1;
+                        self.answer = queue_finish(&self.tx, self.claim, outcome.clone()).await;
+                        continue;
+                    }
+                    batches_left = 0;
+                    self.answer = Err(BatchFailed::Stopped);
+                    continue;
+                }
+                // Still held: the batch did not wait; this claim alone does.
                 Ok(Ok(Err(FinishError::Locked))) => {
                     tracing::debug!(
                         id,
@@ -214,7 +246,7 @@ impl Pending {
                     .await;
                 }
                 Ok(Ok(result)) => return result,
-                Ok(Err(failed)) => failed,
+                Ok(Err(failed)) => break failed,
                 // The batching task dropped the finish unanswered: it may have been sent.
                 Err(_) => {
                     return Box::pin(resolve::write_alone(
@@ -225,8 +257,7 @@ impl Pending {
                     ))
                     .await
                 }
-            },
-            Err(failed) => failed,
+            }
         };
         let outcome_unknown = failed.outcome_unknown();
         // The batch said so once for all its claims.

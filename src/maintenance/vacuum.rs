@@ -56,7 +56,7 @@ const RECHECK: Duration = Duration::from_secs(60);
 /// The longest pause after a vacuum. Waiting as long as the vacuum took, a vacuum of a minute
 /// (the one after a two-minute held snapshot, at 16,600 tasks/s) was followed by a minute with
 /// none, whose dead versions the next one took as long to remove: the table grew again
-/// (README, "Performance").
+/// (docs/performance.md).
 const MAX_PAUSE: Duration = Duration::from_secs(5);
 const _: () = assert!(MAX_PAUSE.as_millis() >= CHECK.as_millis());
 /// Dead row versions (the statistics' estimate, before the vacuum) from which the pause after
