@@ -84,6 +84,7 @@ pub(super) struct IdleState {
 }
 
 /// What the loop waits for after a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wait {
     /// Scan again after this long (lingering, or a failed scan's poll), unless woken first.
     Scan(Duration),
@@ -96,18 +97,19 @@ pub(super) enum Wait {
 }
 
 impl IdleState {
-    /// Still lingering after the last scan that found work.
-    fn lingering(&self) -> bool {
-        self.last_work.is_some_and(|at| at.elapsed() < LINGER)
+    /// Still lingering at `now` after the last scan that found work.
+    fn lingering(&self, now: Instant) -> bool {
+        self.last_work
+            .is_some_and(|at| now.saturating_duration_since(at) < LINGER)
     }
 
-    /// What to wait for after `scan`, whose work (if any) [`Worker::after_scan`] has
-    /// recorded, with or without `room` for another task.
-    pub(super) fn wait(&self, scan: Scan, poll: Duration, room: bool) -> Wait {
+    /// What to wait for at `now`, after `scan`, whose work (if any) [`Worker::after_scan`]
+    /// has recorded, with or without `room` for another task.
+    pub(super) fn wait(&self, now: Instant, scan: Scan, poll: Duration, room: bool) -> Wait {
         if scan.failed || self.flag_failed {
             // The database is in trouble: scan at the poll tick.
             Wait::Scan(poll)
-        } else if self.flagged_at.is_none() && !room && !self.lingering() {
+        } else if self.flagged_at.is_none() && !room && !self.lingering(now) {
             Wait::Room
         } else if self.flagged_at.is_none() {
             // Lingering; or the linger ended after this scan began: the next scan flags the
@@ -134,7 +136,7 @@ impl Worker {
             state.watched.clear();
             return false;
         }
-        if scan.failed || state.lingering() || !self.inner.intake.has_room() {
+        if scan.failed || state.lingering(Instant::now()) || !self.inner.intake.has_room() {
             // Without room a notification would find nothing to do: the daemon scans again
             // once room is given back.
             return false;
@@ -249,6 +251,91 @@ impl Worker {
         .await;
         if let Err(err) = cleared {
             tracing::debug!(error = %err, "cannot clear this daemon's idle flag; it expires by itself");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLL: Duration = Duration::from_secs(2);
+
+    fn scan(claimed: usize, failed: bool) -> Scan {
+        Scan { claimed, failed }
+    }
+
+    #[test]
+    fn after_a_scan_the_loop_lingers_waits_for_room_or_for_a_notification() {
+        let t0 = Instant::now();
+        let busy = IdleState {
+            last_work: Some(t0),
+            ..IdleState::default()
+        };
+        let watched_at = t0 + Duration::from_millis(3);
+        let flagged = IdleState {
+            flagged_at: Some(t0),
+            watch_at: Some((watched_at, Duration::from_millis(2))),
+            ..IdleState::default()
+        };
+        let flag_failed = IdleState {
+            flag_failed: true,
+            ..IdleState::default()
+        };
+        let cases = [
+            // (state, now, scan, room, what to wait for)
+            // A failed scan, or a flag that could not be written: the poll tick.
+            (&busy, t0, scan(0, true), true, Wait::Scan(POLL)),
+            (&flag_failed, t0, scan(0, false), true, Wait::Scan(POLL)),
+            // Found work just now: linger, room or not.
+            (&busy, t0, scan(3, false), true, Wait::Scan(LINGER_TICK)),
+            (&busy, t0, scan(3, false), false, Wait::Scan(LINGER_TICK)),
+            (
+                &busy,
+                t0 + LINGER / 2,
+                scan(0, false),
+                false,
+                Wait::Scan(LINGER_TICK),
+            ),
+            // The linger is over: without room, wait for room; with room, the next scan
+            // flags the daemon idle.
+            (&busy, t0 + LINGER, scan(0, false), false, Wait::Room),
+            (
+                &busy,
+                t0 + LINGER,
+                scan(0, false),
+                true,
+                Wait::Scan(LINGER_TICK),
+            ),
+            // Never found work, no room: wait for room.
+            (&IdleState::default(), t0, scan(0, false), false, Wait::Room),
+            // Flagged: wait for a notification, the poll tick, or the watch.
+            (
+                &flagged,
+                t0,
+                scan(0, false),
+                true,
+                Wait::Idle {
+                    watch_at: Some(watched_at),
+                },
+            ),
+            (
+                &flagged,
+                t0,
+                scan(0, false),
+                false,
+                Wait::Idle {
+                    watch_at: Some(watched_at),
+                },
+            ),
+        ];
+        for (state, now, scan, room, expected) in cases {
+            assert_eq!(
+                state.wait(now, scan, POLL, room),
+                expected,
+                "at +{:?}, {scan:?}, room {room}",
+                now - t0
+            );
         }
     }
 }

@@ -240,7 +240,7 @@ impl Worker {
                 poll_at = Instant::now() + jitter(self.inner.config.poll_interval);
             }
             let room = self.inner.intake.has_room();
-            let wait = idle.wait(scan, self.inner.config.poll_interval, room);
+            let wait = idle.wait(Instant::now(), scan, self.inner.config.poll_interval, room);
             let (until, watch) = match wait {
                 idle::Wait::Scan(after) => ((Instant::now() + after).min(poll_at), false),
                 idle::Wait::Idle { watch_at: Some(at) } if at < poll_at => (at, true),
