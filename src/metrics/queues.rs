@@ -3,10 +3,11 @@
 //! paused, each labelled with the queue.
 //!
 //! Any producer can name a new queue with each row it inserts, so at most [`QUEUE_SERIES`]
-//! queues have series: the daemon's own first, then the paused ones, then the longest
-//! backlogs, then the queues that had series and have nothing now, at zero, while there is
-//! room. The others lose their series (a zero would be a lie) and are counted by
-//! `pgtaskd_queues_unlisted`; their tasks still count in the totals by status.
+//! queues have series; [`choose`], a pure function, picks them: the daemon's own first, then
+//! the paused ones, then the longest backlogs, then the queues that had series and have
+//! nothing now, at zero, while there is room. The others lose their series (a zero would be
+//! a lie) and are counted by `pgtaskd_queues_unlisted`; their tasks still count in the
+//! totals by status.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::AtomicU64;
@@ -45,6 +46,68 @@ pub(super) struct QueueMetrics {
     seen: Mutex<BTreeSet<String>>,
     /// The queues this daemon serves: always given series.
     own: Vec<String>,
+}
+
+/// The queues given series at one scrape, with their figures, and how many were left out.
+#[derive(Debug)]
+pub(super) struct Chosen {
+    pub(super) shown: Vec<Backlog>,
+    pub(super) unlisted: i64,
+}
+
+/// Choose at most `limit` queues of `backlog` to give series: the `own` queues (at zero when
+/// they have nothing), then the paused ones, then the longest backlogs (QUEUED + RUNNING; ties
+/// by name), then the queues of `seen` (those with series until now) that have nothing now,
+/// at zero, while there is room. `unlisted` counts the queues of `backlog` left out.
+pub(super) fn choose(
+    own: &[String],
+    seen: &BTreeSet<String>,
+    backlog: &[Backlog],
+    limit: usize,
+) -> Chosen {
+    let zero = |queue: &str| Backlog {
+        queue: queue.to_string(),
+        paused: false,
+        queued: 0,
+        due: 0,
+        oldest_due_age_s: None,
+        running: 0,
+    };
+    let is_own = |queue: &str| own.iter().any(|q| q == queue);
+    let in_backlog: HashSet<&str> = backlog.iter().map(|b| b.queue.as_str()).collect();
+    let mut ranked: Vec<&Backlog> = backlog.iter().collect();
+    ranked.sort_by(|a, b| {
+        is_own(&b.queue)
+            .cmp(&is_own(&a.queue))
+            .then(b.paused.cmp(&a.paused))
+            .then((b.queued + b.running).cmp(&(a.queued + a.running)))
+            .then(a.queue.cmp(&b.queue))
+    });
+    let listed = |shown: &[Backlog], queue: &str| shown.iter().any(|b| b.queue == queue);
+    // Queues with nothing now, at zero, while there is room.
+    let add_empty = |shown: &mut Vec<Backlog>, queues: &mut dyn Iterator<Item = &String>| {
+        for queue in queues {
+            if shown.len() < limit && !listed(shown, queue) && !in_backlog.contains(queue.as_str())
+            {
+                shown.push(zero(queue));
+            }
+        }
+    };
+    let mut shown: Vec<Backlog> = Vec::new();
+    add_empty(&mut shown, &mut own.iter());
+    let mut unlisted = 0;
+    for figures in ranked {
+        if listed(&shown, &figures.queue) {
+            continue;
+        }
+        if shown.len() < limit {
+            shown.push(figures.clone());
+        } else {
+            unlisted += 1;
+        }
+    }
+    add_empty(&mut shown, &mut seen.iter());
+    Chosen { shown, unlisted }
 }
 
 impl QueueMetrics {
@@ -91,56 +154,12 @@ impl QueueMetrics {
         }
     }
 
-    /// Set the per-queue gauges of a scrape from `backlog`, for at most [`QUEUE_SERIES`]
-    /// queues: the daemon's own, then the paused ones, then the longest backlogs (ties by
-    /// name); the queues that had series and have nothing now keep them, at zero, while there
-    /// is room. Every other queue loses its series.
+    /// Set the per-queue gauges of a scrape from `backlog`, for the queues [`choose`] gives
+    /// series; every other queue loses its series.
     pub(super) fn observe(&self, backlog: &[Backlog]) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let zero = |queue: &str| Backlog {
-            queue: queue.to_string(),
-            paused: false,
-            queued: 0,
-            due: 0,
-            oldest_due_age_s: None,
-            running: 0,
-        };
-        let own = |queue: &str| self.own.iter().any(|q| q == queue);
-        let in_backlog: HashSet<&str> = backlog.iter().map(|b| b.queue.as_str()).collect();
-        let mut ranked: Vec<&Backlog> = backlog.iter().collect();
-        ranked.sort_by(|a, b| {
-            own(&b.queue)
-                .cmp(&own(&a.queue))
-                .then(b.paused.cmp(&a.paused))
-                .then((b.queued + b.running).cmp(&(a.queued + a.running)))
-                .then(a.queue.cmp(&b.queue))
-        });
+        let Chosen { shown, unlisted } = choose(&self.own, &seen, backlog, QUEUE_SERIES);
         let listed = |shown: &[Backlog], queue: &str| shown.iter().any(|b| b.queue == queue);
-        // Queues with nothing now, at zero, while there is room.
-        let add_empty = |shown: &mut Vec<Backlog>, queues: &mut dyn Iterator<Item = &String>| {
-            for queue in queues {
-                if shown.len() < QUEUE_SERIES
-                    && !listed(shown, queue)
-                    && !in_backlog.contains(queue.as_str())
-                {
-                    shown.push(zero(queue));
-                }
-            }
-        };
-        let mut shown: Vec<Backlog> = Vec::new();
-        add_empty(&mut shown, &mut self.own.iter());
-        let mut unlisted = 0;
-        for figures in ranked {
-            if listed(&shown, &figures.queue) {
-                continue;
-            }
-            if shown.len() < QUEUE_SERIES {
-                shown.push(figures.clone());
-            } else {
-                unlisted += 1;
-            }
-        }
-        add_empty(&mut shown, &mut seen.iter());
         for gone in seen.iter().filter(|queue| !listed(&shown, queue)) {
             let queue = QueueLabel {
                 queue: gone.clone(),
@@ -188,6 +207,146 @@ impl QueueMetrics {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
+
+    /// One scrape's inputs to [`choose`] and the queues it gives series, in its order.
+    struct Case {
+        what: &'static str,
+        own: &'static [&'static str],
+        seen: &'static [&'static str],
+        /// (queue, QUEUED, RUNNING, paused)
+        backlog: &'static [(&'static str, i64, i64, bool)],
+        limit: usize,
+        chosen: &'static [&'static str],
+        unlisted: i64,
+    }
+
+    #[test]
+    fn choose_gives_series_to_own_then_paused_then_longest_then_the_emptied_while_there_is_room() {
+        let cases = [
+            Case {
+                what: "under the limit every queue, longest first",
+                own: &[],
+                seen: &[],
+                backlog: &[("b", 1, 0, false), ("a", 5, 0, false)],
+                limit: 3,
+                chosen: &["a", "b"],
+                unlisted: 0,
+            },
+            Case {
+                what: "over the limit the longest backlogs, ties by name",
+                own: &[],
+                seen: &[],
+                backlog: &[
+                    ("a", 1, 0, false),
+                    ("c", 3, 0, false),
+                    ("b", 3, 0, false),
+                    ("d", 2, 0, false),
+                ],
+                limit: 3,
+                chosen: &["b", "c", "d"],
+                unlisted: 1,
+            },
+            Case {
+                what: "RUNNING tasks count in the backlog",
+                own: &[],
+                seen: &[],
+                backlog: &[("a", 1, 5, false), ("b", 3, 0, false)],
+                limit: 1,
+                chosen: &["a"],
+                unlisted: 1,
+            },
+            Case {
+                what: "the daemon's own queue first, even empty",
+                own: &["mine"],
+                seen: &[],
+                backlog: &[("a", 9, 0, false), ("b", 8, 0, false), ("c", 7, 0, false)],
+                limit: 3,
+                chosen: &["mine", "a", "b"],
+                unlisted: 1,
+            },
+            Case {
+                what: "the daemon's own queue first, however short",
+                own: &["mine"],
+                seen: &[],
+                backlog: &[
+                    ("a", 9, 0, false),
+                    ("b", 8, 0, false),
+                    ("mine", 1, 0, false),
+                    ("c", 7, 0, false),
+                ],
+                limit: 3,
+                chosen: &["mine", "a", "b"],
+                unlisted: 1,
+            },
+            Case {
+                what: "a paused queue before longer backlogs",
+                own: &[],
+                seen: &[],
+                backlog: &[("a", 9, 0, false), ("b", 8, 0, false), ("held", 0, 0, true)],
+                limit: 2,
+                chosen: &["held", "a"],
+                unlisted: 1,
+            },
+            Case {
+                what: "an emptied queue keeps its series, at zero, while there is room",
+                own: &[],
+                seen: &["old", "a"],
+                backlog: &[("a", 1, 0, false)],
+                limit: 3,
+                chosen: &["a", "old"],
+                unlisted: 0,
+            },
+            Case {
+                what: "an emptied queue loses its series when there is no room, uncounted",
+                own: &[],
+                seen: &["old"],
+                backlog: &[("a", 3, 0, false), ("b", 2, 0, false), ("c", 1, 0, false)],
+                limit: 3,
+                chosen: &["a", "b", "c"],
+                unlisted: 0,
+            },
+            Case {
+                what: "a queue that had series and still has tasks is ranked as any other",
+                own: &[],
+                seen: &["a"],
+                backlog: &[("a", 1, 0, false), ("b", 5, 0, false), ("c", 4, 0, false)],
+                limit: 2,
+                chosen: &["b", "c"],
+                unlisted: 1,
+            },
+        ];
+        for case in cases {
+            let own: Vec<String> = case.own.iter().map(|q| q.to_string()).collect();
+            let seen: BTreeSet<String> = case.seen.iter().map(|q| q.to_string()).collect();
+            let backlog: Vec<Backlog> = case
+                .backlog
+                .iter()
+                .map(|&(queue, queued, running, paused)| Backlog {
+                    queue: queue.into(),
+                    paused,
+                    queued,
+                    due: queued,
+                    oldest_due_age_s: Some(1.0),
+                    running,
+                })
+                .collect();
+            let chosen = choose(&own, &seen, &backlog, case.limit);
+            let names: Vec<&str> = chosen.shown.iter().map(|b| b.queue.as_str()).collect();
+            assert_eq!(names, case.chosen, "{}", case.what);
+            assert_eq!(chosen.unlisted, case.unlisted, "{}", case.what);
+            for shown in &chosen.shown {
+                let figures = backlog.iter().find(|b| b.queue == shown.queue);
+                match figures {
+                    Some(figures) => assert_eq!(shown, figures, "{}", case.what),
+                    None => assert!(
+                        shown.queued == 0 && shown.running == 0 && !shown.paused,
+                        "{}: {shown:?} at zero",
+                        case.what
+                    ),
+                }
+            }
+        }
+    }
 
     fn backlog_of(queue: &str, queued: i64, paused: bool) -> Backlog {
         Backlog {
