@@ -22,7 +22,8 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::Daemon;
 use super::report::{Enqueue, Latency, Producers};
-use super::run::{latencies, listening, wait_done};
+use super::table::wait_done;
+use super::timing::{latencies, listening};
 use super::{workload, BenchError, LATENCY_MODE_TASKS, PRODUCER_LIMIT};
 use crate::db::{listen, ConnectSettings};
 

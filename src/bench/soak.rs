@@ -35,7 +35,7 @@ use tokio_postgres::Client;
 
 use super::daemon::Daemon;
 use super::report::{nearest_rank, Report};
-use super::run::{delete_rows, insert, seconds_since, vacuum, wait_done};
+use super::table::{delete_rows, insert, seconds_since, vacuum, wait_done};
 use super::{workload, BenchError, BenchOptions, Mode, POLL, RUN_LIMIT};
 use crate::analyzer::analyze;
 use crate::config::Config;
