@@ -56,9 +56,9 @@ use serde::Serialize;
 
 use crate::db::{migrate, DbError};
 
-pub use report::{Enqueue, Latency, Producers, Report};
+pub use report::{Enqueue, Hold, Latency, Period, Producers, Report, Soak, Summary};
 pub use run::run;
-pub use soak::{Hold, Period, Soak, SoakOptions, Summary, SOAK_RETENTION};
+pub use soak::{SoakOptions, SOAK_RETENTION};
 
 /// How often the producer looks at the table while it waits.
 const POLL: Duration = Duration::from_millis(20);
