@@ -37,6 +37,7 @@
 //! | `table` | the task table: insert, wait until done, the last finish, delete, vacuum; the WAL position |
 //! | `report` | the [`Report`] and its text form |
 //! | `proc` | CPU time and peak RSS from `/proc` |
+//! | `sql` | every statement the bench sends |
 //! | [`workload`] | the tasks' texts and their check totals |
 
 mod ceiling;
@@ -46,6 +47,7 @@ mod producers;
 mod report;
 mod run;
 mod soak;
+mod sql;
 mod table;
 mod timing;
 pub mod workload;

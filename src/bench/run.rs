@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 
 use super::daemon::Daemon;
 use super::report::Report;
+use super::sql;
 use super::table::{
     delete_rows, insert, seconds_since, vacuum, wait_done, wal_background, wal_position,
 };
@@ -186,14 +187,7 @@ async fn measure(
     if let Some(daemon) = daemon {
         daemon.stop().await;
     }
-    let row = client
-        .query_one(
-            "SELECT coalesce(sum(words), 0)::int8, coalesce(sum(bytes), 0)::int8,
-                    coalesce(sum(runes), 0)::int8, count(*) FILTER (WHERE status = 'SUCCEEDED')
-               FROM pgtaskd.tasks WHERE queue = $1",
-            &[&queue],
-        )
-        .await?;
+    let row = client.query_one(sql::TOTALS, &[&queue]).await?;
     let found = (row.get(0), row.get(1), row.get(2));
     let succeeded: i64 = row.get(3);
     let report = Report {

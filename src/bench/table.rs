@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tokio_postgres::Client;
 
+use super::sql;
 use super::{BenchError, POLL, RUN_LIMIT, WAL_BACKGROUND};
 
 /// Insert `texts` into `queue`, one task each, in one statement.
@@ -15,29 +16,20 @@ pub(super) async fn insert(
     queue: &str,
     texts: &[String],
 ) -> Result<(), BenchError> {
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT $1, unnest($2::text[])",
-            &[&queue, &texts],
-        )
-        .await?;
+    client.execute(sql::INSERT_MANY, &[&queue, &texts]).await?;
     Ok(())
 }
 
 /// Remove every row of the run's `queue`.
 pub(super) async fn delete_rows(client: &Client, queue: &str) -> Result<(), BenchError> {
-    client
-        .execute("DELETE FROM pgtaskd.tasks WHERE queue = $1", &[&queue])
-        .await?;
+    client.execute(sql::DELETE_ROWS, &[&queue]).await?;
     Ok(())
 }
 
 /// `VACUUM (ANALYZE)` the task table, as docs/benchmark.md asks before each run. A role that
 /// does not own the table gets a warning from the server and nothing is done.
 pub(super) async fn vacuum(client: &Client) -> Result<(), BenchError> {
-    client
-        .batch_execute("VACUUM (ANALYZE) pgtaskd.tasks")
-        .await?;
+    client.batch_execute(sql::VACUUM).await?;
     Ok(())
 }
 
@@ -46,22 +38,9 @@ pub(super) async fn vacuum(client: &Client) -> Result<(), BenchError> {
 pub(super) async fn wait_done(client: &Client, queue: &str, n: usize) -> Result<(), BenchError> {
     let deadline = Instant::now() + RUN_LIMIT;
     loop {
-        let busy: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
-                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')",
-                &[&queue],
-            )
-            .await?
-            .get(0);
+        let busy: bool = client.query_one(sql::BUSY, &[&queue]).await?.get(0);
         if !busy {
-            let done: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'SUCCEEDED'",
-                    &[&queue],
-                )
-                .await?
-                .get(0);
+            let done: i64 = client.query_one(sql::SUCCEEDED, &[&queue]).await?.get(0);
             if done as usize >= n {
                 return Ok(());
             }
@@ -80,26 +59,15 @@ pub(super) async fn seconds_since(
     queue: &str,
     started: chrono::DateTime<chrono::Utc>,
 ) -> Result<f64, BenchError> {
-    let last: chrono::DateTime<chrono::Utc> = client
-        .query_one(
-            "SELECT max(finished_at) FROM pgtaskd.tasks WHERE queue = $1",
-            &[&queue],
-        )
-        .await?
-        .get(0);
+    let last: chrono::DateTime<chrono::Utc> =
+        client.query_one(sql::LAST_FINISH, &[&queue]).await?.get(0);
     Ok((last - started).num_microseconds().unwrap_or(0) as f64 / 1e6)
 }
 
 /// The server's current WAL position, in bytes from the start: the whole cluster's, every
 /// database's writes included.
 pub(super) async fn wal_position(client: &Client) -> Result<i64, BenchError> {
-    Ok(client
-        .query_one(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8",
-            &[],
-        )
-        .await?
-        .get(0))
+    Ok(client.query_one(sql::WAL_POSITION, &[]).await?.get(0))
 }
 
 /// WAL bytes per second that the cluster writes with no run going on, over

@@ -9,6 +9,7 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::{AnalyzerStarts, Daemon};
 use super::report::Latency;
+use super::sql;
 use super::table::{delete_rows, wait_done};
 use super::{BenchError, LATENCY_GAP, LATENCY_TASKS, NOTIFY_WAIT, WARM_UP};
 use crate::db::{listen, ConnectSettings, DbError};
@@ -24,9 +25,7 @@ pub(super) async fn latencies(
     texts: &[String],
     daemon: &Daemon,
 ) -> Result<Latency, BenchError> {
-    let insert = client
-        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2) RETURNING id")
-        .await?;
+    let insert = client.prepare(sql::INSERT_ONE_RETURNING_ID).await?;
     let count = texts.len();
     let mut sent = Vec::with_capacity(count);
     for (i, text) in texts.iter().take(count).enumerate() {
@@ -62,16 +61,9 @@ pub(super) async fn notify_floor(
     let queue = format!("{queue}-floor");
     let flag = format!("{queue}:{}", std::process::id());
     client
-        .execute(
-            "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
-             VALUES ($1, now() + $2 * interval '1 second')
-             ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at",
-            &[&flag, &FLOOR_FLAG.as_secs_f64()],
-        )
+        .execute(sql::FLAG_IDLE, &[&flag, &FLOOR_FLAG.as_secs_f64()])
         .await?;
-    let insert = client
-        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
-        .await?;
+    let insert = client.prepare(sql::INSERT_ONE).await?;
     let timed = async {
         let mut millis = Vec::with_capacity(LATENCY_TASKS);
         for (i, text) in texts.iter().enumerate() {
@@ -99,12 +91,7 @@ pub(super) async fn notify_floor(
         Ok::<_, BenchError>(millis)
     }
     .await;
-    client
-        .execute(
-            "DELETE FROM pgtaskd.idle_daemons WHERE instance = $1",
-            &[&flag],
-        )
-        .await?;
+    client.execute(sql::UNFLAG_IDLE, &[&flag]).await?;
     delete_rows(client, &queue).await?;
     Ok(Latency::of(timed?))
 }
@@ -121,7 +108,6 @@ pub(super) async fn listening(
         .await
         .map_err(DbError::from)?;
     let (messages, pump) = listen::forward_messages(connection);
-    let listens: Vec<String> = channels.iter().map(|c| format!("LISTEN {c};")).collect();
-    session.batch_execute(&listens.concat()).await?;
+    session.batch_execute(&sql::listen(channels)).await?;
     Ok((session, messages, pump))
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
+use crate::bench::sql;
 use crate::bench::BenchError;
 
 /// The hold: wait `after`, open a REPEATABLE READ transaction, read (its snapshot is taken
@@ -22,18 +23,14 @@ pub(super) async fn hold_snapshot(
     // The bench's sessions carry the daemon's deadlines, whose idle-in-transaction timeout
     // (a minute) would end a longer hold by closing the session.
     session
-        .batch_execute("SET idle_in_transaction_session_timeout = 0")
+        .batch_execute(sql::NO_IDLE_IN_TRANSACTION_TIMEOUT)
         .await?;
     let tx = session
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .start()
         .await?;
-    tx.query_one(
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED'",
-        &[&queue],
-    )
-    .await?;
+    tx.query_one(sql::QUEUED, &[&queue]).await?;
     let begun = started.elapsed().as_secs_f64();
     tokio::time::sleep(hold).await;
     tx.commit().await?;

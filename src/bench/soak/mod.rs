@@ -50,6 +50,7 @@ use tokio_postgres::Client;
 
 use super::daemon::Daemon;
 use super::report::{Report, Soak};
+use super::sql;
 use super::table::{delete_rows, insert, seconds_since, vacuum, wait_done};
 use super::{workload, BenchError, BenchOptions, Mode, POLL, RUN_LIMIT};
 use crate::analyzer::analyze;
@@ -120,11 +121,8 @@ pub(super) async fn soak(
     // tens of GiB with millions of dead versions (after a held snapshot at a high rate) took
     // longer than its 30 s statement timeout, which ended a 10-minute run without figures;
     // the run's own limit bounds them instead.
-    client.batch_execute("SET statement_timeout = 0").await?;
-    let t0: DateTime<Utc> = client
-        .query_one("SELECT clock_timestamp()", &[])
-        .await?
-        .get(0);
+    client.batch_execute(sql::NO_STATEMENT_TIMEOUT).await?;
+    let t0: DateTime<Utc> = client.query_one(sql::CLOCK, &[]).await?.get(0);
     let started = Instant::now();
     let inserted = Arc::new(AtomicU64::new(0));
     let producer = tokio::spawn(produce(
@@ -273,10 +271,7 @@ async fn probe_drain(
 ) -> Result<f64, BenchError> {
     let texts: Vec<String> = (0..PROBE_TASKS).map(workload::gen_text).collect();
     insert(client, queue, &texts).await?;
-    let t0: DateTime<Utc> = client
-        .query_one("SELECT clock_timestamp()", &[])
-        .await?
-        .get(0);
+    let t0: DateTime<Utc> = client.query_one(sql::CLOCK, &[]).await?.get(0);
     let daemon = Daemon::start(config, queue, concurrency, false)?;
     let done = wait_done(client, queue, texts.len()).await;
     daemon.stop().await;
@@ -300,14 +295,7 @@ async fn wait_idle(
 ) -> Result<(), BenchError> {
     let deadline = Instant::now() + RUN_LIMIT;
     loop {
-        let row = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
-                     OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING'),
-                        now()",
-                &[&queue],
-            )
-            .await?;
+        let row = client.query_one(sql::BUSY_AND_NOW, &[&queue]).await?;
         let busy: bool = row.get(0);
         if !busy {
             return Ok(());

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use super::TEXTS;
+use crate::bench::sql;
 use crate::bench::BenchError;
 
 /// How often the producer inserts: `rate × INSERT_TICK` rows per statement.
@@ -24,9 +25,7 @@ pub(super) async fn produce(
     duration: Duration,
     inserted: Arc<AtomicU64>,
 ) -> Result<f64, BenchError> {
-    let statement = session
-        .prepare("INSERT INTO pgtaskd.tasks (queue, payload) SELECT $1, unnest($2::text[])")
-        .await?;
+    let statement = session.prepare(sql::INSERT_MANY).await?;
     let started = Instant::now();
     let mut interval = tokio::time::interval(INSERT_TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

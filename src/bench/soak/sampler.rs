@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
 
+use crate::bench::sql;
 use crate::bench::BenchError;
 
 /// How often the sampler looks at the table (at most: half a period when periods are shorter).
@@ -61,18 +62,7 @@ pub(super) async fn look(
     backlog_from: &mut i64,
 ) -> Result<(Sample, DateTime<Utc>), BenchError> {
     let row = client
-        .query_one(
-            "SELECT clock_timestamp(), b.n, b.oldest,
-                    coalesce(s.n_dead_tup, 0), coalesce(s.autovacuum_count, 0),
-                    pg_table_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
-                    pg_indexes_size(c.oid)
-               FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid,
-                    LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.tasks
-                              WHERE queue = $1 AND priority = 0 AND id >= $2
-                                AND status = 'QUEUED') b
-              WHERE c.oid = 'pgtaskd.tasks'::regclass",
-            &[&queue, &*backlog_from],
-        )
+        .query_one(sql::SAMPLE, &[&queue, &*backlog_from])
         .await?;
     if let Some(oldest) = row.get::<_, Option<i64>>(2) {
         *backlog_from = oldest;
@@ -122,15 +112,7 @@ pub(super) async fn read_finished(
     into: &mut Finished,
 ) -> Result<(), BenchError> {
     let rows = client
-        .query(
-            "SELECT extract(epoch FROM finished_at - $2)::float8,
-                    (extract(epoch FROM finished_at - created_at) * 1000)::float8,
-                    status = 'SUCCEEDED', words, bytes, runes
-               FROM pgtaskd.tasks
-              WHERE queue = $1 AND finished_at >= $3
-                AND ($4::timestamptz IS NULL OR finished_at < $4)",
-            &[&queue, &t0, &from, &upto],
-        )
+        .query(sql::FINISHED, &[&queue, &t0, &from, &upto])
         .await?;
     for row in rows {
         let second = row.get::<_, f64>(0).max(0.0) as usize;
