@@ -283,9 +283,9 @@ async fn probe_drain(
 }
 
 /// Wait until no task of `queue` is QUEUED or RUNNING, reading the rows that finish
-/// meanwhile as the sampler does (at least [`LAG`] after their finish): a backlog left at the
-/// end of an overloaded run may take longer than the retention window to drain, and retention
-/// would delete rows that were never read.
+/// meanwhile as the sampler does (at least [`sampler::LAG`] after their finish): a backlog
+/// left at the end of an overloaded run may take longer than the retention window to drain,
+/// and retention would delete rows that were never read.
 async fn wait_idle(
     client: &Client,
     queue: &str,

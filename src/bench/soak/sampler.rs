@@ -15,7 +15,7 @@ pub(super) const SAMPLE: Duration = Duration::from_secs(1);
 
 /// How old a finish must be before the sampler reads it: longer than the daemon's
 /// `database.statement_timeout` (30 s, the bench's daemon runs the default), the longest the
-/// one-statement transaction of a finish can last, and well under [`SOAK_RETENTION`].
+/// one-statement transaction of a finish can last, and well under [`super::SOAK_RETENTION`].
 pub(super) const LAG: Duration = Duration::from_secs(35);
 
 /// One sample in this many counts the backlog from the start of the queue (see [`look`]).
