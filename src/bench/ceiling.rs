@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
+use super::sql;
 use super::{proc, BenchError, CEILING_BATCH, CEILING_SESSIONS, RUN_LIMIT};
 use crate::analyzer::{analyze, Counts};
 use crate::db::ConnectSettings;
@@ -34,12 +35,7 @@ pub(super) async fn ceiling(
     queue: &str,
 ) -> Result<Measured, BenchError> {
     // The counts each finish writes, by id, computed before the clock starts.
-    let rows = client
-        .query(
-            "SELECT id, payload FROM pgtaskd.tasks WHERE queue = $1",
-            &[&queue],
-        )
-        .await?;
+    let rows = client.query(sql::PAYLOADS, &[&queue]).await?;
     let counts: Arc<HashMap<i64, Counts>> = Arc::new(
         rows.iter()
             .map(|row| (row.get(0), analyze(row.get(1))))
@@ -51,7 +47,7 @@ pub(super) async fn ceiling(
         let session = settings.connect().await?;
         backends.push(
             session
-                .query_one("SELECT pg_backend_pid()", &[])
+                .query_one(sql::BACKEND_PID, &[])
                 .await?
                 .get::<_, i32>(0),
         );

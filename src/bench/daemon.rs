@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use super::proc::{self, Usage};
+use super::sql;
 use super::{BenchError, IDLE_SAMPLE, POLL, RUN_LIMIT};
 use crate::config::Config;
 use crate::events;
@@ -87,11 +88,7 @@ impl Daemon {
         let deadline = Instant::now() + RUN_LIMIT;
         loop {
             let n: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE application_name LIKE $1 AND query LIKE 'LISTEN%'",
-                    &[&pattern],
-                )
+                .query_one(sql::DAEMON_LISTENING, &[&pattern])
                 .await?
                 .get(0);
             if n > 0 {
@@ -118,10 +115,7 @@ impl Daemon {
     pub(super) async fn server_cpu_s(&self, client: &Client) -> Result<Option<f64>, BenchError> {
         let pattern = format!("pgtaskd/%:{}:%", self.child.pid());
         let backends: Vec<i32> = client
-            .query(
-                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1",
-                &[&pattern],
-            )
+            .query(sql::DAEMON_BACKENDS, &[&pattern])
             .await?
             .iter()
             .map(|row| row.get(0))

@@ -24,16 +24,21 @@
 //! steady producer for minutes or hours, with retention on, and reports per period what the
 //! table does.
 //!
+//! The modules, from the top down; each uses only those below it:
+//!
 //! | module | owns |
 //! | --- | --- |
-//! | [`workload`] | the tasks' texts and their check totals |
-//! | `run` | one run: inserts, waits, figures, the totals check |
+//! | `run` | one run: the mode dispatched, the figures, the totals check |
 //! | `ceiling` | ceiling mode: claim and finish with no daemon |
 //! | `producers` | producers mode: INSERT commits with and without the trigger |
 //! | `soak` | soak mode: a steady producer, the table's size and health per period, a held snapshot |
+//! | `timing` | one task at a time: its latency to the analyzer's start, the notify floor |
 //! | `daemon` | the daemon under test, a child process |
-//! | `proc` | CPU time and peak RSS from `/proc` |
+//! | `table` | the task table: insert, wait until done, the last finish, delete, vacuum; the WAL position |
 //! | `report` | the [`Report`] and its text form |
+//! | `proc` | CPU time and peak RSS from `/proc` |
+//! | `sql` | every statement the bench sends |
+//! | [`workload`] | the tasks' texts and their check totals |
 
 mod ceiling;
 mod daemon;
@@ -42,6 +47,9 @@ mod producers;
 mod report;
 mod run;
 mod soak;
+mod sql;
+mod table;
+mod timing;
 pub mod workload;
 
 use std::time::Duration;
@@ -50,9 +58,9 @@ use serde::Serialize;
 
 use crate::db::{migrate, DbError};
 
-pub use report::{Enqueue, Latency, Producers, Report};
+pub use report::{Enqueue, Hold, Latency, Period, Producers, Report, Soak, Summary};
 pub use run::run;
-pub use soak::{Hold, Period, Soak, SoakOptions, Summary, SOAK_RETENTION};
+pub use soak::{SoakOptions, SOAK_RETENTION};
 
 /// How often the producer looks at the table while it waits.
 const POLL: Duration = Duration::from_millis(20);

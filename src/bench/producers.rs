@@ -22,7 +22,9 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use super::daemon::Daemon;
 use super::report::{Enqueue, Latency, Producers};
-use super::run::{latencies, listening, wait_done};
+use super::sql;
+use super::table::wait_done;
+use super::timing::{latencies, listening};
 use super::{workload, BenchError, LATENCY_MODE_TASKS, PRODUCER_LIMIT};
 use crate::db::{listen, ConnectSettings};
 
@@ -44,13 +46,9 @@ pub(super) async fn producers(
     let idle_before = idle_latency(client, queue, daemon, &next).await?;
     let with_trigger = half(settings, client, &sessions, queue, duration, &next).await?;
     wait_done(client, queue, inserted(&next) as usize).await?;
-    client
-        .batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify")
-        .await?;
+    client.batch_execute(sql::DISABLE_NOTIFY_TRIGGER).await?;
     let without = half(settings, client, &sessions, queue, duration, &next).await;
-    client
-        .batch_execute("ALTER TABLE pgtaskd.tasks ENABLE TRIGGER tasks_notify")
-        .await?;
+    client.batch_execute(sql::ENABLE_NOTIFY_TRIGGER).await?;
     let without_trigger = without?;
     wait_done(client, queue, inserted(&next) as usize).await?;
     // The numbers drawn past the limit were not inserted: the next tasks take them.
@@ -109,9 +107,7 @@ async fn half(
         let next = Arc::clone(next);
         let queue = queue.to_string();
         producers.spawn(async move {
-            let insert = session
-                .prepare("INSERT INTO pgtaskd.tasks (queue, payload) VALUES ($1, $2)")
-                .await?;
+            let insert = session.prepare(sql::INSERT_ONE).await?;
             let mut commits = 0u64;
             while Instant::now() < deadline {
                 let k = next.fetch_add(1, Ordering::SeqCst);
@@ -176,9 +172,7 @@ impl NotifyCounter {
 
     /// Send the marker and return the notifications counted before it.
     async fn finish(self, client: &Client) -> Result<u64, BenchError> {
-        client
-            .batch_execute(&format!("NOTIFY {MARKER_CHANNEL}"))
-            .await?;
+        client.batch_execute(&sql::notify(MARKER_CHANNEL)).await?;
         tokio::time::timeout(MARKER_WAIT, self.counted)
             .await
             .map_err(|_| BenchError::NoNotification)?

@@ -33,6 +33,14 @@ pub const CANCEL_CHANNEL: &str = "pgtaskd_cancel";
 /// The channel every commit that ends tasks notifies, with their ids, comma-separated.
 pub const DONE_CHANNEL: &str = "pgtaskd_done";
 
+/// The task ids of a `pgtaskd_done` payload; anything that is not an id is skipped (anyone
+/// may send a notification).
+pub fn done_ids(payload: &str) -> impl Iterator<Item = i64> + '_ {
+    payload
+        .split(',')
+        .filter_map(|part| part.trim().parse::<i64>().ok())
+}
+
 /// Messages received and not yet handled; past this, notifications are dropped (they are
 /// hints: a wake-up is coalesced anyway, and the heartbeat reads cancel requests).
 const MESSAGE_QUEUE: usize = 4096;
@@ -158,7 +166,7 @@ async fn listen_once(
                         Ok(id) => events.cancel_requested(id),
                         Err(_) => ignored.add(n.payload()),
                     },
-                    DONE_CHANNEL => events.completed(&mut crate::queue::wait::done_ids(n.payload())),
+                    DONE_CHANNEL => events.completed(&mut done_ids(n.payload())),
                     other => tracing::debug!(channel = other, "ignoring a notification"),
                 },
                 Some(AsyncMessage::Notice(notice)) => {
@@ -219,5 +227,17 @@ pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn done_ids_reads_the_ids_and_skips_the_rest() {
+        let ids: Vec<i64> = done_ids("1,22, 333,x,,-4,99999999999999999999").collect();
+        assert_eq!(ids, vec![1, 22, 333, -4]);
+        assert_eq!(done_ids("").count(), 0);
     }
 }

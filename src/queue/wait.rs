@@ -15,16 +15,10 @@ use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, Client};
 
 use super::task::{get_many, Task};
+/// The payload parser belongs to the listener (db sits below queue); waiters use it too.
+pub use crate::db::listen::done_ids;
 use crate::db::listen::DONE_CHANNEL;
 use crate::db::DbError;
-
-/// The task ids of a `pgtaskd_done` payload; anything that is not an id is skipped (anyone
-/// may send a notification).
-pub fn done_ids(payload: &str) -> impl Iterator<Item = i64> + '_ {
-    payload
-        .split(',')
-        .filter_map(|part| part.trim().parse::<i64>().ok())
-}
 
 /// Where the waited-for tasks stand when [`until_terminal`] returns.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,17 +92,5 @@ pub async fn until_terminal(
                 _ = &mut until => break,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn done_ids_reads_the_ids_and_skips_the_rest() {
-        let ids: Vec<i64> = done_ids("1,22, 333,x,,-4,99999999999999999999").collect();
-        assert_eq!(ids, vec![1, 22, 333, -4]);
-        assert_eq!(done_ids("").count(), 0);
     }
 }

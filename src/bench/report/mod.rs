@@ -1,10 +1,15 @@
 //! The figures of one bench run: the [`Report`] that `pgtaskd bench` prints as text or as
-//! one JSON object, the [`Latency`] percentiles in it, and producers mode's [`Producers`].
-//! Filled by [`super::run`].
+//! one JSON object, the [`Latency`] percentiles in it, producers mode's [`Producers`], and
+//! soak mode's [`Soak`] (`soak.rs`). Filled by [`super::run`] and the modes; depends on no
+//! mode.
+
+mod soak;
 
 use serde::Serialize;
 
-use super::{Mode, Soak};
+use super::Mode;
+
+pub use soak::{Hold, Period, Soak, Summary};
 
 /// Percentiles of enqueue-to-start latency, in milliseconds.
 #[derive(Debug, Clone, Serialize)]

@@ -1,0 +1,210 @@
+//! The daemon's Prometheus metrics, served at `GET /metrics` in the text format.
+//!
+//! One small type per subsystem registers its own families into the daemon's one registry
+//! (prefix `pgtaskd`) and is updated where things happen; [`Metrics`] holds them all, is what
+//! the rest of the crate passes around, and encodes the registry.
+//!
+//! | module | families | updated by |
+//! | --- | --- | --- |
+//! | `worker` | claims, finishes by status, releases, claim-to-finish and enqueue-to-start | the worker, as it claims and settles each claim |
+//! | `listener` | LISTEN reconnects | the daemon's listener events |
+//! | `completer` | unknown-commit resolutions | the completer, re-reading a row |
+//! | `maintenance` | lease rescues; the vacuum health of the task table | the rescuer; the vacuum-health watch, every `vacuum_health.check_interval` |
+//! | `scrape` | QUEUED and RUNNING tasks, the pool's sessions | the `GET /metrics` handler, at each scrape |
+//! | `queues` | per queue: QUEUED, due and RUNNING tasks, the oldest due task's age, paused; the queues left out | the `GET /metrics` handler, at each scrape |
+//!
+//! Gauges that describe the table and the pool are read at scrape time: QUEUED and RUNNING
+//! counts from their partial indexes (cheap, never a full scan), and the pool's sessions in
+//! use; per queue (a `queue` label), for at most [`QUEUE_SERIES`] queues (`queues`). The
+//! vacuum health is the watch's last reading, never read at a scrape (`maintenance`).
+//!
+//! The families are encoded in the order they were registered: [`Metrics::serving`]
+//! registers the subsystems in the order above.
+
+mod completer;
+mod listener;
+mod maintenance;
+mod queues;
+mod scrape;
+mod worker;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::registry::Registry;
+
+use crate::queue::{Backlog, TaskStatus, VacuumHealth};
+use completer::CompleterMetrics;
+use listener::ListenerMetrics;
+use maintenance::{RescuerMetrics, VacuumHealthMetrics};
+use queues::QueueMetrics;
+pub use queues::QUEUE_SERIES;
+use scrape::ScrapeMetrics;
+use worker::WorkerMetrics;
+
+/// A task status as a label: the worker's finishes and the scrape's totals.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: &'static str,
+}
+
+/// Every metric of one daemon.
+pub struct Metrics {
+    registry: Registry,
+    worker: WorkerMetrics,
+    listener: ListenerMetrics,
+    completer: CompleterMetrics,
+    rescuer: RescuerMetrics,
+    scrape: ScrapeMetrics,
+    queues: QueueMetrics,
+    vacuum_health: VacuumHealthMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// The metrics of a daemon that serves no queue in particular (tools and tests).
+    pub fn new() -> Metrics {
+        Metrics::serving(&[])
+    }
+
+    /// The metrics of a daemon serving `queues`, whose per-queue series are always shown.
+    pub fn serving(queues: &[String]) -> Metrics {
+        let mut registry = Registry::with_prefix("pgtaskd");
+        // The order of registration is the order of the exposition.
+        let worker = WorkerMetrics::register(&mut registry);
+        let listener = ListenerMetrics::register(&mut registry);
+        let completer = CompleterMetrics::register(&mut registry);
+        let rescuer = RescuerMetrics::register(&mut registry);
+        let scrape = ScrapeMetrics::register(&mut registry);
+        let queues = QueueMetrics::register(&mut registry, queues);
+        let vacuum_health = VacuumHealthMetrics::register(&mut registry);
+        Metrics {
+            registry,
+            worker,
+            listener,
+            completer,
+            rescuer,
+            scrape,
+            queues,
+            vacuum_health,
+        }
+    }
+
+    /// Tasks claimed since the daemon started.
+    pub fn claims(&self) -> u64 {
+        self.worker.claims()
+    }
+
+    pub fn claimed(&self, waited_seconds: f64) {
+        self.worker.claimed(waited_seconds);
+    }
+
+    pub fn finished(&self, status: TaskStatus, claim_to_finish_seconds: f64) {
+        self.worker.finished(status, claim_to_finish_seconds);
+    }
+
+    pub fn listener_reconnected(&self) {
+        self.listener.reconnected();
+    }
+
+    pub fn unknown_commit_resolved(&self) {
+        self.completer.unknown_commit_resolved();
+    }
+
+    pub fn rescued(&self, n: usize) {
+        self.rescuer.rescued(n);
+    }
+
+    /// Set the per-queue gauges of a scrape from `backlog`, for at most [`QUEUE_SERIES`]
+    /// queues: the daemon's own, then the paused ones, then the longest backlogs (ties by
+    /// name); the queues that had series and have nothing now keep them, at zero, while there
+    /// is room. Every other queue loses its series.
+    pub fn observe_queues(&self, backlog: &[Backlog]) {
+        self.queues.observe(backlog);
+    }
+
+    /// Set the scrape-time gauges.
+    pub fn observe_table_and_pool(&self, queued: i64, running: i64, pool: (usize, usize)) {
+        self.scrape.observe(queued, running, pool);
+    }
+
+    /// Set the vacuum-health gauges from one reading: `horizon_age_s` is the horizon's age as
+    /// the watch settled it (the server's, or its own estimate), `held` whether that is past
+    /// the warning threshold.
+    pub fn observe_vacuum(&self, health: &VacuumHealth, horizon_age_s: f64, held: bool) {
+        self.vacuum_health.observe(health, horizon_age_s, held);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let reading = self.vacuum_health.for_scrape();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        drop(reading);
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_names_every_metric_with_its_values() {
+        let metrics = Metrics::new();
+        metrics.claimed(0.002);
+        metrics.finished(TaskStatus::Succeeded, 0.01);
+        metrics.finished(TaskStatus::Succeeded, 0.02);
+        metrics.finished(TaskStatus::Failed, 0.01);
+        metrics.finished(TaskStatus::Queued, 0.01);
+        metrics.rescued(3);
+        metrics.observe_table_and_pool(7, 2, (3, 1));
+        metrics.observe_queues(&[Backlog {
+            queue: "gone".into(),
+            paused: false,
+            queued: 1,
+            due: 1,
+            oldest_due_age_s: Some(2.0),
+            running: 0,
+        }]);
+        metrics.observe_queues(&[Backlog {
+            queue: "default".into(),
+            paused: true,
+            queued: 7,
+            due: 5,
+            oldest_due_age_s: Some(1.5),
+            running: 2,
+        }]);
+        let text = metrics.encode();
+        for line in [
+            "pgtaskd_tasks_claimed_total 1",
+            "pgtaskd_tasks_finished_total{status=\"SUCCEEDED\"} 2",
+            "pgtaskd_tasks_finished_total{status=\"FAILED\"} 1",
+            "pgtaskd_tasks_released_total 1",
+            "pgtaskd_lease_rescues_total 3",
+            "pgtaskd_tasks{status=\"QUEUED\"} 7",
+            "pgtaskd_tasks{status=\"RUNNING\"} 2",
+            "pgtaskd_pool_connections_in_use 1",
+            "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 7",
+            "pgtaskd_queue_tasks{queue=\"default\",status=\"RUNNING\"} 2",
+            "pgtaskd_queue_due_tasks{queue=\"default\"} 5",
+            "pgtaskd_queue_oldest_due_seconds{queue=\"default\"} 1.5",
+            "pgtaskd_queue_paused{queue=\"default\"} 1",
+            "pgtaskd_queue_tasks{queue=\"gone\",status=\"QUEUED\"} 0",
+            "pgtaskd_queue_due_tasks{queue=\"gone\"} 0",
+            "pgtaskd_queue_paused{queue=\"gone\"} 0",
+            "pgtaskd_claim_to_finish_seconds_count 3",
+            "pgtaskd_enqueue_to_start_seconds_count 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
