@@ -27,6 +27,7 @@ mod extract;
 mod ops;
 mod queues;
 mod server;
+mod socket;
 mod stats;
 mod tasks;
 mod ui;
@@ -146,14 +147,9 @@ async fn reject_declared_oversize(max_body: usize, request: Request, next: Next)
 }
 
 /// The answers made by the routing and the deadlines (405, 408, 413) carry no body of their
-/// own: give them the same JSON error body as every other error. `Allow` is kept.
+/// own, and axum's 400 for a body it could not read (a malformed chunked encoding) is text:
+/// give them the same JSON error body as every other error. `Allow` is kept.
 async fn json_error_bodies(response: Response) -> Response {
-    let error = match response.status() {
-        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
-        StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge,
-        _ => return response,
-    };
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -161,11 +157,36 @@ async fn json_error_bodies(response: Response) -> Response {
     if is_json {
         return response;
     }
+    let error = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
+        StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge,
+        StatusCode::BAD_REQUEST => {
+            let text = axum::body::to_bytes(response.into_body(), MAX_REJECTION_TEXT)
+                .await
+                .unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            return ApiError::BadRequest(lowercase_first(text.trim())).into_response();
+        }
+        _ => return response,
+    };
     let mut json = error.into_response();
     if let Some(allow) = response.headers().get(header::ALLOW) {
         json.headers_mut().insert(header::ALLOW, allow.clone());
     }
     json
+}
+
+/// The most of a text rejection's body that [`json_error_bodies`] reads.
+const MAX_REJECTION_TEXT: usize = 4096;
+
+/// `text` with its first letter in lower case, as the API's error messages are.
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => "bad request".to_string(),
+    }
 }
 
 /// Bind `addr` (`HOST:PORT`, the host an address or a name) now, so that a busy port fails

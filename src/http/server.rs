@@ -17,6 +17,10 @@
 //! its body ([`ClientBody`]) its connection counts as idle for the eviction, and the whole
 //! body must arrive within `http.header_timeout` (at most 30 s) of the end of the head, or the
 //! answer is 408 with the JSON error body and the connection is closed.
+//!
+//! Each connection's socket is a [`Socket`]: a request head hyper cannot parse gets hyper's
+//! status with the JSON error body instead of hyper's empty one, and a write the client
+//! leaves unread for `http.header_timeout` ends the connection (`socket.rs`).
 
 use std::future::Future;
 use std::io;
@@ -26,7 +30,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Request;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -43,6 +47,7 @@ use hyper::body::{Body, Frame, SizeHint};
 
 use super::connections::{Admission, Connections, Ticket, Waiting, WaitingGuard};
 use super::error::ApiError;
+use super::socket::Socket;
 use crate::config::HttpConfig;
 
 /// What bounds the server's connections.
@@ -69,6 +74,8 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How long open connections may finish their requests once the server stops.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long the JSON answer to a malformed request may take to send.
+const FINISH: Duration = Duration::from_secs(5);
 
 /// Accept and serve connections until `stop` fires, then let open requests finish for a
 /// short while.
@@ -123,23 +130,33 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
         };
         let _ = stream.set_nodelay(true);
         let eviction = ticket.eviction();
+        let ticket = Arc::new(ticket);
         let service = TrackedService {
             inner: TowerToHyperService::new(router.clone()),
-            ticket,
+            ticket: Arc::clone(&ticket),
             body_timeout: limits.header_timeout.min(super::REQUEST_TIMEOUT),
         };
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        // The ticket lives in the connection's service: dropping the connection, at its end
-        // or at its eviction, closes the socket and frees the place.
+        let (socket, handback) = Socket::new(stream, limits.header_timeout);
+        let mut connection = Box::pin(graceful.watch(http.serve_connection(socket, service)));
+        // The ticket lives in the connection's service and in this task: dropping the
+        // connection, at its end or at its eviction, and ending the answer to a malformed
+        // request, closes the socket and frees the place.
         tokio::spawn(async move {
-            tokio::select! {
-                result = connection => {
-                    if let Err(err) = result {
-                        tracing::debug!(error = %err, "HTTP connection ended with an error");
-                    }
-                }
-                () = eviction.cancelled() => {}
+            let result = tokio::select! {
+                result = &mut connection => result,
+                () = eviction.cancelled() => return,
+            };
+            drop(connection);
+            if let Err(err) = &result {
+                tracing::debug!(error = %err, "HTTP connection ended with an error");
             }
+            if let Some(leftover) = handback.take() {
+                tokio::select! {
+                    () = leftover.finish(result.as_ref().err(), FINISH) => {}
+                    () = eviction.cancelled() => {}
+                }
+            }
+            drop(ticket);
         });
     }
     drop(listener);
@@ -156,7 +173,7 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
 /// given [`ClientBody`]'s deadline.
 struct TrackedService {
     inner: TowerToHyperService<Router>,
-    ticket: Ticket,
+    ticket: Arc<Ticket>,
     body_timeout: Duration,
 }
 
