@@ -9,6 +9,9 @@
 //! | `GET /stats`, `GET /stats/throughput`, `GET /tasks?queue=&status=&limit=` | `stats.rs` |
 //! | `GET /ui`, the dashboard (`ui.html`) | `ui.rs` |
 //!
+//! Large payloads are answered within a byte budget (`budget.rs`); each connection's socket
+//! gives hyper's own answers to malformed heads the JSON error body (`socket.rs`).
+//!
 //! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
 //! one place; the task routes take their id and their pooled session through the extractors
 //! of `extract.rs`.
@@ -20,6 +23,7 @@
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
+mod budget;
 mod completions;
 mod connections;
 mod error;

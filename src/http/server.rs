@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioTimer;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -45,6 +45,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::IntoResponse;
 use hyper::body::{Body, Frame, SizeHint};
 
+use super::budget::ReadBudget;
 use super::connections::{Admission, Connections, Ticket, Waiting, WaitingGuard};
 use super::error::ApiError;
 use super::socket::Socket;
@@ -57,6 +58,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long a client may take to send a request's headers.
     pub header_timeout: Duration,
+    /// The payload bytes that answers may hold together (`budget.rs`).
+    pub max_inflight_bytes: u64,
 }
 
 impl From<&HttpConfig> for Limits {
@@ -64,6 +67,7 @@ impl From<&HttpConfig> for Limits {
         Limits {
             max_connections: config.max_connections,
             header_timeout: config.header_timeout,
+            max_inflight_bytes: config.max_inflight_bytes,
         }
     }
 }
@@ -81,6 +85,7 @@ const FINISH: Duration = Duration::from_secs(5);
 /// short while.
 pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
     let connections = Connections::new(limits.max_connections);
+    let router = router.layer(Extension(ReadBudget::new(limits.max_inflight_bytes)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
