@@ -492,6 +492,45 @@ async fn reads_of_large_payloads_past_the_http_byte_budget_get_503_with_retry_af
     daemon.stop().await;
 }
 
+/// A client that stops reading a large answer loses its connection after
+/// `http.header_timeout` without progress, and with it the answer's share of
+/// `http.max_inflight_bytes`: the next read of the payload is then answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_large_answer_gives_back_its_share_of_the_budget() {
+    const WORDS: i32 = 5 << 20;
+    let db = TestDb::new().await;
+    let (daemon, port) = daemon_with_http(
+        &db,
+        "max_inflight_bytes = \"30MiB\"\nheader_timeout = \"1s\"\n",
+    )
+    .await;
+    let client = db.client().await;
+    let large: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES (repeat('word ', $1)) RETURNING id",
+            &[&WORDS],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let path = format!("/tasks/{large}");
+    let (_stalled, status, _) = get_head_only(port, &path).await;
+    assert_eq!(status, 200);
+    let api = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let task: Value = eventually(WAIT, "a read once the stalled client is gone", || async {
+        let response = api.get(&url).send().await.ok()?;
+        match response.status() {
+            reqwest::StatusCode::OK => response.json().await.ok(),
+            reqwest::StatusCode::SERVICE_UNAVAILABLE => None,
+            other => panic!("{other}"),
+        }
+    })
+    .await;
+    assert_eq!(task["payload"].as_str().unwrap().len(), 5 * WORDS as usize);
+    daemon.stop().await;
+}
+
 /// `pgtaskd run` as a process of its own whose descriptors are limited to `nofile`, as a
 /// systemd service's are by default; its log goes to a file.
 struct LimitedDaemon {
