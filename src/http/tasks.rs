@@ -151,7 +151,7 @@ async fn answer(
         Read::Whole(task) => return Ok(Json(task).into_response()),
         Read::WithoutPayload { payload_bytes, .. } => payload_bytes,
     };
-    let mut share = budget
+    let share = budget
         .try_take(u64::try_from(payload_bytes).unwrap_or(0))
         .ok_or(ApiError::ReadBudget)?;
     let row = {
@@ -161,13 +161,16 @@ async fn answer(
     let Some(row) = row else {
         return Err(ApiError::NoSuchTask);
     };
-    // Serializing a large text takes a while: off the runtime's threads.
-    let json = tokio::task::spawn_blocking(move || {
-        serde_json::to_vec(&Task::<&str>::from_row(&row)).expect("a task serializes")
+    // Serializing a large text takes a while: off the runtime's threads. The share goes with
+    // it, so that a request past its deadline still counts the bytes until they are freed.
+    let (json, share) = tokio::task::spawn_blocking(move || {
+        let mut share = share;
+        let json = serde_json::to_vec(&Task::<&str>::from_row(&row)).expect("a task serializes");
+        share.grow_to(json.len() as u64);
+        (json, share)
     })
     .await
     .expect("serializing a task does not panic");
-    share.grow_to(json.len() as u64);
     let mut response = Response::new(Body::new(PayloadBody::new(json, share)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
