@@ -165,7 +165,9 @@ async fn answer(
     // it, so that a request past its deadline still counts the bytes until they are freed.
     let (json, share) = tokio::task::spawn_blocking(move || {
         let mut share = share;
-        let json = serde_json::to_vec(&Task::<&str>::from_row(&row)).expect("a task serializes");
+        // Room for the payload and the other fields at once: no doubling reallocations.
+        let mut json = Vec::with_capacity(usize::try_from(payload_bytes).unwrap_or(0) + 4096);
+        serde_json::to_writer(&mut json, &Task::<&str>::from_row(&row)).expect("a task serializes");
         share.grow_to(json.len() as u64);
         (json, share)
     })
