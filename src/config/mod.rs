@@ -59,6 +59,8 @@ pub const DEFAULT_HTTP_MAX_BODY: usize = 1 << 20;
 /// database sessions, the log and the listener.
 pub const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 512;
 pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Payload bytes the HTTP answers of one daemon hold at most, a single larger payload aside.
+pub const DEFAULT_HTTP_MAX_INFLIGHT_BYTES: u64 = 256 << 20;
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// How often the daemon reads the vacuum health (docs/design.md, "Vacuum health").
 pub const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(15);
@@ -162,6 +164,9 @@ pub struct HttpConfig {
     /// How long a client may take to send a request's headers (the whole head, not each
     /// byte); an idle keep-alive connection is closed after as long.
     pub header_timeout: Duration,
+    /// The payload bytes that `GET /tasks/{id}` answers hold at most together; a read past
+    /// it is 503, but a read always goes when no other holds any.
+    pub max_inflight_bytes: u64,
 }
 
 /// `[vacuum_health]` (called `[health]` before; the old name is still read, with a warning).

@@ -14,9 +14,9 @@ use super::{
     Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
     UrlSource, VacuumHealthConfig, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY,
-    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES,
-    DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE,
-    DEFAULT_STATEMENT_TIMEOUT, DEFAULT_XMIN_HORIZON_WARNING,
+    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_MAX_INFLIGHT_BYTES, DEFAULT_LEASE,
+    DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE,
+    DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_XMIN_HORIZON_WARNING,
 };
 
 type Invalid = (std::ops::Range<usize>, String);
@@ -91,6 +91,8 @@ struct RawHttp {
     max_connections: Option<Spanned<usize>>,
     #[serde(default, deserialize_with = "duration")]
     header_timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "size")]
+    max_inflight_bytes: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -317,6 +319,10 @@ impl RawConfig {
             header_timeout: match &self.http.header_timeout {
                 Some(v) => nonzero("http.header_timeout", v)?,
                 None => DEFAULT_HTTP_HEADER_TIMEOUT,
+            },
+            max_inflight_bytes: match &self.http.max_inflight_bytes {
+                Some(v) => positive_size("http.max_inflight_bytes", v)?,
+                None => DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
             },
         };
         let mut warnings = Vec::new();

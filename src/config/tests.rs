@@ -27,6 +27,7 @@ fn empty_file_gives_every_default() {
     assert_eq!(config.http.listen, None);
     assert_eq!(config.http.max_connections, DEFAULT_HTTP_MAX_CONNECTIONS);
     assert_eq!(config.http.header_timeout, DEFAULT_HTTP_HEADER_TIMEOUT);
+    assert_eq!(config.http.max_inflight_bytes, 256 << 20);
     assert_eq!(config.vacuum_health.check_interval, Duration::from_secs(15));
     assert_eq!(
         config.vacuum_health.xmin_horizon_warning,
@@ -61,6 +62,7 @@ fn every_key_is_read() {
         max_body = 4096
         max_connections = 64
         header_timeout = "3s"
+        max_inflight_bytes = "32MiB"
         [vacuum_health]
         check_interval = "30s"
         xmin_horizon_warning = "10m"
@@ -92,6 +94,7 @@ fn every_key_is_read() {
     assert_eq!(config.http.max_body, 4096);
     assert_eq!(config.http.max_connections, 64);
     assert_eq!(config.http.header_timeout, Duration::from_secs(3));
+    assert_eq!(config.http.max_inflight_bytes, 32 << 20);
     assert_eq!(config.vacuum_health.check_interval, Duration::from_secs(30));
     assert_eq!(
         config.vacuum_health.xmin_horizon_warning,

@@ -13,6 +13,9 @@ use axum::Json;
 use crate::db::DbError;
 use crate::queue::TaskStatus;
 
+/// The seconds a read refused by the budget of `http.max_inflight_bytes` is told to wait.
+const RETRY_AFTER: &str = "2";
+
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApiError {
@@ -40,6 +43,10 @@ pub(crate) enum ApiError {
     MethodNotAllowed,
     #[error("request timed out")]
     Timeout,
+    #[error(
+        "too many large payloads being answered at once (http.max_inflight_bytes); retry later"
+    )]
+    ReadBudget,
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -63,6 +70,7 @@ impl ApiError {
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Timeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::ReadBudget => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Db(err) if err.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -90,6 +98,11 @@ impl IntoResponse for ApiError {
             other => serde_json::json!({ "error": other.to_string() }),
         };
         let mut response = (status, Json(body)).into_response();
+        if matches!(self, ApiError::ReadBudget) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

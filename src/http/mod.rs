@@ -9,6 +9,9 @@
 //! | `GET /stats`, `GET /stats/throughput`, `GET /tasks?queue=&status=&limit=` | `stats.rs` |
 //! | `GET /ui`, the dashboard (`ui.html`) | `ui.rs` |
 //!
+//! Large payloads are answered within a byte budget (`budget.rs`); each connection's socket
+//! gives hyper's own answers to malformed heads the JSON error body (`socket.rs`).
+//!
 //! A failed request is an `ApiError` (`error.rs`), which becomes its status code and JSON body in
 //! one place; the task routes take their id and their pooled session through the extractors
 //! of `extract.rs`.
@@ -20,6 +23,7 @@
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
+mod budget;
 mod completions;
 mod connections;
 mod error;
@@ -27,6 +31,7 @@ mod extract;
 mod ops;
 mod queues;
 mod server;
+mod socket;
 mod stats;
 mod tasks;
 mod ui;
@@ -146,14 +151,9 @@ async fn reject_declared_oversize(max_body: usize, request: Request, next: Next)
 }
 
 /// The answers made by the routing and the deadlines (405, 408, 413) carry no body of their
-/// own: give them the same JSON error body as every other error. `Allow` is kept.
+/// own, and axum's 400 for a body it could not read (a malformed chunked encoding) is text:
+/// give them the same JSON error body as every other error. `Allow` is kept.
 async fn json_error_bodies(response: Response) -> Response {
-    let error = match response.status() {
-        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
-        StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge,
-        _ => return response,
-    };
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -161,11 +161,36 @@ async fn json_error_bodies(response: Response) -> Response {
     if is_json {
         return response;
     }
+    let error = match response.status() {
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
+        StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge,
+        StatusCode::BAD_REQUEST => {
+            let text = axum::body::to_bytes(response.into_body(), MAX_REJECTION_TEXT)
+                .await
+                .unwrap_or_default();
+            let text = String::from_utf8_lossy(&text);
+            return ApiError::BadRequest(lowercase_first(text.trim())).into_response();
+        }
+        _ => return response,
+    };
     let mut json = error.into_response();
     if let Some(allow) = response.headers().get(header::ALLOW) {
         json.headers_mut().insert(header::ALLOW, allow.clone());
     }
     json
+}
+
+/// The most of a text rejection's body that [`json_error_bodies`] reads.
+const MAX_REJECTION_TEXT: usize = 4096;
+
+/// `text` with its first letter in lower case, as the API's error messages are.
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => "bad request".to_string(),
+    }
 }
 
 /// Bind `addr` (`HOST:PORT`, the host an address or a name) now, so that a busy port fails

@@ -17,6 +17,10 @@
 //! its body ([`ClientBody`]) its connection counts as idle for the eviction, and the whole
 //! body must arrive within `http.header_timeout` (at most 30 s) of the end of the head, or the
 //! answer is 408 with the JSON error body and the connection is closed.
+//!
+//! Each connection's socket is a [`Socket`]: a request head hyper cannot parse gets hyper's
+//! status with the JSON error body instead of hyper's empty one, and a write the client
+//! leaves unread for `http.header_timeout` ends the connection (`socket.rs`).
 
 use std::future::Future;
 use std::io;
@@ -24,9 +28,9 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -41,8 +45,10 @@ use axum::http::{header, HeaderValue};
 use axum::response::IntoResponse;
 use hyper::body::{Body, Frame, SizeHint};
 
+use super::budget::ReadBudget;
 use super::connections::{Admission, Connections, Ticket, Waiting, WaitingGuard};
 use super::error::ApiError;
+use super::socket::Socket;
 use crate::config::HttpConfig;
 
 /// What bounds the server's connections.
@@ -52,6 +58,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long a client may take to send a request's headers.
     pub header_timeout: Duration,
+    /// The payload bytes that answers may hold together (`budget.rs`).
+    pub max_inflight_bytes: u64,
 }
 
 impl From<&HttpConfig> for Limits {
@@ -59,6 +67,7 @@ impl From<&HttpConfig> for Limits {
         Limits {
             max_connections: config.max_connections,
             header_timeout: config.header_timeout,
+            max_inflight_bytes: config.max_inflight_bytes,
         }
     }
 }
@@ -69,11 +78,14 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How long open connections may finish their requests once the server stops.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long the JSON answer to a malformed request may take to send.
+const FINISH: Duration = Duration::from_secs(5);
 
 /// Accept and serve connections until `stop` fires, then let open requests finish for a
 /// short while.
 pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
     let connections = Connections::new(limits.max_connections);
+    let router = router.layer(Extension(ReadBudget::new(limits.max_inflight_bytes)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
@@ -123,23 +135,33 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
         };
         let _ = stream.set_nodelay(true);
         let eviction = ticket.eviction();
+        let ticket = Arc::new(ticket);
         let service = TrackedService {
             inner: TowerToHyperService::new(router.clone()),
-            ticket,
+            ticket: Arc::clone(&ticket),
             body_timeout: limits.header_timeout.min(super::REQUEST_TIMEOUT),
         };
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-        // The ticket lives in the connection's service: dropping the connection, at its end
-        // or at its eviction, closes the socket and frees the place.
+        let (socket, handback) = Socket::new(stream, limits.header_timeout);
+        let mut connection = Box::pin(graceful.watch(http.serve_connection(socket, service)));
+        // The ticket lives in the connection's service and in this task: dropping the
+        // connection, at its end or at its eviction, and ending the answer to a malformed
+        // request, closes the socket and frees the place.
         tokio::spawn(async move {
-            tokio::select! {
-                result = connection => {
-                    if let Err(err) = result {
-                        tracing::debug!(error = %err, "HTTP connection ended with an error");
-                    }
-                }
-                () = eviction.cancelled() => {}
+            let result = tokio::select! {
+                result = &mut connection => result,
+                () = eviction.cancelled() => return,
+            };
+            drop(connection);
+            if let Err(err) = &result {
+                tracing::debug!(error = %err, "HTTP connection ended with an error");
             }
+            if let Some(leftover) = handback.take() {
+                tokio::select! {
+                    () = leftover.finish(result.as_ref().err(), FINISH) => {}
+                    () = eviction.cancelled() => {}
+                }
+            }
+            drop(ticket);
         });
     }
     drop(listener);
@@ -156,7 +178,7 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
 /// given [`ClientBody`]'s deadline.
 struct TrackedService {
     inner: TowerToHyperService<Router>,
-    ticket: Ticket,
+    ticket: Arc<Ticket>,
     body_timeout: Duration,
 }
 

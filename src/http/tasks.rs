@@ -1,17 +1,21 @@
 //! The task routes: submit (with an optional `Idempotency-Key`), read (with an optional
 //! `wait`), cancel. The database is the truth.
 
-use axum::body::Bytes;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
 use axum::extract::{RawQuery, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::IntoResponse;
-use axum::Json;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 
+use super::budget::{PayloadBody, ReadBudget, UNCOUNTED_PAYLOAD};
 use super::error::ApiError;
 use super::extract::{Db, TaskId};
 use super::AppState;
-use crate::queue::{self, CancelOutcome, Enqueued, TaskStatus};
+use crate::queue::task::Read;
+use crate::queue::{self, CancelOutcome, Enqueued, Task, TaskStatus};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,10 +50,11 @@ pub(super) async fn submit(
     let (code, id, status) = match session.bounded(queue::enqueue(&session, &task)).await? {
         Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
         Enqueued::Existing(id) => {
+            // The status only: the payload, maybe large, is the one just sent.
             let status = session
-                .bounded(queue::get(&session, id))
+                .bounded(queue::task::read(&session, id, 0))
                 .await?
-                .map_or(TaskStatus::Queued, |task| task.status);
+                .map_or(TaskStatus::Queued, |read| read.status());
             (StatusCode::OK, id, status)
         }
         Enqueued::KeyConflict(id) => return Err(ApiError::KeyConflict { id }),
@@ -100,33 +105,80 @@ fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiE
 /// session while it waits: it registers with the daemon's [`Completions`](super::Completions)
 /// first, then reads the row, and reads it again each time it is woken (a `pgtaskd_done`
 /// notification naming the task, the poll tick, a listener reconnect).
+///
+/// A payload over [`UNCOUNTED_PAYLOAD`] is left out of those reads, and read once for the
+/// answer within the budget of `http.max_inflight_bytes` (`budget.rs`): 503 with
+/// `Retry-After` when it has no room.
 pub(super) async fn read(
     TaskId(id): TaskId,
     State(state): State<AppState>,
+    Extension(budget): Extension<Arc<ReadBudget>>,
     RawQuery(query): RawQuery,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     let wait = super::wait::requested(query.as_deref())?;
     let deadline = tokio::time::Instant::now() + wait.unwrap_or_default();
     let mut watch = wait.map(|_| state.completions.watch(id));
     loop {
-        let task = {
+        let read = {
             let session = state.pool.get().await?;
-            session.bounded(queue::get(&session, id)).await?
+            session
+                .bounded(queue::task::read(&session, id, UNCOUNTED_PAYLOAD))
+                .await?
         };
-        let Some(task) = task else {
+        let Some(read) = read else {
             return Err(ApiError::NoSuchTask);
         };
-        let Some(watch) = watch.as_mut() else {
-            return Ok(Json(task));
+        let waiting = !read.status().is_terminal() && tokio::time::Instant::now() < deadline;
+        let Some(watch) = watch.as_mut().filter(|_| waiting) else {
+            return answer(&state, &budget, id, read).await;
         };
-        if task.status.is_terminal() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(task));
-        }
         tokio::select! {
             _ = watch.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
+}
+
+/// The answer to `GET /tasks/{id}`: the row read, or for a large payload the row read again
+/// within the budget and written as JSON straight from the row's buffer.
+async fn answer(
+    state: &AppState,
+    budget: &Arc<ReadBudget>,
+    id: i64,
+    read: Read,
+) -> Result<Response, ApiError> {
+    let payload_bytes = match read {
+        Read::Whole(task) => return Ok(Json(task).into_response()),
+        Read::WithoutPayload { payload_bytes, .. } => payload_bytes,
+    };
+    let share = budget
+        .try_take(u64::try_from(payload_bytes).unwrap_or(0))
+        .ok_or(ApiError::ReadBudget)?;
+    let row = {
+        let session = state.pool.get().await?;
+        session.bounded(queue::task::get_row(&session, id)).await?
+    };
+    let Some(row) = row else {
+        return Err(ApiError::NoSuchTask);
+    };
+    // Serializing a large text takes a while: off the runtime's threads. The share goes with
+    // it, so that a request past its deadline still counts the bytes until they are freed.
+    let (json, share) = tokio::task::spawn_blocking(move || {
+        let mut share = share;
+        // Room for the payload and the other fields at once: no doubling reallocations.
+        let mut json = Vec::with_capacity(usize::try_from(payload_bytes).unwrap_or(0) + 4096);
+        serde_json::to_writer(&mut json, &Task::<&str>::from_row(&row)).expect("a task serializes");
+        share.grow_to(json.len() as u64);
+        (json, share)
+    })
+    .await
+    .expect("serializing a task does not panic");
+    let mut response = Response::new(Body::new(PayloadBody::new(json, share)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }
 
 /// `POST /tasks/{id}/cancel`: 202 with the status after the request (CANCELED, or RUNNING

@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tokio_postgres::types::FromSql;
 use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
@@ -72,14 +73,15 @@ pub(crate) fn status_column(text: &str) -> TaskStatus {
         .unwrap_or_else(|err| panic!("the tasks table's CHECK constraint was bypassed: {err}"))
 }
 
-/// One row of `pgtaskd.tasks`.
+/// One row of `pgtaskd.tasks`. The payload is a `String`, or a `&str` in the row's own buffer
+/// for a large one that is only serialized ([`get_row`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Task {
+pub struct Task<P = String> {
     pub id: i64,
     pub queue: String,
     /// Unique per queue where set: a repeated enqueue with it answers this task.
     pub idempotency_key: Option<String>,
-    pub payload: String,
+    pub payload: P,
     pub status: TaskStatus,
     pub priority: i16,
     pub run_at: DateTime<Utc>,
@@ -108,16 +110,26 @@ macro_rules! shown_run_at {
 }
 pub(crate) use shown_run_at;
 
-const COLUMNS: &str = concat!(
-    "id, queue, idempotency_key, payload, status, priority, ",
-    shown_run_at!(),
-    ", attempt, max_attempts, \
-    cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, created_at, \
-    started_at, finished_at"
-);
+/// The columns of a [`Task`], with `$payload` for the payload.
+macro_rules! columns {
+    ($payload:literal) => {
+        concat!(
+            "id, queue, idempotency_key, ",
+            $payload,
+            ", status, priority, ",
+            shown_run_at!(),
+            ", attempt, max_attempts, \
+            cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, \
+            created_at, started_at, finished_at"
+        )
+    };
+}
 
-impl Task {
-    fn from_row(row: &Row) -> Task {
+const COLUMNS: &str = columns!("payload");
+
+impl<'a, P: FromSql<'a>> Task<P> {
+    /// The task of a row of [`COLUMNS`].
+    pub(crate) fn from_row(row: &'a Row) -> Task<P> {
         Task {
             id: row.get("id"),
             queue: row.get("queue"),
@@ -165,4 +177,64 @@ pub async fn get_many(client: &Client, ids: &[i64]) -> Result<Vec<Task>, DbError
     );
     let rows = client.query(&sql, &[&ids]).await?;
     Ok(rows.iter().map(Task::from_row).collect())
+}
+
+/// A task as [`read`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Read {
+    /// The whole row.
+    Whole(Task),
+    /// The row with an empty payload in place of one longer than asked for.
+    WithoutPayload { task: Task, payload_bytes: i64 },
+}
+
+impl Read {
+    pub fn status(&self) -> TaskStatus {
+        match self {
+            Read::Whole(task) | Read::WithoutPayload { task, .. } => task.status,
+        }
+    }
+}
+
+/// Read one task, leaving out a payload longer than `max_payload` bytes (its length is read
+/// from the row or its TOAST pointer, without loading the text); `None` when there is no such
+/// task. What the HTTP API reads before it decides whether a payload fits its budget, and
+/// all it needs to know a task's status.
+///
+/// # Errors
+///
+/// [`DbError::Unavailable`] when the database cannot be asked.
+pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<Read>, DbError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        columns!(
+            "CASE WHEN octet_length(payload) <= $2::bigint THEN payload ELSE '' END AS payload"
+        ),
+        ", octet_length(payload)::bigint AS payload_bytes \
+         FROM pgtaskd.tasks WHERE id = $1"
+    );
+    let Some(row) = client.query_opt(SQL, &[&id, &max_payload]).await? else {
+        return Ok(None);
+    };
+    let task = Task::from_row(&row);
+    let payload_bytes: i64 = row.get("payload_bytes");
+    Ok(Some(if payload_bytes > max_payload {
+        Read::WithoutPayload {
+            task,
+            payload_bytes,
+        }
+    } else {
+        Read::Whole(task)
+    }))
+}
+
+/// The row of one task, for `Task::from_row` to borrow a large payload from instead of
+/// copying it; `None` when there is no such task.
+///
+/// # Errors
+///
+/// [`DbError::Unavailable`] when the database cannot be asked.
+pub async fn get_row(client: &Client, id: i64) -> Result<Option<Row>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
+    Ok(client.query_opt(&sql, &[&id]).await?)
 }
