@@ -75,6 +75,7 @@ fn report(message: std::fmt::Arguments<'_>) {
 fn init_tracing(config: &Config) -> Log {
     let filter = std::env::var("RUST_LOG")
         .ok()
+        .filter(|directives| !directives.trim().is_empty())
         .and_then(|directives| tracing_subscriber::EnvFilter::try_new(directives).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(&config.log.level));
     let log = Log::start();

@@ -240,6 +240,7 @@ impl Config {
             config.set_database_url(url, UrlSource::Environment);
         }
         config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
+        check_log_env(std::env::var("RUST_LOG").ok().as_deref())?;
         Ok(config)
     }
 
@@ -340,5 +341,36 @@ fn log_format(
             name: LOG_FORMAT_ENV,
             message: format!("{value:?} is not a log format (write \"text\" or \"json\")"),
         }),
+    }
+}
+
+/// `RUST_LOG`, when set and not empty, must be a filter tracing takes: one it refuses would
+/// otherwise be dropped without a word, and the daemon would log at `log.level` while the
+/// operator believes otherwise.
+fn check_log_env(directives: Option<&str>) -> Result<(), ConfigError> {
+    match directives.map(str::trim).filter(|d| !d.is_empty()) {
+        None => Ok(()),
+        Some(directives) => tracing_subscriber::EnvFilter::try_new(directives)
+            .map(|_| ())
+            .map_err(|err| ConfigError::Env {
+                name: "RUST_LOG",
+                message: format!(
+                    "{err}: expected tracing filter directives such as \"info\" or \"pgtaskd=debug,warn\""
+                ),
+            }),
+    }
+}
+
+#[cfg(test)]
+mod log_env_tests {
+    use super::check_log_env;
+
+    #[test]
+    fn rust_log_is_a_filter_tracing_takes_or_unset() {
+        assert!(check_log_env(None).is_ok());
+        assert!(check_log_env(Some("")).is_ok());
+        assert!(check_log_env(Some("pgtaskd=debug,warn")).is_ok());
+        let err = check_log_env(Some("garbage===")).unwrap_err().to_string();
+        assert!(err.starts_with("RUST_LOG: "), "{err}");
     }
 }

@@ -216,8 +216,10 @@ pub async fn serve(
     limits: Limits,
     stop: CancellationToken,
 ) {
-    let addr = listener.local_addr().ok();
-    tracing::info!(?addr, max_connections = limits.max_connections,
+    let addr = listener
+        .local_addr()
+        .map_or_else(|err| format!("unknown ({err})"), |addr| addr.to_string());
+    tracing::info!(%addr, max_connections = limits.max_connections,
         header_timeout = ?limits.header_timeout, "HTTP server listening");
     server::run(listener, router, limits, stop).await;
 }

@@ -27,6 +27,39 @@ async fn a_log_level_that_is_not_a_filter_exits_78_for_check_config_and_run() {
 }
 
 #[tokio::test]
+async fn a_rust_log_that_is_not_a_filter_exits_78_for_check_config_and_run() {
+    for args in [&["check-config"][..], &["run"]] {
+        let output = crate::support::within(
+            WAIT,
+            "pgtaskd",
+            tokio::process::Command::new(crate::support::daemon::binary())
+                .args(args)
+                .env_remove("PGTASKD_CONFIG")
+                .env("RUST_LOG", "garbage===")
+                .output(),
+        )
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(stderr.contains("RUST_LOG: "), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn the_old_name_of_the_vacuum_health_section_still_works_and_says_so() {
+    let (code, stdout, stderr) =
+        with_config("[health]\ncheck_interval = \"30s\"\n", &["check-config"]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("[health] is now called [vacuum_health]"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("[vacuum_health]"), "{stdout}");
+    assert!(stdout.contains("check_interval = 30s"), "{stdout}");
+}
+
+#[tokio::test]
 async fn check_config_names_the_file_or_says_the_defaults_apply_and_prints_every_section() {
     let token = TempPath::write("s3cret\n");
     let toml = format!(
