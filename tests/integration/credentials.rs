@@ -5,12 +5,11 @@
 //! readiness says why.
 
 use std::process::ExitStatus;
-use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
 
 use crate::support::daemon::binary;
+use crate::support::probe::{get, wait_answer};
 use crate::support::{eventually, free_port, within, Cluster, DaemonProcess, TestDb, WAIT};
 
 /// The cluster's `pg_hba.conf`: the tests' superuser as before, and, over TCP, a role that
@@ -68,36 +67,6 @@ async fn pgtaskd(url: &str, args: &[&str]) -> (ExitStatus, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
-}
-
-/// `GET path` on the daemon's HTTP port; `None` while nothing answers in time.
-async fn get(port: u16, path: &str) -> Option<(StatusCode, Value)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status();
-    let body = response.text().await.ok()?;
-    Some((
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(body)),
-    ))
-}
-
-/// Wait until `GET path` answers `want`; returns the body.
-async fn wait_answer(port: u16, path: &str, want: StatusCode, what: &str) -> Value {
-    eventually(WAIT, what, || async move {
-        get(port, path)
-            .await
-            .filter(|(status, _)| *status == want)
-            .map(|(_, body)| body)
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,48 +4,16 @@
 //! does not accept writes (a hot standby) is not ready, and `check-config --connect` says why.
 //! A producer that prepares its transaction (two-phase commit) can enqueue.
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
-use serde_json::Value;
 
 use pgtaskd::queue::TaskStatus;
 
 use crate::support::daemon::pgtaskd;
+use crate::support::probe::{get, wait_answer};
 use crate::support::{
     eventually, free_port, insert_payloads, wait_count, wait_status, within, Cluster,
     DaemonProcess, GatedAnalyzer, InProcessDaemon, TestDb, WAIT,
 };
-
-/// `GET path` on the daemon's HTTP port; `None` while nothing answers in time.
-async fn get(port: u16, path: &str) -> Option<(StatusCode, Value)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status();
-    let body = response.text().await.ok()?;
-    Some((
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(body)),
-    ))
-}
-
-/// Wait until `GET path` answers `want`; returns the body.
-async fn wait_answer(port: u16, path: &str, want: StatusCode, what: &str) -> Value {
-    eventually(WAIT, what, || async move {
-        get(port, path)
-            .await
-            .filter(|(status, _)| *status == want)
-            .map(|(_, body)| body)
-    })
-    .await
-}
 
 /// Wait until every task of `db` has succeeded.
 async fn wait_all_succeeded(client: &tokio_postgres::Client, tasks: i64) {
@@ -156,12 +124,15 @@ async fn a_hot_standby_is_not_ready_and_check_config_says_why() {
         &format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"),
         &[],
     );
-    let body = wait_answer(
-        port,
-        "/readyz",
-        StatusCode::SERVICE_UNAVAILABLE,
-        "/readyz on a standby",
-    )
+    // 503 "starting" first, then 503 with the reason once the start-up has read the server.
+    let body = eventually(WAIT, "/readyz on a standby to say why", || async move {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, body)| {
+                *status == StatusCode::SERVICE_UNAVAILABLE && body["reason"] != "starting"
+            })
+            .map(|(_, body)| body)
+    })
     .await;
     let reason = body["reason"].as_str().unwrap_or_default().to_string();
     assert!(

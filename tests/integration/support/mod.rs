@@ -12,6 +12,7 @@ pub mod audit;
 pub mod cluster;
 pub mod daemon;
 pub mod gate;
+pub mod probe;
 pub mod proxy;
 
 use std::future::Future;
