@@ -213,3 +213,43 @@ async fn a_claim_given_back_and_the_next_claim_share_an_attempt_but_not_a_token(
         TaskStatus::Failed
     );
 }
+
+/// Lock order: the heartbeat and the batched finish never wait for a row while holding
+/// others, so repeated drains by two daemons with the fastest heartbeat (a third of a 300 ms
+/// lease) leave no "deadlock detected" in the server's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_with_the_fastest_heartbeat_never_deadlock() {
+    const TASKS: usize = 3_000;
+    const FAST: &str = "[worker]\nconcurrency = 4\nlease = \"300ms\"\npoll_interval = \"200ms\"\n";
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let mut daemons = [
+        crate::support::DaemonProcess::start(&db, FAST, &[]),
+        crate::support::DaemonProcess::start(&db, FAST, &[]),
+    ];
+    for drain in 1..=3 {
+        crate::support::insert_payloads(&client, TASKS).await;
+        crate::support::wait_count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            (drain * TASKS) as i64,
+            "the drain",
+        )
+        .await;
+    }
+    for daemon in &mut daemons {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    }
+    let log = cluster.server_log();
+    assert!(
+        !log.contains("deadlock detected"),
+        "the server saw a deadlock:\n{}",
+        log.lines()
+            .filter(|l| l.contains("deadlock") || l.contains("DETAIL") || l.contains("CONTEXT"))
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
