@@ -33,7 +33,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, which a paused test runtime moves by hand; the system's otherwise.
+use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
@@ -334,15 +337,15 @@ mod tests {
         assert_eq!(intake.target(), 4 + MAX_AHEAD);
     }
 
-    #[test]
-    fn a_long_running_analysis_stops_the_claiming_ahead_before_it_ends() {
+    #[tokio::test(start_paused = true)]
+    async fn a_long_running_analysis_stops_the_claiming_ahead_before_it_ends() {
         let intake = Intake::new(4, MIB);
         intake.claim_took(Duration::from_millis(1));
         intake.task_took(Duration::from_nanos(10));
         assert_eq!(intake.target(), 4 + MAX_AHEAD);
         let slow = intake.analysis();
         // 4 workers * 1 ms / 50 ms rounds down to nothing ahead.
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::advance(Duration::from_millis(50)).await;
         assert_eq!(intake.target(), 4);
         drop(slow);
         // Finished, its 50 ms weigh in the average: still nothing ahead.
