@@ -29,6 +29,7 @@ mod intake;
 mod leases;
 mod list_and_stats;
 mod locks;
+mod log_pipe;
 mod migrate;
 mod notifications;
 mod outages;
