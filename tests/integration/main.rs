@@ -46,5 +46,6 @@ mod tls;
 mod trigger_rights;
 mod ui;
 mod vacuum_health;
+mod vacuum_health_roles;
 mod wait;
 mod worker;
