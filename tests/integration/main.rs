@@ -45,6 +45,7 @@ mod systemd;
 mod tls;
 mod trigger_rights;
 mod ui;
+mod upgrades;
 mod vacuum_health;
 mod vacuum_health_roles;
 mod wait;
