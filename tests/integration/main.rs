@@ -6,6 +6,7 @@ mod support;
 
 mod analyze;
 mod bench;
+mod bench_soak;
 mod cancel;
 mod cancel_rules;
 mod chaos;
