@@ -2,7 +2,8 @@
 //! horizon in `/metrics`, a held horizon as a `/readyz` warning (still 200) and a log line,
 //! read by a daemon whose role is neither superuser nor `pg_read_all_stats`, never showing
 //! another session's query. Each test has a cluster of its own, so that no other test's
-//! transaction holds the horizon.
+//! transaction holds the horizon. Roles granted before schema 9, and a schema migrated by an
+//! owner without `pg_read_all_stats`, are in `vacuum_health_roles`.
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::support::{
 };
 
 /// The secret an analyst's query carries; nothing pgtaskd serves may show it.
-const SECRET: &str = "secret-7f3a-query-text";
+pub(crate) const SECRET: &str = "secret-7f3a-query-text";
 
 /// A role made by `grant_daemon` (no superuser, no `pg_read_all_stats`) and its connection
 /// string on `db`.
@@ -31,7 +32,7 @@ async fn daemon_role(db: &TestDb, owner: &Client) -> String {
 
 /// `pgtaskd run` as `url`'s role, reading the vacuum health every 100 ms and warning of a
 /// horizon held for 1 s; returns it and its HTTP port once `/readyz` is 200.
-async fn start_daemon(url: &str) -> (DaemonProcess, u16) {
+pub(crate) async fn start_daemon(url: &str) -> (DaemonProcess, u16) {
     let port = free_port();
     let toml = format!(
         "[http]\nlisten = \"127.0.0.1:{port}\"\n\
@@ -72,7 +73,7 @@ async fn get(port: u16, path: &str) -> Option<(StatusCode, String)> {
 }
 
 /// The value of the metric line that starts with `series ` (name and labels), if any.
-fn value(metrics: &str, series: &str) -> Option<f64> {
+pub(crate) fn value(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
@@ -80,7 +81,7 @@ fn value(metrics: &str, series: &str) -> Option<f64> {
 }
 
 /// Poll `/metrics` until `check` accepts it; returns it.
-async fn wait_metrics(port: u16, what: &str, check: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn wait_metrics(port: u16, what: &str, check: impl Fn(&str) -> bool) -> String {
     let check = &check;
     eventually(WAIT, what, || async move {
         let (status, text) = get(port, "/metrics").await?;
@@ -90,7 +91,7 @@ async fn wait_metrics(port: u16, what: &str, check: impl Fn(&str) -> bool) -> St
 }
 
 /// Poll `/readyz` until its warnings satisfy `check`; returns its body (always 200).
-async fn wait_readyz(port: u16, what: &str, check: impl Fn(&[String]) -> bool) -> Value {
+pub(crate) async fn wait_readyz(port: u16, what: &str, check: impl Fn(&[String]) -> bool) -> Value {
     let check = &check;
     eventually(WAIT, what, || async move {
         let (status, text) = get(port, "/readyz").await?;
@@ -111,7 +112,7 @@ async fn wait_readyz(port: u16, what: &str, check: impl Fn(&[String]) -> bool) -
 
 /// The role `vh_analyst` (application_name `analyst-report`) opens a REPEATABLE READ
 /// transaction that reads [`SECRET`] and stays idle in it. Returns its session and pid.
-async fn analyst_holds_a_snapshot(url: &str) -> (Client, i32) {
+pub(crate) async fn analyst_holds_a_snapshot(url: &str) -> (Client, i32) {
     let analyst = connect(&format!(
         "{} application_name=analyst-report",
         url.replace("user=postgres", "user=vh_analyst")
@@ -355,112 +356,6 @@ async fn dead_tuples_and_vacuums_of_the_task_table_show_in_metrics() {
             .is_some_and(|age| (0.0..60.0).contains(&age)),
         "{metrics}"
     );
-
-    daemon.signal(libc::SIGTERM);
-    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn roles_granted_before_schema_9_may_read_the_vacuum_health_after_the_migration() {
-    let cluster = Cluster::start();
-    let db = TestDb::empty_on(&cluster).await;
-    let mut owner = db.client().await;
-    within(
-        WAIT,
-        "migrating to 6",
-        pgtaskd::db::migrate::migrate_to(&mut owner, 6),
-    )
-    .await
-    .unwrap();
-    owner
-        .batch_execute(
-            "CREATE ROLE vh_old_daemon LOGIN; SELECT pgtaskd.grant_daemon('vh_old_daemon');
-             CREATE ROLE vh_old_ops LOGIN; SELECT pgtaskd.grant_operator('vh_old_ops');
-             CREATE ROLE vh_stranger LOGIN; GRANT USAGE ON SCHEMA pgtaskd TO vh_stranger;",
-        )
-        .await
-        .unwrap();
-    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
-        .await
-        .unwrap();
-    for role in ["vh_old_daemon", "vh_old_ops"] {
-        let client = connect(&db.url.replace("user=postgres", &format!("user={role}"))).await;
-        let dead: i64 = client
-            .query_one("SELECT dead_tuples FROM pgtaskd.vacuum_health()", &[])
-            .await
-            .unwrap_or_else(|err| panic!("{role}: {err}"))
-            .get(0);
-        assert_eq!(dead, 0, "{role}");
-    }
-    let stranger = connect(&db.url.replace("user=postgres", "user=vh_stranger")).await;
-    let err = stranger
-        .query_one("SELECT * FROM pgtaskd.vacuum_health()", &[])
-        .await
-        .expect_err("a role without a grant may not");
-    assert_eq!(
-        err.code(),
-        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
-        "{err}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_an_owner_without_pg_read_all_stats_the_horizon_is_still_seen_and_aged_by_the_daemon()
-{
-    let cluster = Cluster::start();
-    let db = TestDb::empty_on(&cluster).await;
-    let admin = db.client().await;
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE vh_owner LOGIN; GRANT CREATE ON DATABASE {} TO vh_owner;
-             CREATE ROLE vh_analyst LOGIN; CREATE ROLE vh_daemon LOGIN;",
-            db.name
-        ))
-        .await
-        .unwrap();
-    let mut owner = connect(&db.url.replace("user=postgres", "user=vh_owner")).await;
-    within(
-        WAIT,
-        "migrating as vh_owner",
-        pgtaskd::db::migrate::migrate(&mut owner),
-    )
-    .await
-    .unwrap();
-    owner
-        .batch_execute("SELECT pgtaskd.grant_daemon('vh_daemon')")
-        .await
-        .unwrap();
-    let daemon_url = db.url.replace("user=postgres", "user=vh_daemon");
-    let (mut daemon, port) = start_daemon(&daemon_url).await;
-    daemon.wait_for_log("has no pg_read_all_stats").await;
-
-    let (analyst, pid) = analyst_holds_a_snapshot(&db.url).await;
-    // No state and no start for another role's session: the daemon ages it from when it
-    // first saw it, and still names it.
-    let holder = format!(
-        "pgtaskd_xmin_horizon_holder{{kind=\"session\",pid=\"{pid}\",name=\"analyst-report\",\
-         state=\"\"}}"
-    );
-    let metrics = wait_metrics(port, "the held horizon in /metrics", |m| {
-        value(m, &holder) == Some(1.0)
-    })
-    .await;
-    assert!(
-        value(
-            &metrics,
-            "pgtaskd_xmin_horizon_age_seconds{kind=\"session\"}"
-        )
-        .is_some_and(|age| age >= 1.0),
-        "{metrics}"
-    );
-    assert!(!metrics.contains(SECRET));
-    let body = wait_readyz(port, "the /readyz warning", |w| {
-        w.iter().any(|w| w.contains(&format!("pid {pid}")))
-    })
-    .await;
-    assert!(!body.to_string().contains(SECRET));
-    analyst.batch_execute("COMMIT").await.unwrap();
-    wait_readyz(port, "the warning to clear", |w| w.is_empty()).await;
 
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success(), "{}", daemon.log_text());

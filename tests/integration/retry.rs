@@ -1,0 +1,101 @@
+//! Retry: FAILED and CANCELED tasks are put back as new (SQL and CLI), every other state is
+//! refused.
+
+use tokio_postgres::Client;
+
+use crate::support::daemon::pgtaskd;
+use crate::support::{wait_count, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
+
+/// Rows in each state, written as the owner: (FAILED, CANCELED, QUEUED, RUNNING, SUCCEEDED).
+pub(crate) async fn one_task_per_state(client: &Client) -> [i64; 5] {
+    let rows = within(
+        WAIT,
+        "the rows",
+        client.query(
+            "INSERT INTO pgtaskd.tasks (payload, status, attempt, cancel_requested, words, bytes,
+                                        runes, error, lease_owner, lease_expires_at, started_at,
+                                        finished_at)
+             VALUES ('f', 'FAILED', 3, false, 0, 0, 0, 'lease lost 3 times', NULL, NULL, now(), now()),
+                    ('c', 'CANCELED', 1, true, 0, 0, 0, NULL, NULL, NULL, now(), now()),
+                    ('q', 'QUEUED', 0, false, 0, 0, 0, NULL, NULL, NULL, NULL, NULL),
+                    ('r', 'RUNNING', 1, false, 0, 0, 0, NULL, 'someone', now() + interval '1h', now(), NULL),
+                    ('s', 'SUCCEEDED', 1, false, 1, 1, 1, NULL, NULL, NULL, now(), now())
+             RETURNING id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+    ids.try_into().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_puts_failed_and_canceled_tasks_back_as_new_and_refuses_the_rest() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let [failed, canceled, queued, running, succeeded] = one_task_per_state(&client).await;
+
+    for (id, was) in [(failed, "FAILED"), (canceled, "CANCELED")] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["retry", &id.to_string()]).await;
+        assert!(status.success(), "{stdout}{stderr}");
+        assert_eq!(stdout.trim(), format!("QUEUED (was {was})"));
+        let row = client
+            .query_one(
+                "SELECT status, attempt, cancel_requested, error, started_at IS NULL,
+                        finished_at IS NULL, run_at <= now()
+                   FROM pgtaskd.tasks WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, &str>(0), "QUEUED");
+        assert_eq!(row.get::<_, i32>(1), 0, "attempt is reset");
+        assert!(!row.get::<_, bool>(2), "no cancel request");
+        assert_eq!(row.get::<_, Option<&str>>(3), None, "no error");
+        assert!(
+            row.get::<_, bool>(4) && row.get::<_, bool>(5),
+            "no start or finish"
+        );
+        assert!(row.get::<_, bool>(6), "due now");
+    }
+    for (id, what) in [
+        (queued, "QUEUED"),
+        (running, "RUNNING"),
+        (succeeded, "SUCCEEDED"),
+    ] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["retry", &id.to_string()]).await;
+        assert_eq!(status.code(), Some(4), "{what}: {stdout}{stderr}");
+        assert!(stdout.is_empty(), "{stdout}");
+        assert!(stderr.contains(what), "{stderr}");
+    }
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["retry", "999999"]).await;
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    let running_row: (String, i32) = client
+        .query_one(
+            "SELECT status, attempt FROM pgtaskd.tasks WHERE id = $1",
+            &[&running],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(
+        running_row,
+        ("RUNNING".to_string(), 1),
+        "a refused retry changes nothing"
+    );
+
+    // The retried tasks run again.
+    let daemon = InProcessDaemon::start(&db, db.config(""), GatedAnalyzer::counting()).await;
+    wait_count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM pgtaskd.tasks WHERE id IN ({failed}, {canceled}) \
+               AND status = 'SUCCEEDED' AND attempt = 1"
+        ),
+        2,
+        "the retried tasks",
+    )
+    .await;
+    daemon.stop().await;
+}

@@ -1,0 +1,304 @@
+//! Upgrades by particular schema versions: schema 8 sets the tables' vacuum parameters;
+//! schema 14 keeps a disabled insert trigger disabled, counts the flags already live, gives
+//! up on a table lock held elsewhere and applies later, and resolves nothing through the
+//! migrating role's search_path; schema 18 refuses to apply over queue names longer than 128
+//! bytes until they are renamed.
+
+use crate::migrate::database_at;
+use crate::support::daemon::pgtaskd;
+use crate::support::{within, TestDb, WAIT};
+
+#[tokio::test]
+async fn schema_8_sets_the_tables_vacuum_parameters() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let options: Vec<String> = client
+        .query_one(
+            "SELECT reloptions FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for option in [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=5000",
+        "autovacuum_vacuum_cost_delay=0",
+        "vacuum_truncate=false",
+    ] {
+        assert!(options.iter().any(|o| o == option), "{option}: {options:?}");
+    }
+    assert_eq!(
+        options.len(),
+        4,
+        "only the parameters sql/0008_autovacuum.sql explains: {options:?}"
+    );
+}
+
+/// Schema 14 re-creates the insert trigger with its `WHEN` condition: an operator who had
+/// disabled it (sites that poll) finds it still disabled, and the flags already live when
+/// it was applied count for the condition at once.
+#[tokio::test]
+async fn schema_14_keeps_a_disabled_insert_trigger_disabled_and_counts_live_flags() {
+    let trigger_state = "SELECT tgenabled::text FROM pg_trigger
+         WHERE tgrelid = 'pgtaskd.tasks'::regclass AND tgname = 'tasks_notify'";
+    let hint_live = "SELECT coalesce(pg_sequence_last_value('pgtaskd.idle_until')::float8
+                              > date_part('epoch', now()) * 1000, false)";
+    for disabled in [true, false] {
+        let (_db, mut client) = database_at(13).await;
+        within(
+            WAIT,
+            "a live flag",
+            client.batch_execute(
+                "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+                 VALUES ('flagged-before', now() + interval '1 hour')",
+            ),
+        )
+        .await
+        .unwrap();
+        if disabled {
+            within(
+                WAIT,
+                "the operator's switch",
+                client.batch_execute("ALTER TABLE pgtaskd.tasks DISABLE TRIGGER tasks_notify"),
+            )
+            .await
+            .unwrap();
+        }
+        let applied = within(
+            WAIT,
+            "schema 14",
+            pgtaskd::db::migrate::migrate(&mut client),
+        )
+        .await
+        .unwrap();
+        assert!(applied.contains(&14), "{applied:?}");
+        let state: String = within(WAIT, "the trigger", client.query_one(trigger_state, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            state,
+            if disabled { "D" } else { "O" },
+            "disabled: {disabled}"
+        );
+        let live: bool = within(WAIT, "the hint", client.query_one(hint_live, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert!(live, "the flag written before schema 14 counts");
+    }
+}
+
+/// Schema 14 needs `pgtaskd.tasks`'s exclusive lock for a moment. Held up (here by a
+/// transaction holding the lock a vacuum takes), it gives up after about 10 s instead of
+/// queueing every insert behind its request for as long, changes nothing, and applies once
+/// the lock is free.
+#[tokio::test]
+async fn schema_14_gives_up_on_a_table_lock_held_elsewhere_and_applies_later() {
+    let (db, mut client) = database_at(13).await;
+    let holder = db.client().await;
+    within(
+        WAIT,
+        "the held lock",
+        holder.batch_execute("BEGIN; LOCK TABLE pgtaskd.tasks IN SHARE UPDATE EXCLUSIVE MODE"),
+    )
+    .await
+    .unwrap();
+    // The daemon's sessions (`migrate`, `run --migrate`) carry a lock timeout of
+    // `database.statement_timeout`, 30 s by default: the migration shortens it too.
+    within(
+        WAIT,
+        "the session's lock timeout",
+        client.batch_execute("SET lock_timeout = '30s'"),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let err = within(
+        WAIT,
+        "schema 14",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .expect_err("the lock is held");
+    assert!(
+        format!("{err:?}").contains("lock timeout"),
+        "a lock timeout: {err:?}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(25),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    let version = within(
+        WAIT,
+        "the version",
+        pgtaskd::db::migrate::current_version(&client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(version, Some(13), "nothing applied");
+    within(WAIT, "the lock's release", holder.batch_execute("COMMIT"))
+        .await
+        .unwrap();
+    let applied = within(
+        WAIT,
+        "schema 14 again",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        applied,
+        (14..=pgtaskd::db::migrate::LATEST_VERSION).collect::<Vec<_>>()
+    );
+    let lock_timeout: String = within(
+        WAIT,
+        "the session's lock timeout",
+        client.query_one("SHOW lock_timeout", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(
+        lock_timeout, "30s",
+        "the migration's own timeout ends with it"
+    );
+}
+
+/// Schema 14 stores a `WHEN` condition in the insert trigger and compares catalog values:
+/// operators of someone's own in `public` (on the migrating role's default search_path), for
+/// exactly the argument types a comparison or product there has and pg_catalog lacks, are
+/// neither run by the migration nor stored in the trigger.
+#[tokio::test]
+async fn schema_14_resolves_nothing_through_the_migrating_roles_search_path() {
+    let (_db, mut client) = database_at(13).await;
+    within(
+        WAIT,
+        "the traps",
+        client.batch_execute(
+            "CREATE TABLE public.hijacked (by text);
+             CREATE FUNCTION public.trap_mul(float8, int4) RETURNS float8 LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hijacked VALUES ('*'); RETURN $1 * $2::float8; END $$;
+             CREATE OPERATOR public.* (LEFTARG = float8, RIGHTARG = int4, FUNCTION = public.trap_mul);
+             CREATE FUNCTION public.trap_eq(oid, regclass) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hijacked VALUES ('='); RETURN $1 = $2::oid; END $$;
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regclass, FUNCTION = public.trap_eq);
+             SET search_path = \"$user\", public;",
+        ),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "schema 14",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "an insert",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.idle_daemons (instance, expires_at)
+             VALUES ('flagged', now() + interval '1 hour');
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('through the condition');",
+        ),
+    )
+    .await
+    .unwrap();
+    let hijacked = within(
+        WAIT,
+        "the traps' log",
+        client.query_one("SELECT count(*) FROM public.hijacked", &[]),
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0);
+    assert_eq!(hijacked, 0, "no trap ran");
+    let definition: String = within(
+        WAIT,
+        "the trigger",
+        client.query_one(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger
+              WHERE tgrelid = 'pgtaskd.tasks'::regclass AND tgname = 'tasks_notify'",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert!(
+        !definition.contains("OPERATOR(public."),
+        "no operator of public's in the condition: {definition}"
+    );
+    let path: String = within(WAIT, "the path", client.query_one("SHOW search_path", &[]))
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        path, "\"$user\", public",
+        "the session's search_path is back"
+    );
+}
+
+/// Schema 18 limits queue names to 128 bytes. It changes no existing name: over a task (or
+/// a pause) with a longer one it refuses to apply, says how many and what to do, and leaves
+/// the schema at 15; once they are renamed it applies, with the table's constraint added
+/// NOT VALID (no scan under the table's lock), which VALIDATE can then mark valid.
+#[tokio::test]
+async fn schema_18_refuses_to_apply_over_longer_queue_names_until_they_are_renamed() {
+    let (db, mut client) = database_at(15).await;
+    let long = "q".repeat(129);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('a', '{long}'), ('b', '{long}'), ('c', 'ok');
+             INSERT INTO pgtaskd.paused_queues (queue) VALUES ('{long}');"
+        ))
+        .await
+        .unwrap();
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["migrate"]).await;
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("limits queue names to 1 to 128 bytes, and 2 tasks and 1 paused queues"),
+        "{stderr}"
+    );
+    let version: i32 = client
+        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 15, "nothing was applied");
+
+    client
+        .batch_execute(&format!(
+            "UPDATE pgtaskd.tasks SET queue = 'renamed' WHERE queue = '{long}';
+             UPDATE pgtaskd.paused_queues SET queue = 'renamed' WHERE queue = '{long}';"
+        ))
+        .await
+        .unwrap();
+    let applied = within(
+        WAIT,
+        "migrations 16 to 18",
+        pgtaskd::db::migrate::migrate(&mut client),
+    )
+    .await
+    .unwrap();
+    assert_eq!(applied, [16, 17, 18]);
+    let validated = "SELECT convalidated FROM pg_constraint WHERE conname = 'tasks_queue_name'";
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(!row.get::<_, bool>(0), "added NOT VALID");
+    client
+        .batch_execute("ALTER TABLE pgtaskd.tasks VALIDATE CONSTRAINT tasks_queue_name")
+        .await
+        .unwrap();
+    let row = client.query_one(validated, &[]).await.unwrap();
+    assert!(row.get::<_, bool>(0));
+    let lock_timeout: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lock_timeout, "0", "the session's setting is as it was");
+}
