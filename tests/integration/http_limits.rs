@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use crate::support::daemon::{binary, tempfile_path::TempPath};
 use crate::support::{eventually, free_port, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
 
-async fn daemon_with_http(db: &TestDb, extra: &str) -> (InProcessDaemon, u16) {
+pub(crate) async fn daemon_with_http(db: &TestDb, extra: &str) -> (InProcessDaemon, u16) {
     let port = free_port();
     let config = db.config(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{extra}"));
     let daemon = InProcessDaemon::start(db, config, GatedAnalyzer::counting()).await;
@@ -23,7 +23,7 @@ async fn daemon_with_http(db: &TestDb, extra: &str) -> (InProcessDaemon, u16) {
 }
 
 /// Read one HTTP/1.1 response (head, then a body of its `content-length`): (status, body).
-async fn read_response(stream: &mut TcpStream) -> (u16, String) {
+pub(crate) async fn read_response(stream: &mut TcpStream) -> (u16, String) {
     let mut buf = Vec::new();
     let head_end = loop {
         if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -54,7 +54,7 @@ async fn read_response(stream: &mut TcpStream) -> (u16, String) {
     (status, body)
 }
 
-async fn connect(port: u16) -> TcpStream {
+pub(crate) async fn connect(port: u16) -> TcpStream {
     within(
         WAIT,
         "a connection",
@@ -64,7 +64,7 @@ async fn connect(port: u16) -> TcpStream {
     .unwrap()
 }
 
-fn json_error(body: &str) -> String {
+pub(crate) fn json_error(body: &str) -> String {
     let value: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}"));
     value["error"]
         .as_str()
@@ -258,276 +258,6 @@ async fn a_body_not_sent_within_the_deadline_gets_408_with_a_json_error_and_a_cl
         .unwrap()
         .get(0);
     assert_eq!(tasks, 0);
-    daemon.stop().await;
-}
-
-/// Everything the server sends on `stream` until it closes the connection.
-async fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut all = Vec::new();
-    within(WAIT, "the connection's end", stream.read_to_end(&mut all))
-        .await
-        .expect("read until the server closes");
-    String::from_utf8_lossy(&all).into_owned()
-}
-
-/// hyper answers a request head it cannot parse by itself, before any route: that answer
-/// keeps hyper's status (400, 414, 431) but carries the JSON error body, and the connection
-/// closes after it. An answer already due to an earlier, valid request on the connection
-/// goes out whole before it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_request_heads_get_their_status_with_a_json_error_body() {
-    let db = TestDb::new().await;
-    let (daemon, port) = daemon_with_http(&db, "").await;
-    let long_header = format!(
-        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n",
-        "a".repeat(1 << 20)
-    );
-    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
-    let cases: [(&str, &[u8], u16, &str); 5] = [
-        ("a garbage request line", b"GARBAGE\r\n\r\n", 400, "method"),
-        (
-            "a header line without a colon",
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
-            400,
-            "header",
-        ),
-        (
-            "a bad content-length",
-            b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
-            400,
-            "content-length",
-        ),
-        (
-            "a header over the head's buffer",
-            long_header.as_bytes(),
-            431,
-            "too large",
-        ),
-        ("a URI too long", long_uri.as_bytes(), 414, "URI too long"),
-    ];
-    for (what, request, status, words) in cases {
-        let mut stream = connect(port).await;
-        // The server may answer and close before it read all of a long head.
-        let _ = within(WAIT, what, stream.write_all(request)).await;
-        let (got, body) = within(WAIT, what, read_response(&mut stream)).await;
-        assert_eq!(got, status, "{what}: {body}");
-        let error = json_error(&body);
-        assert!(error.starts_with("bad HTTP request: "), "{what}: {error}");
-        assert!(error.contains(words), "{what}: {error}");
-        let mut rest = Vec::new();
-        let _ = within(WAIT, "the connection's end", stream.read_to_end(&mut rest)).await;
-        assert!(rest.is_empty(), "{what}: {rest:?}");
-    }
-
-    let mut stream = connect(port).await;
-    within(
-        WAIT,
-        "a valid request, then garbage",
-        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n"),
-    )
-    .await
-    .unwrap();
-    let all = read_to_close(&mut stream).await;
-    let (first, second) = all
-        .split_once("HTTP/1.1 400")
-        .unwrap_or_else(|| panic!("no 400 after the first answer: {all:?}"));
-    assert!(first.starts_with("HTTP/1.1 200"), "{all:?}");
-    assert!(first.ends_with("{\"status\":\"ok\"}"), "{all:?}");
-    let body = second.split_once("\r\n\r\n").unwrap().1;
-    assert!(json_error(body).starts_with("bad HTTP request"), "{all:?}");
-    daemon.stop().await;
-}
-
-/// A chunked body that breaks its encoding: axum's answer is a text 400; it carries the JSON
-/// error body too, and nothing is inserted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_chunked_body_gets_400_with_a_json_error() {
-    let db = TestDb::new().await;
-    let (daemon, port) = daemon_with_http(&db, "").await;
-    let mut stream = connect(port).await;
-    within(
-        WAIT,
-        "a chunked body with a bad chunk size",
-        stream.write_all(
-            b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
-              Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
-        ),
-    )
-    .await
-    .unwrap();
-    let (status, body) = within(WAIT, "the 400", read_response(&mut stream)).await;
-    assert_eq!(status, 400, "{body}");
-    assert!(json_error(&body).contains("body"), "{body}");
-    let client = db.client().await;
-    let tasks: i64 = client
-        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(tasks, 0);
-    daemon.stop().await;
-}
-
-/// Send `GET path` on a new connection and read only the head of the answer: its status and
-/// `content-length`. The client reads no more, so an answer larger than the sockets' buffers
-/// stays in progress.
-async fn get_head_only(port: u16, path: &str) -> (TcpStream, u16, usize) {
-    let mut stream = connect(port).await;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    within(WAIT, "a request", stream.write_all(request.as_bytes()))
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        let n = within(WAIT, "an answer's head", stream.read(&mut byte))
-            .await
-            .unwrap();
-        assert!(n > 0, "closed before an answer's head: {head:?}");
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let length = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length: "))
-        .map_or(0, |value| value.trim().parse().unwrap());
-    (stream, status, length)
-}
-
-/// Answers of large payloads hold at most `http.max_inflight_bytes` together: while two
-/// answers of a 25 MiB payload are being sent (their clients read only the heads), a third
-/// read of it is 503 with `Retry-After` and the JSON error body, a small payload is still
-/// read, and once one client has read its answer to the end, the payload is read again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_of_large_payloads_past_the_http_byte_budget_get_503_with_retry_after() {
-    // "word " five million times: 25 MiB, far more than the sockets' buffers.
-    const WORDS: i32 = 5 << 20;
-    const PAYLOAD: usize = 5 * WORDS as usize;
-    let db = TestDb::new().await;
-    let (daemon, port) = daemon_with_http(
-        &db,
-        "max_inflight_bytes = \"60MiB\"\nheader_timeout = \"60s\"\n",
-    )
-    .await;
-    let client = db.client().await;
-    let large: i64 = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (payload) VALUES (repeat('word ', $1)) RETURNING id",
-            &[&WORDS],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let small = crate::support::enqueue(&client, "a few words").await;
-    let path = format!("/tasks/{large}");
-
-    let (mut first, status, length) = get_head_only(port, &path).await;
-    assert_eq!(status, 200);
-    assert!(length > PAYLOAD, "{length}");
-    let (_second, status, _) = get_head_only(port, &path).await;
-    assert_eq!(status, 200);
-
-    let mut third = connect(port).await;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
-    within(WAIT, "a third read", third.write_all(request.as_bytes()))
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let (status, body) = {
-        let mut chunk = [0u8; 4096];
-        loop {
-            let n = within(WAIT, "the 503", third.read(&mut chunk))
-                .await
-                .unwrap();
-            assert!(n > 0, "closed: {head:?}");
-            head.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&head).into_owned();
-            if let Some((h, b)) = text.split_once("\r\n\r\n") {
-                if b.ends_with('}') {
-                    break (h.to_string(), b.to_string());
-                }
-            }
-        }
-    };
-    assert!(status.starts_with("HTTP/1.1 503"), "{status}");
-    assert!(
-        status.to_ascii_lowercase().contains("retry-after: "),
-        "{status}"
-    );
-    assert!(
-        json_error(&body).contains("http.max_inflight_bytes"),
-        "{body}"
-    );
-
-    let api = reqwest::Client::new();
-    let response = within(
-        WAIT,
-        "a small payload's read",
-        api.get(format!("http://127.0.0.1:{port}/tasks/{small}"))
-            .send(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(response.status(), reqwest::StatusCode::OK);
-
-    let mut body = vec![0u8; length];
-    within(WAIT, "the first answer, whole", first.read_exact(&mut body))
-        .await
-        .unwrap();
-    let task: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(task["payload"].as_str().unwrap().len(), PAYLOAD);
-
-    let response = within(
-        WAIT,
-        "the large payload's read once there is room",
-        api.get(format!("http://127.0.0.1:{port}{path}")).send(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(response.status(), reqwest::StatusCode::OK);
-    let task: Value = within(WAIT, "its body", response.json()).await.unwrap();
-    assert_eq!(task["payload"].as_str().unwrap().len(), PAYLOAD);
-    assert_eq!(task["id"], large);
-    daemon.stop().await;
-}
-
-/// A client that stops reading a large answer loses its connection after
-/// `http.header_timeout` without progress, and with it the answer's share of
-/// `http.max_inflight_bytes`: the next read of the payload is then answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_a_large_answer_gives_back_its_share_of_the_budget() {
-    const WORDS: i32 = 5 << 20;
-    let db = TestDb::new().await;
-    let (daemon, port) = daemon_with_http(
-        &db,
-        "max_inflight_bytes = \"30MiB\"\nheader_timeout = \"1s\"\n",
-    )
-    .await;
-    let client = db.client().await;
-    let large: i64 = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (payload) VALUES (repeat('word ', $1)) RETURNING id",
-            &[&WORDS],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let path = format!("/tasks/{large}");
-    let (_stalled, status, _) = get_head_only(port, &path).await;
-    assert_eq!(status, 200);
-    let api = reqwest::Client::new();
-    let url = format!("http://127.0.0.1:{port}{path}");
-    let task: Value = eventually(WAIT, "a read once the stalled client is gone", || async {
-        let response = api.get(&url).send().await.ok()?;
-        match response.status() {
-            reqwest::StatusCode::OK => response.json().await.ok(),
-            reqwest::StatusCode::SERVICE_UNAVAILABLE => None,
-            other => panic!("{other}"),
-        }
-    })
-    .await;
-    assert_eq!(task["payload"].as_str().unwrap().len(), 5 * WORDS as usize);
     daemon.stop().await;
 }
 

@@ -23,6 +23,8 @@ mod faults;
 mod finish;
 mod http;
 mod http_limits;
+mod http_parse_errors;
+mod http_payload_budget;
 mod idempotency;
 mod idle_flags;
 mod idle_notify;
