@@ -37,6 +37,55 @@ pub(super) struct Scan {
     pub failed: bool,
 }
 
+/// What the claims of one scan share: how many may be on their way, whether the queue ran
+/// dry, what they claimed, and the bytes the next claim needs free.
+struct ScanState {
+    /// One claim at a time until one comes back full; then up to [`CLAIMS_IN_FLIGHT`].
+    in_flight: Arc<Semaphore>,
+    widened: AtomicBool,
+    /// A claim came back short, or failed: the scan ends.
+    drained: AtomicBool,
+    claimed: AtomicUsize,
+    failed: AtomicBool,
+    /// The size of the first task the budget left out (0: none).
+    needed: AtomicU64,
+}
+
+impl ScanState {
+    fn new() -> ScanState {
+        ScanState {
+            in_flight: Arc::new(Semaphore::new(1)),
+            widened: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            claimed: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            needed: AtomicU64::new(0),
+        }
+    }
+
+    /// What one claim came to: its report, or `None` when it failed.
+    fn record(&self, report: Option<&ClaimReport>) {
+        match report {
+            Some(report) => {
+                self.claimed.fetch_add(report.claimed, Ordering::AcqRel);
+                self.needed
+                    .store(report.left_out.unwrap_or(0), Ordering::Release);
+                if report.full {
+                    if !self.widened.swap(true, Ordering::AcqRel) {
+                        self.in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
+                    }
+                } else if report.left_out.is_none() {
+                    self.drained.store(true, Ordering::Release);
+                }
+            }
+            None => {
+                self.drained.store(true, Ordering::Release);
+                self.failed.store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
 /// What one claim statement took.
 pub(super) struct ClaimReport {
     /// Tasks claimed and started.
@@ -66,26 +115,20 @@ impl Worker {
         // One claim at a time until one comes back full; then up to CLAIMS_IN_FLIGHT claim
         // statements overlap, so that room freed while one claim is on its way is claimed
         // without waiting for it to come back. A wake-up for a single task costs one claim.
-        let in_flight = Arc::new(Semaphore::new(1));
-        let widened = Arc::new(AtomicBool::new(false));
-        let drained = Arc::new(AtomicBool::new(false));
-        let claimed = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(AtomicBool::new(false));
-        // Bytes the next claim needs free: the first task the budget left out.
-        let needed = Arc::new(AtomicU64::new(0));
+        let state = Arc::new(ScanState::new());
         let mut claims = tokio::task::JoinSet::new();
         'claims: loop {
             // Forget the claims that came back (a busy scan can go on for hours).
             while claims.try_join_next().is_some() {}
             let slot = tokio::select! {
                 _ = stop.cancelled() => break,
-                slot = Arc::clone(&in_flight).acquire_owned() => slot.expect("never closed"),
+                slot = Arc::clone(&state.in_flight).acquire_owned() => slot.expect("never closed"),
             };
             let room = loop {
-                if drained.load(Ordering::Acquire) || stop.is_cancelled() {
+                if state.drained.load(Ordering::Acquire) || stop.is_cancelled() {
                     break 'claims;
                 }
-                let need = needed.load(Ordering::Acquire);
+                let need = state.needed.load(Ordering::Acquire);
                 if let Some(room) = self.inner.intake.reserve(MAX_CLAIM_BATCH, need) {
                     break room;
                 }
@@ -95,31 +138,17 @@ impl Worker {
                 }
             };
             let worker = self.clone();
-            let drained = Arc::clone(&drained);
-            let widened = Arc::clone(&widened);
-            let in_flight = Arc::clone(&in_flight);
-            let needed = Arc::clone(&needed);
-            let claimed = Arc::clone(&claimed);
-            let failed = Arc::clone(&failed);
+            let state = Arc::clone(&state);
             claims.spawn(async move {
                 match worker.claim_and_start(room).await {
                     Ok(report) => {
                         if report.claimed > 0 {
                             worker.found_work();
                         }
-                        claimed.fetch_add(report.claimed, Ordering::AcqRel);
-                        needed.store(report.left_out.unwrap_or(0), Ordering::Release);
-                        if report.full {
-                            if !widened.swap(true, Ordering::AcqRel) {
-                                in_flight.add_permits(CLAIMS_IN_FLIGHT - 1);
-                            }
-                        } else if report.left_out.is_none() {
-                            drained.store(true, Ordering::Release);
-                        }
+                        state.record(Some(&report));
                     }
                     Err(err) => {
-                        drained.store(true, Ordering::Release);
-                        failed.store(true, Ordering::Release);
+                        state.record(None);
                         if err.is_unavailable() {
                             worker.inner.claim_unanswered.store(true, Ordering::Release);
                         }
@@ -132,8 +161,8 @@ impl Worker {
         // Return once no claim is on its way: the next scan starts from a settled state.
         while claims.join_next().await.is_some() {}
         Scan {
-            claimed: claimed.load(Ordering::Acquire),
-            failed: failed.load(Ordering::Acquire),
+            claimed: state.claimed.load(Ordering::Acquire),
+            failed: state.failed.load(Ordering::Acquire),
         }
     }
 
