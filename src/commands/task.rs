@@ -14,9 +14,19 @@ use super::{checked, session, CommandError};
 /// Insert the task `args` describe and print its id; with `--wait`, wait for it as `wait`
 /// does.
 pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitCode, CommandError> {
-    let payload = read_payload(args)?;
-    // The payload is moved, not copied: `enqueue --file` of a large file holds it once (and
-    // once more in the protocol message that sends it).
+    // A regular file is streamed to the database, never held whole (`queue::enqueue_file`).
+    let streamed = match &args.file {
+        Some(path) => match std::fs::metadata(path) {
+            Ok(meta) if meta.is_file() => Some((path, meta.len())),
+            _ => None,
+        },
+        None => None,
+    };
+    let payload = match streamed {
+        Some(_) => String::new(),
+        None => read_payload(args)?,
+    };
+    // The payload is moved, not copied.
     let task = queue::NewTask {
         queue: args.queue.clone(),
         payload,
@@ -31,19 +41,50 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         .map_err(|err| CommandError::Usage(err.to_string()))?;
     if args.wait {
         let mut waiter = Waiter::open(config).await?;
-        let id = enqueued(
-            args,
-            checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
-        )?;
+        let outcome = match streamed {
+            Some((path, len)) => enqueue_file(&mut waiter.client, &task, path, len).await?,
+            None => checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
+        };
+        let id = enqueued(args, outcome)?;
         return waiter.wait(config, &[id], args.timeout, args.json).await;
     }
-    let client = session(config).await?;
-    let id = enqueued(
-        args,
-        checked(&client, queue::enqueue(&client, &task)).await?,
-    )?;
+    let mut client = session(config).await?;
+    let outcome = match streamed {
+        Some((path, len)) => enqueue_file(&mut client, &task, path, len).await?,
+        None => checked(&client, queue::enqueue(&client, &task)).await?,
+    };
+    let id = enqueued(args, outcome)?;
     println!("{id}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Enqueue `task` with the `len` bytes of the regular file at `path` as its payload, streamed.
+async fn enqueue_file(
+    client: &mut tokio_postgres::Client,
+    task: &queue::NewTask,
+    path: &std::path::Path,
+    len: u64,
+) -> Result<queue::Enqueued, CommandError> {
+    let input = |source: std::io::Error| CommandError::Input {
+        what: path.display().to_string(),
+        source,
+    };
+    let file = tokio::fs::File::open(path).await.map_err(input)?;
+    match queue::enqueue_file(client, task, file, len).await {
+        Ok(enqueued) => Ok(enqueued),
+        // Sorted as every one-shot statement's error is (an outage, or the schema's hint).
+        Err(queue::FileEnqueueError::Db(err)) => {
+            checked(client, std::future::ready(Err(err))).await
+        }
+        Err(queue::FileEnqueueError::Input(err)) => Err(CommandError::Usage(err.to_string())),
+        Err(queue::FileEnqueueError::Io(err)) => Err(input(err)),
+        Err(
+            err @ (queue::FileEnqueueError::NotUtf8(_) | queue::FileEnqueueError::Changed { .. }),
+        ) => Err(input(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            err.to_string(),
+        ))),
+    }
 }
 
 /// Print task `id`, for people or as JSON.

@@ -168,7 +168,7 @@ impl Enqueued {
 /// (`pgtaskd.tasks` in sql/schema.sql). The read of a taken key is a second part of the same statement, which
 /// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
 /// again, with a fresh snapshot.
-const ENQUEUE: &str = "
+pub(super) const ENQUEUE: &str = "
 WITH inserted AS (
     INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key)
     VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
@@ -194,6 +194,15 @@ const KEY_ROUNDS: usize = 5;
 ///
 /// Database failures.
 pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbError> {
+    enqueue_with(client, ENQUEUE, task).await
+}
+
+/// [`enqueue`] with `sql`, [`ENQUEUE`] or a form of it that reads the payload elsewhere.
+pub(super) async fn enqueue_with(
+    client: &impl tokio_postgres::GenericClient,
+    sql: &str,
+    task: &NewTask,
+) -> Result<Enqueued, DbError> {
     let (at, delay_ms) = match task.run_at {
         RunAt::Now => (None, None),
         RunAt::At(at) => (Some(at), None),
@@ -203,7 +212,7 @@ pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbErro
     for _ in 0..KEY_ROUNDS {
         let rows = client
             .query_typed(
-                ENQUEUE,
+                sql,
                 &[
                     (&task.queue, Type::TEXT),
                     (&task.payload, Type::TEXT),

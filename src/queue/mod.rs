@@ -6,6 +6,7 @@
 //! | file | owns |
 //! | --- | --- |
 //! | [`mod@enqueue`] | inserting a task |
+//! | [`mod@enqueue_file`] | inserting a task whose payload is a file, streamed, never held whole |
 //! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task |
 //! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by the claim token; release back to QUEUED |
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
@@ -24,6 +25,7 @@
 pub mod cancel;
 pub mod claim;
 pub mod enqueue;
+pub mod enqueue_file;
 pub mod finish;
 pub mod heartbeat;
 pub mod idle;
@@ -42,6 +44,7 @@ pub use claim::{
     claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
 };
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
+pub use enqueue_file::{enqueue_file, FileEnqueueError};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{extend_one, heartbeat, Beat, Extended};
 pub use idle::{clear_idle, flag_idle, remove_idle, settled};

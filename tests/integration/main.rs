@@ -18,6 +18,7 @@ mod credentials;
 mod database_defaults;
 mod doc_links;
 mod end_to_end;
+mod enqueue_file;
 mod failover;
 mod faults;
 mod finish;
