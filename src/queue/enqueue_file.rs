@@ -1,7 +1,7 @@
 //! Enqueueing a file's contents without holding them: the file is streamed with a binary
 //! `COPY` into a temporary table of the enqueueing transaction, and the task is inserted (or,
 //! for an idempotency key already taken, found) from there by the same statement as
-//! [`super::enqueue`]. The client holds one chunk of the file at a time, where a parameter
+//! [`super::enqueue()`]. The client holds one chunk of the file at a time, where a parameter
 //! would hold the whole text three times (the string, the protocol message, the connection's
 //! write buffer). The text is checked as it streams: UTF-8, and no NUL.
 //!
