@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::queue::{RunAt, TaskStatus};
@@ -181,7 +182,7 @@ pub struct ListArgs {
     #[arg(long, value_name = "Q", value_parser = parse_queue)]
     pub queue: Option<String>,
     /// Only this status: queued, running, succeeded, failed or canceled
-    #[arg(long, value_name = "S", value_parser = parse_status)]
+    #[arg(long, value_name = "S", ignore_case = true, value_parser = status_parser())]
     pub status: Option<TaskStatus>,
     /// At most this many tasks
     #[arg(long, value_name = "N", default_value_t = 20,
@@ -193,10 +194,16 @@ pub struct ListArgs {
 }
 
 /// A task status, in any case.
-fn parse_status(text: &str) -> Result<TaskStatus, String> {
-    text.to_ascii_uppercase().parse().map_err(|_| {
-        format!("{text:?} is not a status: queued, running, succeeded, failed or canceled")
-    })
+/// The five statuses, named as `--status` takes them, so that completions offer them.
+fn status_parser() -> impl clap::builder::TypedValueParser<Value = TaskStatus> {
+    clap::builder::PossibleValuesParser::new([
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "canceled",
+    ])
+    .try_map(|text: String| text.to_ascii_uppercase().parse::<TaskStatus>())
 }
 
 /// `pgtaskd bench --mode`; [`crate::commands`] turns it into the bench's own mode.

@@ -94,7 +94,8 @@ pub(super) async fn status(config: &Config, id: i64, json: bool) -> Result<ExitC
         .await?
         .ok_or(CommandError::NotFound(id))?;
     if json {
-        let text = serde_json::to_string_pretty(&task)?;
+        // One line, as `wait --json` and `list --json` print.
+        let text = serde_json::to_string(&task)?;
         println!("{text}");
     } else {
         print!("{}", describe_task(&task));

@@ -191,3 +191,39 @@ async fn list_stats_and_status_show_control_characters_of_a_queue_name_escaped()
     assert_eq!(rows[0]["queue"], name);
     assert_eq!(stats_json(&db.url).await["queues"][0]["queue"], name);
 }
+
+/// `list --status` takes a status in any case and refuses another word with the five it
+/// takes (exit 2), which the shell completions offer too; `status --json` is one line, as
+/// `wait --json` and `list --json` are.
+#[tokio::test]
+async fn list_takes_a_status_in_any_case_completes_the_five_and_status_json_is_one_line() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id = crate::support::enqueue(&client, "one line").await;
+    for word in ["queued", "QUEUED", "Queued"] {
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["list", "--status", word]).await;
+        assert!(status.success(), "{word}: {stderr}");
+        assert!(
+            stdout.contains("one line") || stdout.contains(&id.to_string()),
+            "{stdout}"
+        );
+    }
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["list", "--status", "done"]).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("queued, running, succeeded, failed, canceled"),
+        "{stderr}"
+    );
+    let (status, completions, _) = pgtaskd(None, &["completions", "bash"]).await;
+    assert!(status.success());
+    assert!(
+        completions.contains("queued running succeeded failed canceled"),
+        "the completions offer the statuses"
+    );
+    let (status, stdout, stderr) =
+        pgtaskd(Some(&db.url), &["status", &id.to_string(), "--json"]).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim_end().lines().count(), 1, "{stdout}");
+    let json: Value = serde_json::from_str(stdout.trim_end()).unwrap();
+    assert_eq!(json["id"], id);
+}
