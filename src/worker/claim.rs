@@ -86,6 +86,16 @@ impl ScanState {
     }
 }
 
+/// What [`Worker::give_back_held`] did.
+#[derive(Debug, Default)]
+pub(super) struct GivenBack {
+    pub given_back: usize,
+    /// Rows still RUNNING under this instance: locked by someone else, or not reached.
+    pub left: usize,
+    /// The database failure that ended the round, if one did.
+    pub error: Option<DbError>,
+}
+
 /// What one claim statement took.
 pub(super) struct ClaimReport {
     /// Tasks claimed and started.
@@ -167,45 +177,68 @@ impl Worker {
     }
 
     /// A claim failed after it may have committed: its tasks are RUNNING under this instance
-    /// but in no registry, and would wait for their lease to expire. Give each back, fenced on
-    /// its claim's token, as a shutdown does (QUEUED, the attempt not counted; CANCELED if a cancel
-    /// was requested). Their analyzers never ran. Called only while no claim is on its way.
+    /// but in no registry, and would wait for their lease to expire. Give each back, as a
+    /// shutdown does. Their analyzers never ran. Called only while no claim is on its way.
     async fn release_unanswered(&self) -> Result<(), DbError> {
+        let given = self.give_back_held(true).await?;
+        if given.given_back > 0 {
+            tracing::warn!(
+                tasks = given.given_back,
+                "tasks of a claim whose answer was lost given back, unanalyzed"
+            );
+        }
+        match given.error {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Give back the rows RUNNING under this instance (with `unregistered_only`, those no
+    /// claim of the registry holds), each fenced on its claim's token and without waiting for
+    /// a row someone else holds: QUEUED, the attempt not counted; CANCELED if a cancel was
+    /// requested. A failure of the database ends the round; the rows not given back are
+    /// counted as left.
+    ///
+    /// # Errors
+    ///
+    /// The database did not answer the look-up.
+    pub(super) async fn give_back_held(
+        &self,
+        unregistered_only: bool,
+    ) -> Result<GivenBack, DbError> {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
         let held = client
             .bounded(queue::held_by(&client, &inner.instance))
             .await?;
-        let unanswered: Vec<(i64, i32, i64)> = held
+        let held: Vec<(i64, i32, i64)> = held
             .into_iter()
-            .filter(|(id, _, _)| !inner.running.contains(*id))
+            .filter(|(id, _, _)| !unregistered_only || !inner.running.contains(*id))
             .collect();
-        let mut given_back = 0;
-        let mut result = Ok(());
-        for (id, attempt, token) in unanswered {
+        let mut given = GivenBack::default();
+        let total = held.len();
+        for (n, (id, attempt, token)) in held.into_iter().enumerate() {
             match client
                 .bounded(queue::release(&client, token, id, false))
                 .await
             {
                 Ok(status) => {
-                    given_back += 1;
-                    tracing::debug!(id, attempt, claim = token, %status, "task of a claim whose answer was lost given back");
+                    given.given_back += 1;
+                    tracing::debug!(id, attempt, claim = token, %status, "held task given back");
                 }
+                // Not given back: its lease expires.
+                Err(FinishError::Locked) => given.left += 1,
                 Err(FinishError::Db(err)) => {
-                    result = Err(err);
+                    given.left += total - n;
+                    given.error = Some(err);
                     break;
                 }
-                // Changed meanwhile (canceled, deleted): nothing of ours to give back.
-                Err(_) => {}
+                // Changed meanwhile (finished by a late write, canceled, deleted): nothing of
+                // ours to give back.
+                Err(FinishError::NotRunning { .. } | FinishError::NotFound) => {}
             }
         }
-        if given_back > 0 {
-            tracing::warn!(
-                tasks = given_back,
-                "tasks of a claim whose answer was lost given back, unanalyzed"
-            );
-        }
-        result
+        Ok(given)
     }
 
     /// Claim what `room`, reserved in the intake, allows, and start the tasks.

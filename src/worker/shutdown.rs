@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::Worker;
 use crate::db::DbError;
-use crate::queue::{self, FinishError};
 
 /// The least time the last writes get, whatever the grace ("Two-phase shutdown" in
 /// docs/design.md).
@@ -99,33 +98,13 @@ impl Worker {
     }
 
     /// After every task ended: give back each row still RUNNING under this instance (a
-    /// write given up on that did not land), fenced on its claim's token, as a shutdown releases
-    /// its claims. Returns how many could not be given back.
+    /// write given up on that did not land), as a shutdown releases its claims. Returns how
+    /// many could not be given back.
     ///
     /// # Errors
     ///
     /// The database did not answer the look-up.
     async fn release_held(&self) -> Result<usize, DbError> {
-        let inner = &self.inner;
-        let client = inner.pool.get().await?;
-        let held = client
-            .bounded(queue::held_by(&client, &inner.instance))
-            .await?;
-        let mut left = 0;
-        for (id, attempt, token) in held {
-            match client
-                .bounded(queue::release(&client, token, id, false))
-                .await
-            {
-                Ok(status) => {
-                    tracing::debug!(id, attempt, %status, "task released for another daemon");
-                }
-                // Not given back: its lease expires.
-                Err(FinishError::Db(_) | FinishError::Locked) => left += 1,
-                // Changed meanwhile (finished by a late write, canceled, deleted): settled.
-                Err(_) => {}
-            }
-        }
-        Ok(left)
+        Ok(self.give_back_held(false).await?.left)
     }
 }
