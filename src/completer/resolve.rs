@@ -157,7 +157,10 @@ async fn retry(
                 wait = true;
             }
             Err(FinishError::Db(err)) => {
-                shared.tally.retries.fetch_add(1, Ordering::Relaxed);
+                // Counted with the burst it belongs to; a lone write is in none.
+                if why != Why::Alone {
+                    shared.tally.retries.fetch_add(1, Ordering::Relaxed);
+                }
                 let delay = backoff.next_delay();
                 let retry_in_ms = delay.as_millis() as u64;
                 let error = err.to_string();
