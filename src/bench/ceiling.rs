@@ -2,7 +2,8 @@
 //! with no daemon and no analyzer. The backlog is inserted and its counts computed before the
 //! clock starts; then [`CEILING_SESSIONS`] sessions each claim up to [`CEILING_BATCH`] tasks
 //! with [`queue::claim_within`] and finish the same rows SUCCEEDED with
-//! [`queue::finish_many`], until nothing is left to claim. Called by [`super::run`].
+//! [`queue::finish_many`] (a row another session's claim held locked is finished again alone,
+//! waiting), until nothing is left to claim. Called by [`super::run`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -120,7 +121,21 @@ async fn claim_and_finish(
             .await
             .map_err(finish_error)?;
         for (finish, result) in finishes.iter().zip(results) {
-            result.map_err(|_| BenchError::Lost(finish.id))?;
+            match result {
+                Ok(_) => {}
+                // Another session's claim, scanning past this row after it left QUEUED, can
+                // hold its lock until that claim commits: finish it alone, waiting, as the
+                // daemon's completer does.
+                Err(FinishError::Locked) => {
+                    queue::finish(client, finish.token, finish.id, &finish.outcome, true)
+                        .await
+                        .map_err(|err| match err {
+                            FinishError::Db(err) => BenchError::Db(err),
+                            _ => BenchError::Lost(finish.id),
+                        })?;
+                }
+                Err(_) => return Err(BenchError::Lost(finish.id)),
+            }
         }
     }
 }
