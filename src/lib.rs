@@ -39,6 +39,7 @@ pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod events;
+pub mod handler;
 pub(crate) mod health;
 pub(crate) mod http;
 pub mod maintenance;
