@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0018_queue_names.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0019_handlers.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -15,10 +15,10 @@
 -- commit.
 --
 -- What "the same" takes, and why some things below look as they do:
--- - columns are in the order the migrations added them (`idempotency_key`, schema 5, and
---   `claim_token`, schema 16, come last);
--- - `tasks_queue_name` is NOT VALID, as schema 18 added it (see "Migrations and the schema
---   version");
+-- - columns are in the order the migrations added them (`idempotency_key`, schema 5,
+--   `claim_token`, schema 16, `output` and `traceparent`, schema 19, come last);
+-- - `tasks_queue_name` is NOT VALID, as schema 18 added it, and so are the three
+--   constraints schema 19 added (see "Migrations and the schema version");
 -- - function bodies are the migrations' text, comments included: those comments still name
 --   the schema version that made a choice ("see version 4"), which its migration explains;
 -- - every object is named with its schema and the statements run with `search_path =
@@ -71,16 +71,18 @@ CREATE TABLE pgtaskd.tasks (
     idempotency_key  text,
     -- The fencing token of the claim that holds or last held the row ("One claim, one token").
     claim_token      bigint,
+    -- A handler's answer, on SUCCEEDED rows only ("Handlers", schema 19).
+    output           text,
+    -- The producer's W3C trace context, handed to the handler (schema 19).
+    traceparent      text,
 
     CONSTRAINT tasks_status_check
         CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
     CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1),
     CONSTRAINT tasks_attempt_check CHECK (attempt >= 0),
-    -- Results only on SUCCEEDED rows, an error exactly on FAILED rows ("Results with status").
+    -- Results only on SUCCEEDED rows ("Results with status"); the error rule is below.
     CONSTRAINT tasks_results_only_when_succeeded
         CHECK (status = 'SUCCEEDED' OR (words = 0 AND bytes = 0 AND runes = 0)),
-    CONSTRAINT tasks_error_only_when_failed
-        CHECK ((status = 'FAILED') = (error IS NOT NULL)),
     -- A lease exists exactly while the task runs.
     CONSTRAINT tasks_lease_only_when_running
         CHECK ((status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
@@ -102,6 +104,19 @@ ALTER TABLE pgtaskd.tasks
     ADD CONSTRAINT tasks_queue_name
         CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.>=) 1
                AND pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 128) NOT VALID;
+
+-- An error on every FAILED row, none on SUCCEEDED or CANCELED rows, the last failed
+-- attempt's (or none) on QUEUED and RUNNING rows; an output on SUCCEEDED rows only; a trace
+-- context of at most 512 bytes. NOT VALID as schema 19 added them (see above).
+ALTER TABLE pgtaskd.tasks
+    ADD CONSTRAINT tasks_error_when_failed
+        CHECK ((status OPERATOR(pg_catalog.<>) 'FAILED' OR error IS NOT NULL)
+               AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])))
+        NOT VALID,
+    ADD CONSTRAINT tasks_output_only_when_succeeded
+        CHECK (status OPERATOR(pg_catalog.=) 'SUCCEEDED' OR output IS NULL) NOT VALID,
+    ADD CONSTRAINT tasks_traceparent_length
+        CHECK (pg_catalog.octet_length(traceparent) OPERATOR(pg_catalog.<=) 512) NOT VALID;
 
 COMMENT ON TABLE pgtaskd.tasks IS
     'pgtaskd task queue: INSERT (payload) to enqueue; pgtaskd.cancel(id) to cancel';
@@ -248,7 +263,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- `coalesce(status, '')`: found by primary key, never by a scan of a partial index.
-    UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, finished_at = now()
+    UPDATE pgtaskd.tasks
+       SET status = 'CANCELED', cancel_requested = true, finished_at = now(), error = NULL
      WHERE id = task_id AND coalesce(status, '') = 'QUEUED'
     RETURNING 'QUEUED', status INTO previous, current;
     IF FOUND THEN
@@ -395,6 +411,8 @@ CREATE FUNCTION pgtaskd.finish(
     bytes    bigint[],
     runes    bigint[],
     errors   text[],
+    outputs  text[],
+    retry_in float8[],
     wait     boolean
 ) RETURNS TABLE (task_id bigint, written text, current text, skipped boolean)
 LANGUAGE plpgsql
@@ -410,8 +428,9 @@ BEGIN
     WITH input AS MATERIALIZED (
         SELECT *
           FROM unnest(finish.tokens, finish.ids, finish.statuses, finish.words,
-                      finish.bytes, finish.runes, finish.errors)
-               AS f(token, id, status, words, bytes, runes, error)
+                      finish.bytes, finish.runes, finish.errors, finish.outputs,
+                      finish.retry_in)
+               AS f(token, id, status, words, bytes, runes, error, output, retry_in)
          ORDER BY f.id
     ), held AS MATERIALIZED (
         -- The rows to write, locked in id order: by default those no one else holds...
@@ -429,14 +448,24 @@ BEGIN
                FOR UPDATE) AS w
     ), done AS (
         UPDATE pgtaskd.tasks AS t
-           SET status = CASE WHEN t.cancel_requested THEN 'CANCELED' ELSE f.status END,
+           -- Tried again: a failed attempt with a delay, attempts left, no cancel.
+           SET status = CASE WHEN t.cancel_requested THEN 'CANCELED'
+                             WHEN f.status = 'FAILED' AND f.retry_in IS NOT NULL
+                                  AND t.attempt < t.max_attempts THEN 'QUEUED'
+                             ELSE f.status END,
                words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.words END,
                bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.bytes END,
                runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.runes END,
+               output = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.output END,
                error = CASE WHEN t.cancel_requested OR f.status <> 'FAILED' THEN NULL ELSE f.error END,
+               run_at = CASE WHEN NOT t.cancel_requested AND f.status = 'FAILED'
+                                  AND f.retry_in IS NOT NULL AND t.attempt < t.max_attempts
+                             THEN now() + f.retry_in * interval '1 second' ELSE t.run_at END,
                lease_owner = NULL,
                lease_expires_at = NULL,
-               finished_at = now()
+               finished_at = CASE WHEN NOT t.cancel_requested AND f.status = 'FAILED'
+                                       AND f.retry_in IS NOT NULL AND t.attempt < t.max_attempts
+                                  THEN NULL ELSE now() END
           FROM input AS f
          -- Looked up by primary key, the rows held as the index condition (version 11).
          WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
@@ -449,8 +478,9 @@ BEGIN
         RETURNING t.id, t.status
     ), notified AS (
         -- One row whatever `done` holds (an aggregate); volatile, so evaluated once, after
-        -- every row of `done` was written.
+        -- every row of `done` was written. A task QUEUED again has not ended.
         SELECT pgtaskd.notify_done(array_agg(done.id)) AS sent FROM done
+         WHERE done.status <> 'QUEUED'
     )
     SELECT f.id, d.status,
            -- What a finish that wrote nothing found, as the row stands (not locked).
@@ -564,6 +594,7 @@ BEGIN
            words = 0,
            bytes = 0,
            runes = 0,
+           output = NULL,
            error = NULL,
            lease_owner = NULL,
            lease_expires_at = NULL,
@@ -797,7 +828,8 @@ LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
-    EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key) '
+    EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
+                   'traceparent) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
@@ -813,7 +845,8 @@ BEGIN
     -- finished ones; the CLI and the HTTP API insert like a producer, and steer queues like
     -- an operator; `/metrics` and `/readyz` read the vacuum health.
     EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks TO %I', role_name);
-    EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key) '
+    EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
+                   'traceparent) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations, pgtaskd.paused_queues TO %I',
                    role_name);
@@ -824,7 +857,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SEQUENCE pgtaskd.claim_tokens TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION '
                    'pgtaskd.claim(text[], bigint, text, float8, bigint, boolean, bigint, int, bigint), '
-                   'pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], boolean), '
+                   'pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[], boolean), '
                    'pgtaskd.notify_done(bigint[]), pgtaskd.vacuum_health(), '
                    'pgtaskd.prune(float8, bigint, timestamptz) '
                    'TO %I', role_name);
@@ -860,7 +893,7 @@ REVOKE ALL ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text) 
 REVOKE ALL ON FUNCTION pgtaskd.request_cancel(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.cancel(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.claim(text[], bigint, text, float8, bigint, boolean, bigint, int, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[], boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.prune(float8, bigint, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.pause_queue(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.resume_queue(text) FROM PUBLIC;

@@ -26,7 +26,7 @@ use crate::http::{self, HttpError};
 use crate::maintenance;
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
-use crate::worker::Worker;
+use crate::worker::Workers;
 use tokio_util::sync::CancellationToken;
 
 const STARTUP_RETRY_BASE: Duration = Duration::from_millis(200);
@@ -55,6 +55,9 @@ pub enum DaemonError {
     /// know.
     #[error("configuration error")]
     Schema(#[source] SchemaError),
+    /// The HTTP client of the `http` handlers cannot be built.
+    #[error("cannot build the HTTP client of the http handlers: {0}")]
+    HttpClient(String),
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -152,13 +155,8 @@ pub async fn run(
         return Ok(());
     }
 
-    let worker = Worker::new(
-        pool.clone(),
-        analyzer,
-        instance,
-        config.worker.clone(),
-        Arc::clone(&metrics),
-    );
+    let worker = Workers::new(config, &pool, &analyzer, &instance, &metrics)
+        .map_err(DaemonError::HttpClient)?;
     let listener = tokio::spawn(listen::run(
         settings.clone(),
         DaemonEvents {
@@ -190,13 +188,11 @@ pub async fn run(
     // Ready once the listener is up and a scan for work ran after it came up.
     let readiness = tokio::spawn({
         let health = Arc::clone(&health);
-        let mut scans = worker.scans();
+        let worker = worker.clone();
         async move {
             health.wait_listening().await;
-            let seen = *scans.borrow_and_update();
-            if scans.wait_for(|n| *n > seen).await.is_ok() {
-                health.started();
-            }
+            worker.scanned().await;
+            health.started();
         }
     });
 
@@ -266,7 +262,7 @@ async fn prepare_schema(
 
 /// The listener's events, delivered to the worker, the readiness and the metrics.
 struct DaemonEvents {
-    worker: Worker,
+    worker: Workers,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     connects: AtomicU64,

@@ -156,10 +156,29 @@ fn read_payload(args: &EnqueueArgs) -> Result<String, CommandError> {
     }
 }
 
+/// The most of a handler's output `status` prints; `--json` gives all of it.
+const OUTPUT_SHOWN: usize = 2048;
+
+/// A handler's output as `status` prints it: escaped, and cut after [`OUTPUT_SHOWN`] bytes.
+fn shown_output(output: &str) -> String {
+    if output.len() <= OUTPUT_SHOWN {
+        return super::queues::printable(output);
+    }
+    let mut end = OUTPUT_SHOWN;
+    while !output.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... ({} bytes in all; status --json shows them)",
+        super::queues::printable(&output[..end]),
+        output.len()
+    )
+}
+
 /// The human form of `status`.
 pub fn describe_task(task: &Task) -> String {
     let mut text = format!("task {}: {}", task.id, task.status);
-    if task.status == TaskStatus::Succeeded {
+    if task.status == TaskStatus::Succeeded && task.output.is_none() {
         text.push_str(&format!(
             " words={} bytes={} runes={}",
             task.words, task.bytes, task.runes
@@ -173,8 +192,17 @@ pub fn describe_task(task: &Task) -> String {
         task.attempt,
         task.max_attempts
     ));
+    if let Some(output) = &task.output {
+        text.push_str(&format!("  output: {}\n", shown_output(output)));
+    }
     if let Some(error) = &task.error {
-        text.push_str(&format!("  error: {}\n", super::queues::printable(error)));
+        // A QUEUED or RUNNING task keeps the error of its last failed attempt.
+        let label = if task.status == TaskStatus::Failed {
+            "error"
+        } else {
+            "last attempt's error"
+        };
+        text.push_str(&format!("  {label}: {}\n", super::queues::printable(error)));
     }
     if task.cancel_requested {
         text.push_str("  cancel requested\n");

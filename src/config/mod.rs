@@ -22,10 +22,12 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use location::{key_at, line_column};
+pub use queues::{HandlerConfig, QueueConfig};
 use raw::RawConfig;
 
 mod filter;
 mod location;
+pub mod queues;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -74,6 +76,8 @@ pub struct Config {
     pub file: Option<PathBuf>,
     pub database: DatabaseConfig,
     pub worker: WorkerConfig,
+    /// The `[queues.NAME]` sections, by name: which handler runs each configured queue.
+    pub queues: Vec<QueueConfig>,
     pub shutdown: ShutdownConfig,
     pub retention: RetentionConfig,
     pub http: HttpConfig,

@@ -19,7 +19,7 @@ use super::{
     DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_XMIN_HORIZON_WARNING,
 };
 
-type Invalid = (std::ops::Range<usize>, String);
+pub(super) type Invalid = (std::ops::Range<usize>, String);
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +40,9 @@ pub(super) struct RawConfig {
     vacuum_health: Option<Spanned<RawHealth>>,
     #[serde(default)]
     log: RawLog,
+    /// `[queues.NAME]`: a queue's handler (queues.rs).
+    #[serde(default)]
+    queues: std::collections::BTreeMap<Spanned<String>, Spanned<super::queues::RawQueue>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -112,7 +115,7 @@ struct RawLog {
 }
 
 /// Deserialize a duration string such as `"250ms"` or `"30s"`.
-fn duration<'de, D>(deserializer: D) -> Result<Option<Spanned<Duration>>, D::Error>
+pub(super) fn duration<'de, D>(deserializer: D) -> Result<Option<Spanned<Duration>>, D::Error>
 where
     D: Deserializer<'de>,
 {
@@ -129,7 +132,7 @@ where
 }
 
 /// Deserialize a size: a number of bytes, or a string such as `"256MiB"` or `"1GB"`.
-fn size<'de, D>(deserializer: D) -> Result<Option<Spanned<u64>>, D::Error>
+pub(super) fn size<'de, D>(deserializer: D) -> Result<Option<Spanned<u64>>, D::Error>
 where
     D: Deserializer<'de>,
 {
@@ -180,21 +183,21 @@ fn listen_address(value: &Spanned<String>) -> Result<String, Invalid> {
     }
 }
 
-fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
+pub(super) fn positive_size(key: &str, value: &Spanned<u64>) -> Result<u64, Invalid> {
     match *value.get_ref() {
         0 => Err((value.span(), format!("{key} must be at least 1 byte"))),
         n => Ok(n),
     }
 }
 
-fn positive(key: &str, value: &Spanned<usize>) -> Result<usize, Invalid> {
+pub(super) fn positive(key: &str, value: &Spanned<usize>) -> Result<usize, Invalid> {
     match *value.get_ref() {
         0 => Err((value.span(), format!("{key} must be at least 1"))),
         n => Ok(n),
     }
 }
 
-fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
+pub(super) fn nonzero(key: &str, value: &Spanned<Duration>) -> Result<Duration, Invalid> {
     if value.get_ref().is_zero() {
         Err((value.span(), format!("{key} must be longer than zero")))
     } else {
@@ -363,10 +366,17 @@ impl RawConfig {
                 level.into_inner()
             }
         };
+        let queues = super::queues::validate(
+            self.queues,
+            &worker.queues,
+            worker.concurrency,
+            &mut warnings,
+        )?;
         Ok(Config {
             file: None,
             database,
             worker,
+            queues,
             shutdown: ShutdownConfig {
                 grace: self
                     .shutdown

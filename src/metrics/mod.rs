@@ -10,6 +10,7 @@
 //! | `listener` | LISTEN reconnects | the daemon's listener events |
 //! | `completer` | unknown-commit resolutions | the completer, re-reading a row |
 //! | `maintenance` | lease rescues; the vacuum health of the task table | the rescuer; the vacuum-health watch, every `vacuum_health.check_interval` |
+//! | `handlers` | per queue: each handler run's duration, failed attempts by kind, retries | the worker's lanes, as each run returns |
 //! | `scrape` | QUEUED and RUNNING tasks, the pool's sessions | the `GET /metrics` handler, at each scrape |
 //! | `queues` | per queue: QUEUED, due and RUNNING tasks, the oldest due task's age, paused; the queues left out | the `GET /metrics` handler, at each scrape |
 //!
@@ -22,6 +23,7 @@
 //! registers the subsystems in the order above.
 
 mod completer;
+mod handlers;
 mod listener;
 mod maintenance;
 mod queues;
@@ -33,6 +35,7 @@ use prometheus_client::registry::Registry;
 
 use crate::queue::{Backlog, TaskStatus, VacuumHealth};
 use completer::CompleterMetrics;
+use handlers::HandlerMetrics;
 use listener::ListenerMetrics;
 use maintenance::{RescuerMetrics, VacuumHealthMetrics};
 use queues::QueueMetrics;
@@ -56,6 +59,7 @@ pub struct Metrics {
     scrape: ScrapeMetrics,
     queues: QueueMetrics,
     vacuum_health: VacuumHealthMetrics,
+    handlers: HandlerMetrics,
 }
 
 impl Default for Metrics {
@@ -81,6 +85,7 @@ impl Metrics {
         let scrape = ScrapeMetrics::register(&mut registry);
         let queues = QueueMetrics::register(&mut registry, queues);
         let vacuum_health = VacuumHealthMetrics::register(&mut registry);
+        let handlers = HandlerMetrics::register(&mut registry);
         Metrics {
             registry,
             worker,
@@ -90,6 +95,7 @@ impl Metrics {
             scrape,
             queues,
             vacuum_health,
+            handlers,
         }
     }
 
@@ -104,6 +110,17 @@ impl Metrics {
 
     pub fn finished(&self, status: TaskStatus, claim_to_finish_seconds: f64) {
         self.worker.finished(status, claim_to_finish_seconds);
+    }
+
+    /// One run of queue `queue`'s handler took `seconds`; `failure` is the kind of a failed
+    /// attempt.
+    pub fn handler_ran(&self, queue: &str, seconds: f64, failure: Option<&'static str>) {
+        self.handlers.ran(queue, seconds, failure);
+    }
+
+    /// A failed attempt of queue `queue`'s handler was put back for another try.
+    pub fn handler_retried(&self, queue: &str) {
+        self.handlers.retried(queue);
     }
 
     pub fn listener_reconnected(&self) {

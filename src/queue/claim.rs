@@ -31,6 +31,12 @@ enum Text {
     InRow(Row),
 }
 
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        self.as_str().as_bytes()
+    }
+}
+
 impl Payload {
     /// The text to analyze.
     pub fn as_str(&self) -> &str {
@@ -82,6 +88,9 @@ pub struct Claimed {
     pub payload: Option<Payload>,
     /// Seconds from the task becoming due to the claim, by the database clock.
     pub waited: f64,
+    /// The producer's trace context: read after the claim by lanes with a handler
+    /// ([`traceparents`]), `None` otherwise.
+    pub traceparent: Option<String>,
 }
 
 /// How much one claim may take.
@@ -230,9 +239,29 @@ pub async fn claim_after(
             bytes: size,
             payload,
             waited,
+            traceparent: None,
         });
     }
     Ok(batch)
+}
+
+/// The trace contexts producers set on tasks `ids`, by id (those without one are left out).
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn traceparents(
+    client: &Client,
+    ids: &[i64],
+) -> Result<std::collections::HashMap<i64, String>, DbError> {
+    let rows = client
+        .query_typed(
+            "SELECT id, traceparent FROM pgtaskd.tasks \
+              WHERE id = ANY ($1) AND traceparent IS NOT NULL",
+            &[(&ids, Type::INT8_ARRAY)],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
 /// Claim up to `limit` tasks with no byte budget: [`claim_within`] for callers that hold
@@ -259,18 +288,23 @@ pub async fn claim(
         .tasks)
 }
 
-/// The claims the table holds for instance `owner`: `(id, attempt, token)` of its RUNNING
-/// rows, read through the partial index of RUNNING rows.
+/// The claims the table holds for instance `owner` in `queues`: `(id, attempt, token)` of its
+/// RUNNING rows, read through the partial index of RUNNING rows. (A daemon's lanes share its
+/// instance id, each with queues of its own.)
 ///
 /// # Errors
 ///
 /// Database failures.
-pub async fn held_by(client: &Client, owner: &str) -> Result<Vec<(i64, i32, i64)>, DbError> {
+pub async fn held_by(
+    client: &Client,
+    owner: &str,
+    queues: &[String],
+) -> Result<Vec<(i64, i32, i64)>, DbError> {
     let rows = client
         .query_typed(
             "SELECT id, attempt, claim_token FROM pgtaskd.tasks \
-              WHERE status = 'RUNNING' AND lease_owner = $1",
-            &[(&owner, Type::TEXT)],
+              WHERE status = 'RUNNING' AND lease_owner = $1 AND queue = ANY ($2)",
+            &[(&owner, Type::TEXT), (&queues, Type::TEXT_ARRAY)],
         )
         .await?;
     Ok(rows

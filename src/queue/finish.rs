@@ -9,10 +9,14 @@
 //!
 //! A finish also reads `cancel_requested` in the same `UPDATE`: a task whose cancellation was
 //! requested while it ran is committed CANCELED with zero counts, whatever the analyzer said.
+//! A failed attempt of a handler may ask for another ([`Outcome::Retry`]): the same statement
+//! makes the task QUEUED again with `run_at` pushed back while attempts remain.
 //!
 //! Both tell the waiters of the tasks they end with `NOTIFY pgtaskd_done` (one per statement,
 //! through `pgtaskd.notify_done`), committed with the change (docs/design.md, "Completion
 //! notifications").
+
+use std::time::Duration;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -21,22 +25,27 @@ use super::task::{status_column, TaskStatus};
 use crate::analyzer::Counts;
 use crate::db::DbError;
 
-/// What the analyzer made of a claim.
+/// What the work (the analyzer or a handler) made of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The counts to store.
+    /// The text analyzer's counts to store.
     Succeeded(Counts),
-    /// Why it failed; stored as `error`, with zero counts.
+    /// A handler's answer to store as `output` (SUCCEEDED, zero counts).
+    Output(String),
+    /// Why it failed; stored as `error`, with zero counts. The task ends FAILED.
     Failed(String),
-    /// The analyzer stopped for a cancel request; zero counts.
+    /// A failed attempt worth another: the task is QUEUED again `after` from now, keeping
+    /// `error`, while it has attempts left; else it ends FAILED with `error`.
+    Retry { error: String, after: Duration },
+    /// The work stopped for a cancel request; zero counts.
     Canceled,
 }
 
 impl Outcome {
     fn status(&self) -> TaskStatus {
         match self {
-            Outcome::Succeeded(_) => TaskStatus::Succeeded,
-            Outcome::Failed(_) => TaskStatus::Failed,
+            Outcome::Succeeded(_) | Outcome::Output(_) => TaskStatus::Succeeded,
+            Outcome::Failed(_) | Outcome::Retry { .. } => TaskStatus::Failed,
             Outcome::Canceled => TaskStatus::Canceled,
         }
     }
@@ -78,7 +87,7 @@ impl From<tokio_postgres::Error> for FinishError {
 /// The statement lives in `pgtaskd.finish` (in sql/schema.sql), planned once per
 /// session; it also sends `NOTIFY pgtaskd_done` with the ids it ended, in the same transaction.
 const FINISH_MANY: &str = "SELECT task_id, written, current, skipped \
-     FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8)";
+     FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// One claim's outcome, for [`finish_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,10 +159,12 @@ async fn finish_rows(
         Vec::with_capacity(n),
     );
     let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut outputs: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut retry_in: Vec<Option<f64>> = Vec::with_capacity(n);
     for finish in finishes {
         let counts = match &finish.outcome {
             Outcome::Succeeded(counts) => *counts,
-            Outcome::Failed(_) | Outcome::Canceled => Counts::default(),
+            _ => Counts::default(),
         };
         tokens.push(finish.token);
         ids.push(finish.id);
@@ -162,8 +173,18 @@ async fn finish_rows(
         bytes.push(counts.bytes);
         runes.push(counts.runes);
         errors.push(match &finish.outcome {
-            Outcome::Failed(message) => Some(message.as_str()),
-            Outcome::Succeeded(_) | Outcome::Canceled => None,
+            Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
+                Some(message.as_str())
+            }
+            _ => None,
+        });
+        outputs.push(match &finish.outcome {
+            Outcome::Output(output) => Some(output.as_str()),
+            _ => None,
+        });
+        retry_in.push(match &finish.outcome {
+            Outcome::Retry { after, .. } => Some(after.as_secs_f64()),
+            _ => None,
         });
     }
     let rows = client
@@ -177,6 +198,8 @@ async fn finish_rows(
                 (&bytes, Type::INT8_ARRAY),
                 (&runes, Type::INT8_ARRAY),
                 (&errors, Type::TEXT_ARRAY),
+                (&outputs, Type::TEXT_ARRAY),
+                (&retry_in, Type::FLOAT8_ARRAY),
                 (&wait, Type::BOOL),
             ],
         )

@@ -41,7 +41,8 @@ pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
 pub use claim::{
-    claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
+    claim, claim_after, claim_within, held_by, traceparents, ClaimBatch, ClaimLimits, Claimed,
+    Payload, Position,
 };
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use enqueue_file::{enqueue_file, FileEnqueueError};

@@ -92,6 +92,10 @@ pub struct Task<P = String> {
     pub bytes: i64,
     pub runes: i64,
     pub error: Option<String>,
+    /// A handler's answer (SUCCEEDED rows of `exec` and `http` queues only).
+    pub output: Option<String>,
+    /// The producer's W3C trace context, when set.
+    pub traceparent: Option<String>,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -119,7 +123,8 @@ macro_rules! columns {
             ", status, priority, ",
             shown_run_at!(),
             ", attempt, max_attempts, \
-            cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, \
+            cancel_requested, words, bytes, runes, error, output, traceparent, lease_owner, \
+            lease_expires_at, \
             created_at, started_at, finished_at"
         )
     };
@@ -145,6 +150,8 @@ impl<'a, P: FromSql<'a>> Task<P> {
             bytes: row.get("bytes"),
             runes: row.get("runes"),
             error: row.get("error"),
+            output: row.get("output"),
+            traceparent: row.get("traceparent"),
             lease_owner: row.get("lease_owner"),
             lease_expires_at: row.get("lease_expires_at"),
             created_at: row.get("created_at"),

@@ -209,7 +209,11 @@ impl Worker {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
         let held = client
-            .bounded(queue::held_by(&client, &inner.instance))
+            .bounded(queue::held_by(
+                &client,
+                &inner.instance,
+                &inner.config.queues,
+            ))
             .await?;
         let held: Vec<(i64, i32, i64)> = held
             .into_iter()
@@ -264,7 +268,7 @@ impl Worker {
         let batch = async {
             let client = inner.pool.get().await?;
             let sent = Instant::now();
-            let batch = client
+            let mut batch = client
                 .bounded(queue::claim_after(
                     &client,
                     &inner.instance,
@@ -274,7 +278,11 @@ impl Worker {
                     after,
                 ))
                 .await?;
-            Ok::<_, DbError>((batch, sent.elapsed()))
+            let took = sent.elapsed();
+            if inner.handler.is_some() && !batch.tasks.is_empty() {
+                self.read_traceparents(&client, &mut batch.tasks).await;
+            }
+            Ok::<_, DbError>((batch, took))
         }
         .await;
         let (batch, took) = match batch {
@@ -312,5 +320,21 @@ impl Worker {
             full,
             left_out: batch.left_out,
         })
+    }
+
+    /// Give each claimed task of a lane with a handler the trace context its producer set. A
+    /// failed read costs only the trace context: the tasks run without it.
+    async fn read_traceparents(&self, client: &crate::db::Session, tasks: &mut [queue::Claimed]) {
+        let ids: Vec<i64> = tasks.iter().map(|task| task.id).collect();
+        match client.bounded(queue::traceparents(client, &ids)).await {
+            Ok(mut found) => {
+                for task in tasks.iter_mut() {
+                    task.traceparent = found.remove(&task.id);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the claimed tasks' trace contexts; they run without");
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Running one claim: wait for a permit, run the analyzer (inline or on a blocking thread,
-//! catching a panic either way), and hand what came of it to the completer.
+//! Running one claim: wait for a permit (the lane's, and the daemon's when it has several
+//! lanes), run the analyzer (inline or on a blocking thread, catching a panic either way) or
+//! the lane's handler (`handle.rs`), and hand what came of it to the completer.
 //!
 //! The analyzer is always awaited to its return before the claim is finished, released or
 //! dropped. Spawned by the claim path ([`Worker::claim_and_start`]), one task per claim.
@@ -26,6 +27,7 @@ impl Worker {
             token,
             bytes,
             payload,
+            traceparent,
             ..
         } = task;
         let claim = Claim { id, attempt, token };
@@ -63,9 +65,40 @@ impl Worker {
             return;
         };
         held.hold_permit(permit);
+        // With several lanes, one of the daemon's `worker.concurrency` permits too.
+        let shared = match &inner.all {
+            None => None,
+            Some(all) => tokio::select! {
+                biased;
+                _ = cancel.cancelled() => None,
+                _ = inner.draining.cancelled() => None,
+                permit = Arc::clone(all).acquire_owned() => {
+                    Some(permit.expect("the daemon's semaphore is never closed"))
+                }
+            },
+        };
+        if inner.all.is_some() && shared.is_none() {
+            drop(payload);
+            held.free_intake();
+            held.free_permit();
+            let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
+                Action::Finish(Outcome::Canceled)
+            } else {
+                Action::Release
+            };
+            let result = inner.completer.write(claim, &action).await;
+            self.record_outcome(claim, started, &action, result);
+            return;
+        }
         let analysis = inner.intake.analysis();
-        // The analyzer takes the payload and lets go of it when it returns.
-        let action = self.analyze(claim, payload, &cancel).await;
+        // The analyzer (or the handler) takes the payload and lets go of it when it returns.
+        let action = match &inner.handler {
+            None => self.analyze(claim, payload, &cancel).await,
+            Some(lane) => {
+                self.handle(lane, claim, traceparent, payload, &cancel)
+                    .await
+            }
+        };
         held.analyzed();
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
@@ -74,12 +107,14 @@ impl Worker {
             Action::Finish(outcome) => {
                 let pending = inner.completer.finish(claim, outcome.clone()).await;
                 held.free_permit();
+                drop(shared);
                 drop(analysis);
                 pending.answer().await
             }
             Action::Release => {
                 let result = inner.completer.write(claim, &action).await;
                 held.free_permit();
+                drop(shared);
                 result
             }
         };
@@ -154,6 +189,14 @@ impl Worker {
                 if status == TaskStatus::Failed =>
             {
                 tracing::debug!(id, attempt, %status, words = 0, bytes = 0, runes = 0, ?duration, error = error.as_str(), "task finished");
+            }
+            (Ok(status), Action::Finish(Outcome::Retry { error, after }))
+                if status == TaskStatus::Queued =>
+            {
+                if let Some(lane) = &self.inner.handler {
+                    self.inner.metrics.handler_retried(&lane.queue.name);
+                }
+                tracing::debug!(id, attempt, %status, retry_in = ?after, error = error.as_str(), ?duration, "attempt failed; task queued again");
             }
             (Ok(status), Action::Release) if status == TaskStatus::Queued => {
                 tracing::debug!(id, attempt, %status, ?duration, "task released for another daemon");

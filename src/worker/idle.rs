@@ -163,7 +163,7 @@ impl Worker {
         let flagged = async {
             let client = self.inner.pool.get().await?;
             client
-                .bounded(queue::flag_idle(&client, &self.inner.instance, ttl))
+                .bounded(queue::flag_idle(&client, &self.flag_key(), ttl))
                 .await
         }
         .await;
@@ -241,7 +241,7 @@ impl Worker {
     pub(super) async fn clear_flag(self, remove: bool) {
         let cleared = async {
             let client = self.inner.pool.get().await?;
-            let instance = &self.inner.instance;
+            let instance = &self.flag_key();
             if remove {
                 client.bounded(queue::remove_idle(&client, instance)).await
             } else {

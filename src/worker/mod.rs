@@ -63,10 +63,12 @@ mod cancel;
 mod claim;
 mod execute;
 mod floor;
+mod handle;
 mod heartbeat;
 mod held;
 mod idle;
 pub mod intake;
+mod lanes;
 mod registry;
 mod shutdown;
 mod summary;
@@ -74,6 +76,7 @@ mod summary;
 use claim::MAX_CLAIM_BATCH;
 pub use idle::ttl as idle_flag_ttl;
 use intake::{Intake, MAX_AHEAD};
+pub use lanes::{Lane, LaneHandler, Workers};
 use registry::Registry;
 
 /// The longest a stopping worker waits for its idle flag to be removed.
@@ -97,8 +100,14 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// How many scans for work the producer loop has completed (the first ends the start-up).
     scans: watch::Sender<u64>,
-    /// What a claimed task's payload is run through.
+    /// What a claimed task's payload is run through, unless the lane has a handler.
     analyzer: Arc<dyn Analyzer>,
+    /// The queue's handler (`exec`, `http`) and its retry policy, for a lane of its own.
+    handler: Option<lanes::LaneHandler>,
+    /// The lane's name (its queue), empty for the default lane: its idle flag and its log.
+    lane: String,
+    /// `worker.concurrency` permits shared by every lane of the daemon, when it has several.
+    all: Option<Arc<Semaphore>>,
     /// Written as `lease_owner`: every claim and write is fenced on it.
     instance: String,
     /// Concurrency, lease, poll interval and queues to claim from.
@@ -135,13 +144,27 @@ struct Inner {
 }
 
 impl Worker {
-    /// A worker that claims for instance `instance` from `pool`.
+    /// A worker that claims for instance `instance` from `pool`, running every task of
+    /// `config.queues` through `analyzer`.
     pub fn new(
         pool: Pool,
         analyzer: Arc<dyn Analyzer>,
         instance: String,
         config: WorkerConfig,
         metrics: Arc<Metrics>,
+    ) -> Worker {
+        Worker::for_lane(pool, analyzer, instance, config, metrics, Lane::default())
+    }
+
+    /// A worker of one lane of the daemon (`lanes.rs`): its queues in `config.queues`, its
+    /// concurrency in `config.concurrency`, its handler and shared permits in `lane`.
+    pub fn for_lane(
+        pool: Pool,
+        analyzer: Arc<dyn Analyzer>,
+        instance: String,
+        config: WorkerConfig,
+        metrics: Arc<Metrics>,
+        lane: Lane,
     ) -> Worker {
         Worker {
             inner: Arc::new(Inner {
@@ -156,6 +179,9 @@ impl Worker {
                 permits: Arc::new(Semaphore::new(config.concurrency)),
                 pool,
                 analyzer,
+                handler: lane.handler,
+                lane: lane.name,
+                all: lane.all,
                 instance,
                 config,
                 wake: Notify::new(),
@@ -177,6 +203,16 @@ impl Worker {
     /// The instance id written as `lease_owner`.
     pub fn instance(&self) -> &str {
         &self.inner.instance
+    }
+
+    /// The key of this worker's idle flag: the instance id, with the lane's name for a lane
+    /// of its own.
+    fn flag_key(&self) -> std::borrow::Cow<'_, str> {
+        if self.inner.lane.is_empty() {
+            std::borrow::Cow::Borrowed(&self.inner.instance)
+        } else {
+            std::borrow::Cow::Owned(format!("{}/{}", self.inner.instance, self.inner.lane))
+        }
     }
 
     /// Ask the producer loop to look for work now. Wake-ups are coalesced: many calls while

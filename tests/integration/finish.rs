@@ -406,7 +406,8 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
         .get::<_, i64>(0);
     let finish = format!(
         "pgtaskd.finish(ARRAY[7]::int8[], ARRAY[{id}]::int8[], ARRAY['SUCCEEDED'],
-                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[], false)"
+                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[],
+                        ARRAY[NULL]::text[], ARRAY[NULL]::float8[], false)"
     );
     let touched = blocks_touched(&client, &finish).await;
     assert!(

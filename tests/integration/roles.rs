@@ -207,7 +207,7 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_finish_and_prune_after_
         later
     );
     let finish =
-        "pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], boolean)";
+        "pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[], boolean)";
     let may: bool = owner
         .query_one(
             &format!("SELECT has_function_privilege('worker', '{finish}', 'EXECUTE')"),

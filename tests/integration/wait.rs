@@ -64,12 +64,13 @@ async fn finish(client: &Client, ids: &[i64]) {
             "SELECT * FROM pgtaskd.finish(
                  ARRAY(SELECT t.claim_token FROM unnest($1::int8[]) WITH ORDINALITY AS i(id, n)
                          JOIN pgtaskd.tasks AS t ON t.id = i.id ORDER BY i.n),
-                 $1, $2, $3, $3, $3, $4, false)",
+                 $1, $2, $3, $3, $3, $4, $4, $5, false)",
             &[
                 &ids,
                 &vec!["SUCCEEDED"; n],
                 &vec![0i64; n],
                 &vec![None::<&str>; n],
+                &vec![None::<f64>; n],
             ],
         )
         .await

@@ -1,0 +1,393 @@
+//! The `[queues.NAME]` sections: which handler runs a queue's tasks (the built-in
+//! `text-stats`, `exec` or `http`), with its settings, its concurrency and its retry backoff.
+//! A queue without a section runs `text-stats` with the defaults. Read by
+//! `RawConfig::validate` (raw.rs); used by the daemon to give each such queue a worker lane of
+//! its own (docs/configuration.md, "[queues.NAME]"; docs/handlers.md).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{duration, nonzero, positive, positive_size, size, Invalid};
+use crate::handler::exec::ExecSpec;
+use crate::handler::http::HttpSpec;
+
+/// An exec handler's `timeout` when none is given.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(300);
+/// An http handler's `timeout` when none is given.
+pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+/// From SIGTERM to SIGKILL of an exec handler's process group.
+pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+/// The most bytes of a handler's answer stored as `output`.
+pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
+/// The largest `max_output` taken: the answer is held in memory and written in one row.
+pub const MAX_MAX_OUTPUT: u64 = 64 << 20;
+/// The first retry's ceiling: the n-th failed attempt waits up to `retry_backoff * 2^(n-1)`.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait before a retry.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// What runs a queue's tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerConfig {
+    /// The built-in text analyzer: words, bytes and runes.
+    TextStats,
+    /// A command per task.
+    Exec(ExecSpec),
+    /// A `POST` per task.
+    Http(HttpSpec),
+}
+
+impl HandlerConfig {
+    /// The name written as `handler = "..."`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HandlerConfig::TextStats => "text-stats",
+            HandlerConfig::Exec(_) => "exec",
+            HandlerConfig::Http(_) => "http",
+        }
+    }
+}
+
+/// One `[queues.NAME]` section, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub name: String,
+    pub handler: HandlerConfig,
+    /// At most this many of the queue's tasks at once in this daemon; `worker.concurrency`
+    /// when not given (and `worker.concurrency` caps every queue together).
+    pub concurrency: Option<usize>,
+    /// The first retry's ceiling (full jitter: the wait is uniform below it).
+    pub retry_backoff: Duration,
+    /// The longest wait before a retry, `Retry-After` included.
+    pub max_backoff: Duration,
+}
+
+impl QueueConfig {
+    /// How long to wait before attempt `attempt + 1`, after attempt `attempt` failed:
+    /// uniform in `[0, min(max_backoff, retry_backoff * 2^(attempt-1))]`, or the handler's
+    /// own `after` (an HTTP `Retry-After`) capped at `max_backoff`.
+    pub fn backoff(&self, attempt: i32, after: Option<Duration>) -> Duration {
+        if let Some(after) = after {
+            return after.min(self.max_backoff);
+        }
+        let doublings = attempt.saturating_sub(1).clamp(0, 30) as u32;
+        let ceiling = self
+            .retry_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff);
+        let nanos = ceiling.as_nanos().min(u128::from(u64::MAX)) as u64;
+        Duration::from_nanos(fastrand::u64(0..=nanos))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQueue {
+    handler: Option<Spanned<String>>,
+    command: Option<Spanned<Vec<String>>>,
+    url: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "duration")]
+    timeout: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "duration")]
+    kill_after: Option<Spanned<Duration>>,
+    concurrency: Option<Spanned<usize>>,
+    #[serde(default, deserialize_with = "size")]
+    max_output: Option<Spanned<u64>>,
+    #[serde(default, deserialize_with = "duration")]
+    retry_backoff: Option<Spanned<Duration>>,
+    #[serde(default, deserialize_with = "duration")]
+    max_backoff: Option<Spanned<Duration>>,
+}
+
+/// Validate every section; `served` are `worker.queues`, for the warnings.
+pub(super) fn validate(
+    raw: BTreeMap<Spanned<String>, Spanned<RawQueue>>,
+    served: &[String],
+    concurrency: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<QueueConfig>, Invalid> {
+    let mut queues = Vec::with_capacity(raw.len());
+    for (name, section) in raw {
+        let span = name.span();
+        let name = name.into_inner();
+        if let Err(err) = crate::queue::enqueue::check_queue_name(&name) {
+            return Err((span, format!("[queues.{name}]: {err}")));
+        }
+        let queue = section.into_inner().validate(&name, span)?;
+        if !served.contains(&queue.name) {
+            warnings.push(format!(
+                "[queues.{name}] is configured but worker.queues ({}) does not serve {name:?}: \
+                 this daemon never runs its handler",
+                served.join(", ")
+            ));
+        }
+        if let Some(n) = queue.concurrency {
+            if n > concurrency {
+                warnings.push(format!(
+                    "queues.{name}.concurrency is {n}, but worker.concurrency ({concurrency}) \
+                     caps every queue together"
+                ));
+            }
+        }
+        queues.push(queue);
+    }
+    Ok(queues)
+}
+
+impl RawQueue {
+    fn validate(self, name: &str, span: std::ops::Range<usize>) -> Result<QueueConfig, Invalid> {
+        let key = |k: &str| format!("queues.{name}.{k}");
+        let handler = match &self.handler {
+            None => "text-stats",
+            Some(h) => match h.get_ref().as_str() {
+                "text-stats" => "text-stats",
+                "exec" => "exec",
+                "http" => "http",
+                other => {
+                    return Err((
+                        h.span(),
+                        format!(
+                            "{} is {other:?}: write \"text-stats\" (the built-in analyzer), \
+                             \"exec\" (a command per task) or \"http\" (a POST per task)",
+                            key("handler")
+                        ),
+                    ))
+                }
+            },
+        };
+        // A key of another handler is a mistake, not something to ignore.
+        let foreign = [
+            ("command", self.command.as_ref().map(Spanned::span), "exec"),
+            ("url", self.url.as_ref().map(Spanned::span), "http"),
+            (
+                "kill_after",
+                self.kill_after.as_ref().map(Spanned::span),
+                "exec",
+            ),
+            (
+                "timeout",
+                self.timeout.as_ref().map(Spanned::span),
+                "exec\" or \"http",
+            ),
+            (
+                "max_output",
+                self.max_output.as_ref().map(Spanned::span),
+                "exec\" or \"http",
+            ),
+        ];
+        for (k, at, owner) in foreign {
+            let belongs = owner.split("\" or \"").any(|o| o == handler);
+            if let (Some(at), false) = (at, belongs) {
+                return Err((
+                    at,
+                    format!(
+                        "{} is for handler = \"{owner}\", and this queue's handler is \"{handler}\"",
+                        key(k)
+                    ),
+                ));
+            }
+        }
+        let max_output = match &self.max_output {
+            Some(v) => {
+                let n = positive_size(&key("max_output"), v)?;
+                if n > MAX_MAX_OUTPUT {
+                    return Err((
+                        v.span(),
+                        format!("{} is over the largest taken, 64MiB", key("max_output")),
+                    ));
+                }
+                n
+            }
+            None => DEFAULT_MAX_OUTPUT,
+        } as usize;
+        let handler = match handler {
+            "exec" => {
+                let Some(command) = self.command else {
+                    return Err((
+                        span,
+                        format!(
+                            "[queues.{name}] has handler = \"exec\" but no command: write \
+                             command = [\"/path/to/program\", \"arg\"]"
+                        ),
+                    ));
+                };
+                let at = command.span();
+                let command = command.into_inner();
+                check_program(&command, &key("command")).map_err(|message| (at, message))?;
+                HandlerConfig::Exec(ExecSpec {
+                    command,
+                    timeout: match &self.timeout {
+                        Some(v) => nonzero(&key("timeout"), v)?,
+                        None => DEFAULT_EXEC_TIMEOUT,
+                    },
+                    kill_after: match &self.kill_after {
+                        Some(v) => nonzero(&key("kill_after"), v)?,
+                        None => DEFAULT_KILL_AFTER,
+                    },
+                    max_output,
+                })
+            }
+            "http" => {
+                let Some(url) = self.url else {
+                    return Err((
+                        span,
+                        format!(
+                            "[queues.{name}] has handler = \"http\" but no url: write \
+                             url = \"http://127.0.0.1:8080/jobs\""
+                        ),
+                    ));
+                };
+                let at = url.span();
+                let url = url.into_inner();
+                check_url(&url, &key("url")).map_err(|message| (at, message))?;
+                HandlerConfig::Http(HttpSpec {
+                    url,
+                    timeout: match &self.timeout {
+                        Some(v) => nonzero(&key("timeout"), v)?,
+                        None => DEFAULT_HTTP_TIMEOUT,
+                    },
+                    max_output,
+                })
+            }
+            _ => HandlerConfig::TextStats,
+        };
+        let retry_backoff = match &self.retry_backoff {
+            Some(v) => nonzero(&key("retry_backoff"), v)?,
+            None => DEFAULT_RETRY_BACKOFF,
+        };
+        let max_backoff = match &self.max_backoff {
+            Some(v) => {
+                let d = nonzero(&key("max_backoff"), v)?;
+                if d < retry_backoff {
+                    return Err((
+                        v.span(),
+                        format!(
+                            "{} ({}) is shorter than {} ({})",
+                            key("max_backoff"),
+                            humantime::format_duration(d),
+                            key("retry_backoff"),
+                            humantime::format_duration(retry_backoff)
+                        ),
+                    ));
+                }
+                d
+            }
+            None => DEFAULT_MAX_BACKOFF.max(retry_backoff),
+        };
+        Ok(QueueConfig {
+            name: name.to_string(),
+            handler,
+            concurrency: match &self.concurrency {
+                Some(v) => Some(positive(&key("concurrency"), v)?),
+                None => None,
+            },
+            retry_backoff,
+            max_backoff,
+        })
+    }
+}
+
+/// The program of `command` exists and is executable: a path as given, a bare name on `PATH`.
+fn check_program(command: &[String], key: &str) -> Result<(), String> {
+    let Some(program) = command.first().filter(|p| !p.is_empty()) else {
+        return Err(format!(
+            "{key} is empty: write the program and its arguments, [\"/path/to/program\", \"arg\"]"
+        ));
+    };
+    let found = if program.contains('/') {
+        executable(Path::new(program))
+    } else {
+        std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
+            .unwrap_or(false)
+    };
+    if found {
+        Ok(())
+    } else if program.contains('/') {
+        Err(format!("{key}: {program} is not an executable file"))
+    } else {
+        Err(format!(
+            "{key}: {program} is not an executable file on PATH; give its full path"
+        ))
+    }
+}
+
+fn executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// An absolute `http://` or `https://` URL with a host.
+fn check_url(url: &str, key: &str) -> Result<(), String> {
+    let parsed: hyper::Uri = url
+        .parse()
+        .map_err(|err| format!("{key} {url:?} is not a URL: {err}"))?;
+    match (parsed.scheme_str(), parsed.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+        _ => Err(format!(
+            "{key} {url:?} is not an http:// or https:// URL with a host"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(backoff: u64, cap: u64) -> QueueConfig {
+        QueueConfig {
+            name: "q".into(),
+            handler: HandlerConfig::TextStats,
+            concurrency: None,
+            retry_backoff: Duration::from_secs(backoff),
+            max_backoff: Duration::from_secs(cap),
+        }
+    }
+
+    #[test]
+    fn the_backoff_doubles_per_attempt_under_its_cap_with_full_jitter() {
+        let q = queue(1, 10);
+        for (attempt, ceiling) in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 10), (40, 10)] {
+            let drawn: Vec<Duration> = (0..200).map(|_| q.backoff(attempt, None)).collect();
+            let ceiling = Duration::from_secs(ceiling);
+            assert!(drawn.iter().all(|d| *d <= ceiling), "attempt {attempt}");
+            // Full jitter: some draws fall in the lower half.
+            assert!(drawn.iter().any(|d| *d < ceiling / 2), "attempt {attempt}");
+        }
+    }
+
+    #[test]
+    fn a_retry_after_is_taken_as_given_up_to_the_cap() {
+        let q = queue(1, 10);
+        assert_eq!(
+            q.backoff(1, Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            q.backoff(1, Some(Duration::from_secs(70))),
+            Duration::from_secs(10)
+        );
+    }
+
+    #[test]
+    fn a_url_must_be_absolute_http_or_https() {
+        assert!(check_url("http://127.0.0.1:8080/jobs", "k").is_ok());
+        assert!(check_url("https://example.com/x", "k").is_ok());
+        assert!(check_url("ftp://example.com/x", "k").is_err());
+        assert!(check_url("/jobs", "k").is_err());
+        assert!(check_url("not a url", "k").is_err());
+    }
+
+    #[test]
+    fn a_program_is_looked_up_as_given_or_on_path() {
+        assert!(check_program(&["sh".into()], "k").is_ok());
+        assert!(check_program(&["/bin/sh".into(), "-c".into()], "k").is_ok());
+        assert!(check_program(&["/nonexistent/prog".into()], "k").is_err());
+        assert!(check_program(&["/etc/hostname".into()], "k").is_err());
+        assert!(check_program(&[], "k").is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! Running one claim through its lane's handler (`exec` or `http`) instead of the text
+//! analyzer, and turning what came of it into the claim's action: SUCCEEDED with the
+//! handler's output; FAILED at once; a failed attempt put back QUEUED after the queue's
+//! backoff while attempts remain (the finish decides, in the same fenced statement); CANCELED
+//! for a user's cancel; released, unfinished, when a shutdown stopped it.
+//!
+//! Like the analyzer, the handler is always awaited to its end (the child gone, the request
+//! dropped) before the claim is finished or released. Called by `execute.rs`.
+
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::lanes::LaneHandler;
+use super::Worker;
+use crate::completer::{Action, Claim};
+use crate::config::HandlerConfig;
+use crate::handler::{exec, Job, Ran, Retry};
+use crate::queue::{Outcome, Payload};
+
+impl Worker {
+    /// Run `payload` through `lane`'s handler, and say what to do with the claim.
+    pub(super) async fn handle(
+        &self,
+        lane: &LaneHandler,
+        claim: Claim,
+        traceparent: Option<String>,
+        payload: Payload,
+        cancel: &CancellationToken,
+    ) -> Action {
+        let Claim { id, attempt, token } = claim;
+        let queue = &lane.queue;
+        let job = Job {
+            id,
+            attempt,
+            queue: queue.name.clone(),
+            token,
+            traceparent,
+        };
+        tracing::debug!(
+            id,
+            attempt,
+            claim = token,
+            queue = %queue.name,
+            handler = queue.handler.name(),
+            traceparent = job.traceparent.as_deref(),
+            "handler run"
+        );
+        let started = Instant::now();
+        let ran = match (&queue.handler, &lane.http) {
+            (HandlerConfig::Exec(spec), _) => {
+                exec::run(spec, &job, payload.as_str().as_bytes(), cancel).await
+            }
+            (HandlerConfig::Http(spec), Some(client)) => {
+                client
+                    .post(spec, &job, bytes::Bytes::from_owner(payload), cancel)
+                    .await
+            }
+            (HandlerConfig::Http(_), None) | (HandlerConfig::TextStats, _) => {
+                unreachable!("a lane has a handler only for exec and http, and http a client")
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        let metrics = &self.inner.metrics;
+        match ran {
+            Ran::Succeeded { output } => {
+                metrics.handler_ran(&queue.name, seconds, None);
+                Action::Finish(Outcome::Output(output))
+            }
+            Ran::Failed(failure) => {
+                metrics.handler_ran(&queue.name, seconds, Some(failure.kind.as_str()));
+                tracing::debug!(id, attempt, queue = %queue.name, kind = failure.kind.as_str(),
+                    error = %failure.message, traceparent = job.traceparent.as_deref(),
+                    "handler failed");
+                match failure.retry {
+                    Retry::Never => Action::Finish(Outcome::Failed(failure.message)),
+                    Retry::Later { after } => Action::Finish(Outcome::Retry {
+                        error: failure.message,
+                        after: queue.backoff(attempt, after),
+                    }),
+                }
+            }
+            Ran::Canceled if self.inner.abort.is_cancelled() => Action::Release,
+            Ran::Canceled => Action::Finish(Outcome::Canceled),
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! A daemon's lanes: one [`Worker`] for the queues that run the built-in text analyzer with no
+//! section of their own, and one per queue with a `[queues.NAME]` section (an `exec` or
+//! `http` handler, its own concurrency). Each lane claims only its own queues, sized by its own
+//! intake, so a queue of slow commands never holds claims that its few slots cannot start, and
+//! never takes the place of another queue's tasks. The lanes share the instance id (every
+//! claim's `lease_owner`), the pool, the metrics and, when there are several,
+//! `worker.concurrency` permits that cap them all together. Each has its own idle flag, keyed
+//! `instance/queue`.
+//!
+//! [`Workers`] is what the daemon drives: every listener event and every stop goes to each lane.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::Worker;
+use crate::analyzer::Analyzer;
+use crate::config::{Config, HandlerConfig, QueueConfig};
+use crate::db::Pool;
+use crate::handler::http::HttpClient;
+use crate::metrics::Metrics;
+
+/// What makes a lane more than the default one.
+#[derive(Default)]
+pub struct Lane {
+    /// Its queue's name; empty for the default lane.
+    pub name: String,
+    /// Its queue's handler, when not the text analyzer.
+    pub handler: Option<LaneHandler>,
+    /// The permits every lane shares, when there are several.
+    pub all: Option<Arc<Semaphore>>,
+}
+
+/// A queue's section, and the daemon's HTTP client for an `http` handler.
+pub struct LaneHandler {
+    pub queue: QueueConfig,
+    pub http: Option<HttpClient>,
+}
+
+/// Every lane of one daemon.
+#[derive(Clone)]
+pub struct Workers {
+    lanes: Vec<Worker>,
+}
+
+impl Workers {
+    /// The lanes `config` asks for, claiming for `instance`. Fails only when the HTTP client
+    /// an `http` handler needs cannot be built.
+    pub fn new(
+        config: &Config,
+        pool: &Pool,
+        analyzer: &Arc<dyn Analyzer>,
+        instance: &str,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Workers, String> {
+        let served = &config.worker.queues;
+        let sections: Vec<&QueueConfig> = config
+            .queues
+            .iter()
+            .filter(|q| served.contains(&q.name))
+            .collect();
+        let plain: Vec<String> = served
+            .iter()
+            .filter(|name| !sections.iter().any(|q| &q.name == *name))
+            .cloned()
+            .collect();
+        let count = sections.len() + usize::from(!plain.is_empty());
+        let all = (count > 1).then(|| Arc::new(Semaphore::new(config.worker.concurrency)));
+        // The in-flight byte budget is shared out, so that the daemon's total stays within it.
+        let bytes = (config.worker.max_inflight_bytes / count.max(1) as u64).max(1);
+        let needs_http = sections
+            .iter()
+            .any(|q| matches!(q.handler, HandlerConfig::Http(_)));
+        let http = if needs_http {
+            Some(HttpClient::new()?)
+        } else {
+            None
+        };
+        let mut lanes = Vec::with_capacity(count);
+        if !plain.is_empty() {
+            let mut lane_config = config.worker.clone();
+            lane_config.queues = plain;
+            lane_config.max_inflight_bytes = bytes;
+            lanes.push(Worker::for_lane(
+                pool.clone(),
+                Arc::clone(analyzer),
+                instance.to_string(),
+                lane_config,
+                Arc::clone(metrics),
+                Lane {
+                    name: String::new(),
+                    handler: None,
+                    all: all.clone(),
+                },
+            ));
+        }
+        for queue in sections {
+            let mut lane_config = config.worker.clone();
+            lane_config.queues = vec![queue.name.clone()];
+            lane_config.max_inflight_bytes = bytes;
+            lane_config.concurrency = queue
+                .concurrency
+                .unwrap_or(config.worker.concurrency)
+                .min(config.worker.concurrency);
+            let handler = match queue.handler {
+                HandlerConfig::TextStats => None,
+                HandlerConfig::Exec(_) | HandlerConfig::Http(_) => Some(LaneHandler {
+                    queue: queue.clone(),
+                    http: http.clone(),
+                }),
+            };
+            tracing::info!(
+                queue = %queue.name,
+                handler = queue.handler.name(),
+                concurrency = lane_config.concurrency,
+                "queue served by its own lane"
+            );
+            lanes.push(Worker::for_lane(
+                pool.clone(),
+                Arc::clone(analyzer),
+                instance.to_string(),
+                lane_config,
+                Arc::clone(metrics),
+                Lane {
+                    name: queue.name.clone(),
+                    handler,
+                    all: all.clone(),
+                },
+            ));
+        }
+        Ok(Workers { lanes })
+    }
+
+    /// The instance id written as `lease_owner` (the same for every lane).
+    pub fn instance(&self) -> &str {
+        self.lanes[0].instance()
+    }
+
+    /// Every lane looks for work now.
+    pub fn wake(&self) {
+        self.lanes.iter().for_each(Worker::wake);
+    }
+
+    /// The listener has a new session: every lane writes its idle flag again.
+    pub fn relisten(&self) {
+        self.lanes.iter().for_each(Worker::relisten);
+    }
+
+    /// A cancel notification: the lane that runs task `id` stops it.
+    pub fn cancel_running(&self, id: i64) {
+        self.lanes.iter().for_each(|lane| lane.cancel_running(id));
+    }
+
+    /// How many tasks the lanes run now, together.
+    pub fn running(&self) -> usize {
+        self.lanes.iter().map(Worker::running).sum()
+    }
+
+    /// Wait until every lane completed a scan for work that started after this call.
+    pub async fn scanned(&self) {
+        for lane in &self.lanes {
+            let mut scans = lane.scans();
+            let seen = *scans.borrow_and_update();
+            let _ = scans.wait_for(|n| *n > seen).await;
+        }
+    }
+
+    /// Run every lane's producer loop until `stop` fires.
+    pub async fn run(&self, stop: CancellationToken) {
+        futures_util::future::join_all(self.lanes.iter().map(|lane| lane.run(stop.clone()))).await;
+    }
+
+    /// Every lane's two-phase stop, at once; the claims left unsettled, together.
+    pub async fn shutdown(&self, grace: Duration, hurry: CancellationToken) -> usize {
+        futures_util::future::join_all(
+            self.lanes
+                .iter()
+                .map(|lane| lane.shutdown(grace, hurry.clone())),
+        )
+        .await
+        .into_iter()
+        .sum()
+    }
+}
