@@ -133,7 +133,7 @@ fn a_value_that_does_not_parse_names_the_variable_and_the_value() {
         (
             "PGTASKD_WORKER_LEASE",
             "soon",
-            "worker.lease must be a duration in quotes",
+            "worker.lease must be a duration, such as",
         ),
         (
             "PGTASKD_HTTP_LISTEN",

@@ -126,8 +126,11 @@ impl Place<'_> {
                 self.text.get(span.clone()).unwrap_or(""),
             ),
         };
+        let outside = self.setting_at(span.start).is_some();
         let message = match key {
+            // A variable or a flag is written without TOML's quotes.
             Some(key) => match wording::plain(&key, found, message) {
+                Some(plain) if outside => plain.replace(" in quotes", ""),
                 Some(plain) => plain,
                 None if !message.contains(&key) => format!("{key}: {message}"),
                 None => message.to_string(),
