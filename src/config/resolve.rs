@@ -46,7 +46,8 @@ pub(super) fn resolve(text: &str, origin: &str, overlay: &Overlay) -> Result<Con
                     .map(|(span, message)| place.at(span, message)),
             ),
             Ok(mut config) if errors.is_empty() && overlay.errors.is_empty() => {
-                config.database.url_source = url_source(&sources[0]);
+                let url = index_of("database", "url").expect("database.url is one of KEYS");
+                config.database.url_source = url_source(&sources[url]);
                 config.sources = sources;
                 config.warnings.extend(overlay.warnings.iter().cloned());
                 return Ok(config);
