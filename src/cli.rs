@@ -13,6 +13,10 @@ use crate::queue::{RunAt, TaskStatus};
 const AFTER_HELP: &str = "\
 Environment:
   PGTASKD_CONFIG        the configuration file, when --config is not given
+  PGTASKD_<SECTION>_<KEY>
+                        any key of the file, e.g. PGTASKD_HTTP_LISTEN=127.0.0.1:8080,
+                        PGTASKD_WORKER_QUEUES=default,mail; over the file, under the flags
+                        (docs/configuration.md lists them all)
   PGTASKD_DATABASE_URL  the connection string; --database-url wins over it, it wins over the
                         file's database.url
   PGTASKD_LOG_FORMAT    text or json, over the file's log.format
@@ -62,6 +66,8 @@ pub enum Command {
         /// Apply pending migrations first
         #[arg(long)]
         migrate: bool,
+        #[command(flatten)]
+        settings: SettingFlags,
     },
     /// Apply the embedded schema migrations
     Migrate,
@@ -102,6 +108,8 @@ pub enum Command {
         /// refused or the schema is missing or not this binary's)
         #[arg(long)]
         connect: bool,
+        #[command(flatten)]
+        settings: SettingFlags,
     },
     /// Print a shell completion script, e.g. `pgtaskd completions bash > /etc/bash_completion.d/pgtaskd`
     Completions {
@@ -174,6 +182,36 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The configuration keys `run` and `check-config` take as flags; each wins over its
+/// `PGTASKD_<SECTION>_<KEY>` variable and the file, and is checked as the file's value is.
+#[derive(Debug, Default, Clone, Args)]
+pub struct SettingFlags {
+    /// Where the HTTP server listens, HOST:PORT (http.listen; over $PGTASKD_HTTP_LISTEN)
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_listen: Option<String>,
+    /// Tasks run at once (worker.concurrency; over $PGTASKD_WORKER_CONCURRENCY)
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<String>,
+    /// Queues served, comma-separated (worker.queues; over $PGTASKD_WORKER_QUEUES)
+    #[arg(long, value_name = "Q,Q...")]
+    pub queues: Option<String>,
+}
+
+impl SettingFlags {
+    /// Each flag given, with its dashes, and its value, as [`crate::config::Overlay`] takes
+    /// them.
+    pub fn given(&self) -> Vec<(&'static str, String)> {
+        [
+            ("--http-listen", &self.http_listen),
+            ("--concurrency", &self.concurrency),
+            ("--queues", &self.queues),
+        ]
+        .into_iter()
+        .filter_map(|(flag, value)| Some((flag, value.clone()?)))
+        .collect()
+    }
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use pgtaskd::cli::{Cli, Command};
 use pgtaskd::commands::{self, EXIT_CONFIG};
-use pgtaskd::config::{Config, LogFormat, UrlSource};
+use pgtaskd::config::{Config, LogFormat, Overlay};
 
 fn main() -> ExitCode {
     quiet_on_closed_output();
@@ -20,7 +20,8 @@ fn main() -> ExitCode {
         Command::Man => return commands::man(),
         _ => {}
     }
-    let mut config = match Config::load(cli.config.as_deref()) {
+    let overlay = Overlay::from_env(&flags(&cli));
+    let config = match Config::load_with(cli.config.as_deref(), &overlay) {
         Ok(config) => config,
         Err(err) => {
             report(format_args!(
@@ -30,9 +31,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Some(url) = cli.database_url.clone() {
-        config.set_database_url(url, UrlSource::Flag);
-    }
     let log = init_tracing(&config);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -54,6 +52,19 @@ fn main() -> ExitCode {
             ExitCode::from(err.exit_code())
         }
     }
+}
+
+/// The configuration keys given as flags: `--database-url` for every command, and the
+/// settings of `run` and `check-config`.
+fn flags(cli: &Cli) -> Vec<(&'static str, String)> {
+    let mut flags = match &cli.command {
+        Command::Run { settings, .. } | Command::CheckConfig { settings, .. } => settings.given(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = &cli.database_url {
+        flags.push(("--database-url", url.clone()));
+    }
+    flags
 }
 
 /// Print `pgtaskd: MESSAGE` on standard error, if it can be written at all.

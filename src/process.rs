@@ -3,7 +3,8 @@
 //! `DaemonProcess` wraps it.
 //!
 //! A [`DaemonCommand`] writes the configuration to a file of its own (removed with the
-//! child) and starts `EXE run ARGS --config FILE`; the [`DaemonChild`] it returns holds the
+//! child) and starts `EXE run ARGS --config FILE` (or `EXE run ARGS`, with no file, the
+//! settings from the environment and the flags); the [`DaemonChild`] it returns holds the
 //! process, every line the daemon wrote to its standard error, and its exit status once it
 //! has exited. Dropping the child kills it, and the child is sent SIGTERM by the kernel when
 //! the thread that started it ends (`PR_SET_PDEATHSIG`), so a killed bench or test process
@@ -27,7 +28,8 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct DaemonCommand {
     command: Command,
     args: Vec<std::ffi::OsString>,
-    config: ConfigFile,
+    /// `None`: no `--config`, the settings come from the environment and the flags.
+    config: Option<ConfigFile>,
 }
 
 impl DaemonCommand {
@@ -40,11 +42,21 @@ impl DaemonCommand {
         Ok(DaemonCommand {
             command: Command::new(exe),
             args: Vec::new(),
-            config: ConfigFile::write(config_toml)?,
+            config: Some(ConfigFile::write(config_toml)?),
         })
     }
 
-    /// Arguments for `run`, before `--config`.
+    /// `exe run` without `--config`: the settings come from the environment (which should
+    /// not name a file in `PGTASKD_CONFIG`) and the flags.
+    pub fn without_file(exe: impl AsRef<OsStr>) -> DaemonCommand {
+        DaemonCommand {
+            command: Command::new(exe),
+            args: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// Arguments for `run`, before `--config` when there is one.
     pub fn args<I, S>(&mut self, args: I) -> &mut DaemonCommand
     where
         I: IntoIterator<Item = S>,
@@ -92,12 +104,12 @@ impl DaemonCommand {
                 Ok(())
             });
         }
+        self.command.arg("run").args(&self.args);
+        if let Some(config) = &self.config {
+            self.command.arg("--config").arg(config.path());
+        }
         let mut child = self
             .command
-            .arg("run")
-            .args(&self.args)
-            .arg("--config")
-            .arg(self.config.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -130,7 +142,7 @@ pub struct DaemonChild {
     log: Arc<Mutex<Vec<String>>>,
     /// How many lines the log holds; closed once the daemon's standard error is.
     lines: watch::Receiver<usize>,
-    _config: ConfigFile,
+    _config: Option<ConfigFile>,
 }
 
 impl DaemonChild {

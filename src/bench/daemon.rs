@@ -76,6 +76,11 @@ impl Daemon {
         let mut command =
             DaemonCommand::new(exe, &toml).map_err(|err| BenchError::Daemon(err.to_string()))?;
         command.env_remove("RUST_LOG");
+        // The file above is the daemon's whole configuration: a PGTASKD_<SECTION>_<KEY> of
+        // the bench's environment would win over it (the concurrency, the queue, the log).
+        for key in crate::config::KEYS {
+            command.env_remove(key.env_name());
+        }
         let child = command
             .spawn()
             .map_err(|err| BenchError::Daemon(err.to_string()))?;

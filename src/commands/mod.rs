@@ -167,7 +167,7 @@ impl From<BenchError> for CommandError {
 /// A [`CommandError`] that maps to the command's exit code.
 pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError> {
     match cli.command {
-        Command::Run { migrate } => service::run(&config, migrate).await,
+        Command::Run { migrate, .. } => service::run(&config, migrate).await,
         Command::Migrate => service::migrate(&config).await,
         Command::Enqueue(args) => task::enqueue(&config, &args).await,
         Command::Wait(args) => wait::wait(&config, &args).await,
@@ -208,7 +208,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         }
         Command::Completions { shell } => Ok(completions(shell)),
         Command::Man => Ok(man()),
-        Command::CheckConfig { connect } => service::check_config(&config, connect).await,
+        Command::CheckConfig { connect, .. } => service::check_config(&config, connect).await,
         Command::Pause { queue } => queues::pause(&config, &queue).await,
         Command::Resume { queue } => queues::resume(&config, &queue).await,
         Command::Retry { id } => queues::retry(&config, id).await,

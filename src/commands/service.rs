@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 
 use crate::analyzer::TextStats;
-use crate::config::{Config, LogFormat, UrlSource, CONFIG_ENV, DEFAULT_CONFIG_PATH};
+use crate::config::{Config, LogFormat, Source, UrlSource, CONFIG_ENV, DEFAULT_CONFIG_PATH};
 use crate::daemon::{self, DaemonError, RunOptions};
 use crate::db::migrate;
 use crate::db::tls::SslMode;
@@ -92,13 +92,21 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every section of `config` in the file's own layout, with the connection and the HTTP
-/// address (`listen`, its addresses) as resolved.
+/// Every section of `config` in the file's own layout, each value followed by where it came
+/// from (`# from --flag`, `# from PGTASKD_...`, `# from FILE:LINE`, `# default`), with the
+/// connection and the HTTP address (`listen`, its addresses) as resolved.
 fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, listen: &[String]) {
     use std::fmt::Write;
     let duration = |d: Duration| humantime::format_duration(d).to_string();
     let size = |bytes: u64| format!("{bytes} ({})", bytesize::ByteSize::b(bytes).display().iec());
     let or = |value: Option<String>, none: &str| value.unwrap_or_else(|| none.to_string());
+    let put = |out: &mut String, section: &str, key: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "{key} = {value}  # {}",
+            from(config.source(section, key))
+        );
+    };
     let file = match &config.file {
         Some(path) => format!("file: {}", path.display()),
         None => format!(
@@ -115,6 +123,12 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
         UrlSource::Unset => writeln!(
             out,
             "connection string: none; the libpq environment and defaults apply"
+        ),
+        UrlSource::File => writeln!(
+            out,
+            "connection string: from {}  # from {}",
+            UrlSource::File,
+            config.source("database", "url")
         ),
         source => writeln!(out, "connection string: from {source}"),
     };
@@ -138,81 +152,119 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
         "any"
     };
     let _ = writeln!(out, "target_session_attrs = {attrs}");
-    let _ = writeln!(out, "pool_size = {}", db.pool_size);
-    let connect_timeout = pg
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(db.connect_timeout);
-    let _ = writeln!(out, "connect_timeout = {}", duration(connect_timeout));
+    put(out, "database", "pool_size", db.pool_size.to_string());
+    match pg.get_connect_timeout().copied() {
+        Some(timeout) if timeout != db.connect_timeout => {
+            let _ = writeln!(
+                out,
+                "connect_timeout = {}  # from the connection string or PGCONNECT_TIMEOUT",
+                duration(timeout)
+            );
+        }
+        _ => put(
+            out,
+            "database",
+            "connect_timeout",
+            duration(db.connect_timeout),
+        ),
+    }
     let statement_timeout = match db.statement_timeout {
         d if d.is_zero() => "off".to_string(),
         d => duration(d),
     };
-    let _ = writeln!(out, "statement_timeout = {statement_timeout}");
+    put(out, "database", "statement_timeout", statement_timeout);
     let _ = writeln!(out, "\n[worker]");
-    let _ = writeln!(out, "concurrency = {}", w.concurrency);
-    let _ = writeln!(out, "queues = {}", w.queues.join(", "));
-    let _ = writeln!(out, "poll_interval = {}", duration(w.poll_interval));
-    let _ = writeln!(out, "lease = {}", duration(w.lease));
-    let _ = writeln!(out, "max_inflight_bytes = {}", size(w.max_inflight_bytes));
-    let _ = writeln!(
+    put(out, "worker", "concurrency", w.concurrency.to_string());
+    put(out, "worker", "queues", w.queues.join(", "));
+    put(out, "worker", "poll_interval", duration(w.poll_interval));
+    put(out, "worker", "lease", duration(w.lease));
+    put(
         out,
-        "max_payload_bytes = {}",
-        or(w.max_payload_bytes.map(size), "no limit")
+        "worker",
+        "max_inflight_bytes",
+        size(w.max_inflight_bytes),
     );
-    let _ = writeln!(
+    put(
         out,
-        "\n[shutdown]\ngrace = {}",
-        duration(config.shutdown.grace)
+        "worker",
+        "max_payload_bytes",
+        or(w.max_payload_bytes.map(size), "no limit"),
     );
-    let _ = writeln!(
+    let _ = writeln!(out, "\n[shutdown]");
+    put(out, "shutdown", "grace", duration(config.shutdown.grace));
+    let _ = writeln!(out, "\n[retention]");
+    put(
         out,
-        "\n[retention]\nfinished_after = {}",
+        "retention",
+        "finished_after",
         or(
             config.retention.finished_after.map(duration),
-            "never (finished rows are kept)"
-        )
+            "never (finished rows are kept)",
+        ),
     );
     let _ = writeln!(out, "\n[http]");
-    let _ = writeln!(
+    let listen = match &h.listen {
+        None => "off".to_string(),
+        Some(addr) if listen.len() == 1 && listen[0] == *addr => addr.clone(),
+        Some(addr) => format!("{addr} (resolves to {})", listen.join(", ")),
+    };
+    put(out, "http", "listen", listen);
+    put(
         out,
-        "listen = {}",
-        match &h.listen {
-            None => "off".to_string(),
-            Some(addr) if listen.len() == 1 && listen[0] == *addr => addr.clone(),
-            Some(addr) => format!("{addr} (resolves to {})", listen.join(", ")),
-        }
-    );
-    let _ = writeln!(
-        out,
-        "token_file = {}",
+        "http",
+        "token_file",
         or(
             h.token_file
                 .as_ref()
                 .map(|p| format!("{} (readable)", p.display())),
-            "none (no token required)"
-        )
+            "none (no token required)",
+        ),
     );
-    let _ = writeln!(out, "max_body = {}", size(h.max_body as u64));
-    let _ = writeln!(out, "max_connections = {}", h.max_connections);
-    let _ = writeln!(out, "header_timeout = {}", duration(h.header_timeout));
-    let _ = writeln!(
+    put(out, "http", "max_body", size(h.max_body as u64));
+    put(
         out,
-        "\n[vacuum_health]\ncheck_interval = {}\nxmin_horizon_warning = {}",
-        duration(config.vacuum_health.check_interval),
-        duration(config.vacuum_health.xmin_horizon_warning)
+        "http",
+        "max_connections",
+        h.max_connections.to_string(),
+    );
+    put(out, "http", "header_timeout", duration(h.header_timeout));
+    put(
+        out,
+        "http",
+        "max_inflight_bytes",
+        size(h.max_inflight_bytes),
+    );
+    let vacuum = &config.vacuum_health;
+    let _ = writeln!(out, "\n[vacuum_health]");
+    put(
+        out,
+        "vacuum_health",
+        "check_interval",
+        duration(vacuum.check_interval),
+    );
+    put(
+        out,
+        "vacuum_health",
+        "xmin_horizon_warning",
+        duration(vacuum.xmin_horizon_warning),
     );
     let format = match config.log.format {
         LogFormat::Text => "text",
         LogFormat::Json => "json",
     };
-    let _ = writeln!(
-        out,
-        "\n[log]\nformat = {format}\nlevel = {}",
-        config.log.level
-    );
+    let _ = writeln!(out, "\n[log]");
+    put(out, "log", "format", format.to_string());
+    put(out, "log", "level", config.log.level.clone());
     if let Ok(filter) = std::env::var("RUST_LOG") {
         let _ = writeln!(out, "RUST_LOG = {filter} (overrides log.level when valid)");
+    }
+}
+
+/// Where a value came from, as `check-config` says it after the value.
+fn from(source: &Source) -> String {
+    match source {
+        Source::Default => "default".to_string(),
+        source => format!("from {source}"),
     }
 }
 

@@ -1,34 +1,48 @@
-//! Configuration: the TOML file of docs/design.md, "Configuration", read and validated.
+//! Configuration: the TOML file of docs/design.md, "Configuration", read and validated, with
+//! every key also settable from the environment and the common ones from flags.
 //!
-//! Reading is split in two, so that parsing is unit-tested without files: [`Config::load`]
-//! finds and reads the file, [`Config::from_toml`] parses a string. The raw structs mirror the
-//! file (`deny_unknown_fields`, so a misspelt key is an error naming the key and its line); the
-//! validated [`Config`] carries every default, each a named constant below.
+//! Reading is split in two, so that parsing is unit-tested without files: [`Config::load_with`]
+//! finds and reads the file, [`Config::resolve`] reads a string under an [`Overlay`] (the
+//! environment and the flags). The raw structs mirror the file (`deny_unknown_fields`, so a
+//! misspelt key is an error naming the key and its line); the validated [`Config`] carries
+//! every default, each a named constant below, and where each value came from
+//! ([`Config::source`]).
+//!
+//! Where a value comes from, first match wins: a flag of `run` or `check-config`
+//! (`--database-url`, `--http-listen`, `--concurrency`, `--queues`), the environment variable
+//! `PGTASKD_<SECTION>_<KEY>` (`PGTASKD_DATABASE_URL`, `PGTASKD_WORKER_LEASE`...), the file, the
+//! default. The flags and variables are laid over the file's table before it is
+//! deserialized, so every value goes through the same checks, and every error is reported,
+//! each with its line or its variable (`resolve.rs`). What the connection string leaves
+//! unset, or no string at all, is filled from the libpq variables and defaults in
+//! [`crate::db::settings`].
 //!
 //! This module owns the validated [`Config`], its sections, the defaults and [`ConfigError`];
 //! `main` loads it once and hands its sections to the daemon, the database settings, the worker
-//! and the HTTP server. Beside it: `raw.rs`, the structs that mirror the file and their
-//! validation; `filter.rs`, what `log.level` may be; `wording.rs`, what each key takes in
-//! plain words; `location.rs`, the line, column and key an error points at.
-//!
-//! The connection string is settled here, first match wins: `--database-url` (which `main`
-//! passes to [`Config::set_database_url`]), `PGTASKD_DATABASE_URL` (applied by
-//! [`Config::load`]), `database.url` in the file. What a string leaves unset, or no string at
-//! all, is filled from the libpq variables and defaults in [`crate::db::settings`].
+//! and the HTTP server. Beside it: `keys.rs`, the keys that may be set outside the file, their
+//! variables and flags; `overlay.rs`, the environment and the flags gathered; `resolve.rs`,
+//! the overlay laid over the file and every error collected; `raw.rs`, the structs that mirror
+//! the file and their validation; `filter.rs`, what `log.level` may be; `wording.rs`, what each
+//! key takes in plain words; `location.rs`, the line, column and key an error points at.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use location::{key_at, line_column};
+pub use keys::{Key, KEYS};
+pub use overlay::{Overlay, Source};
 pub use queues::{HandlerConfig, QueueConfig};
-use raw::RawConfig;
 
+#[cfg(test)]
+mod env_tests;
 mod filter;
+pub mod keys;
 mod location;
+mod overlay;
 pub mod queues;
 mod raw;
+mod resolve;
 #[cfg(test)]
 mod tests;
 mod wording;
@@ -40,9 +54,11 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/pgtaskd/pgtaskd.toml";
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The environment variable that names the configuration file.
 pub const CONFIG_ENV: &str = "PGTASKD_CONFIG";
-/// The environment variable that, when set and not empty, overrides `database.url`.
+/// The environment variable that, when set and not empty, overrides `database.url` (one of
+/// the `PGTASKD_<SECTION>_<KEY>` of [`KEYS`]).
 pub const DATABASE_URL_ENV: &str = "PGTASKD_DATABASE_URL";
-/// The environment variable that, when set, overrides `log.format` (`text` or `json`).
+/// The environment variable that, when set and not empty, overrides `log.format` (`text` or
+/// `json`; one of the `PGTASKD_<SECTION>_<KEY>` of [`KEYS`]).
 pub const LOG_FORMAT_ENV: &str = "PGTASKD_LOG_FORMAT";
 
 pub const DEFAULT_POOL_SIZE: usize = 10;
@@ -83,9 +99,12 @@ pub struct Config {
     pub http: HttpConfig,
     pub vacuum_health: VacuumHealthConfig,
     pub log: LogConfig,
-    /// What the file said that is still read but should change (an old section name); the
-    /// daemon logs each at start and `check-config` prints them.
+    /// What the file said that is still read but should change (an old section name), and
+    /// the environment variables that look like settings but name none; the daemon logs each
+    /// at start and `check-config` prints them.
     pub warnings: Vec<String>,
+    /// Where each key of [`KEYS`] came from, in its order: see [`Config::source`].
+    pub sources: Vec<Source>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -223,27 +242,70 @@ pub enum ConfigError {
     },
     #[error("{name}: {message}")]
     Env { name: &'static str, message: String },
+    /// A value of an environment variable or a flag: `named` is `NAME="VALUE"` or
+    /// `--flag "VALUE"`.
+    #[error("{named}: {message}")]
+    Setting { named: String, message: String },
+    /// More than one of the above, in the order of the file, the environment's and the
+    /// flags' after.
+    #[error("{} errors:{}", .0.len(), list(.0))]
+    Several(Vec<ConfigError>),
+}
+
+/// Each error on a line of its own.
+fn list(errors: &[ConfigError]) -> String {
+    errors.iter().map(|err| format!("\n  {err}")).collect()
+}
+
+impl ConfigError {
+    /// `errors` as one error: the only one, or [`ConfigError::Several`].
+    fn collect(mut errors: Vec<ConfigError>) -> ConfigError {
+        if errors.len() == 1 {
+            errors.remove(0)
+        } else {
+            ConfigError::Several(errors)
+        }
+    }
 }
 
 impl Config {
-    /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
-    /// [`DEFAULT_CONFIG_PATH`] when it exists, else the defaults; then `PGTASKD_DATABASE_URL`,
-    /// when set and not empty, overrides `database.url`, and `PGTASKD_LOG_FORMAT`, when set,
-    /// overrides `log.format`.
+    /// [`Config::load_with`] the environment and no flags.
     ///
     /// # Errors
     ///
-    /// A named file that cannot be read, a file that does not validate, or a
-    /// `PGTASKD_LOG_FORMAT` that is neither `text` nor `json`.
+    /// As [`Config::load_with`].
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut config = Config::load_file(path)?;
-        if let Some(url) = std::env::var(DATABASE_URL_ENV)
-            .ok()
-            .filter(|u| !u.is_empty())
-        {
-            config.set_database_url(url, UrlSource::Environment);
-        }
-        config.log.format = log_format(config.log.format, std::env::var_os(LOG_FORMAT_ENV))?;
+        Config::load_with(path, &Overlay::from_env(&[]))
+    }
+
+    /// Find and read the configuration file: `path` if given, else `PGTASKD_CONFIG`, else
+    /// [`DEFAULT_CONFIG_PATH`] when it exists, else none (the defaults); then lay `overlay`
+    /// (the `PGTASKD_<SECTION>_<KEY>` variables and the flags) over it.
+    ///
+    /// # Errors
+    ///
+    /// A named file that cannot be read; every value of the file, the environment or the
+    /// flags that does not validate; a `RUST_LOG` tracing refuses.
+    pub fn load_with(path: Option<&Path>, overlay: &Overlay) -> Result<Config, ConfigError> {
+        let named = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
+        let path = match named {
+            Some(path) => Some(path),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                Some(PathBuf::from(DEFAULT_CONFIG_PATH))
+            }
+            None => None,
+        };
+        let config = match &path {
+            Some(path) => {
+                let text = read_bounded(path)?;
+                let mut config = Config::resolve(&text, &path.display().to_string(), overlay)?;
+                config.file = Some(path.clone());
+                config
+            }
+            None => Config::resolve("", "defaults", overlay)?,
+        };
         check_log_env(std::env::var("RUST_LOG").ok().as_deref())?;
         Ok(config)
     }
@@ -255,58 +317,33 @@ impl Config {
         self.database.url_source = source;
     }
 
-    fn load_file(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let named = path
-            .map(Path::to_path_buf)
-            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
-        let path = match named {
-            Some(path) => path,
-            None if Path::new(DEFAULT_CONFIG_PATH).exists() => PathBuf::from(DEFAULT_CONFIG_PATH),
-            None => return Ok(Config::default()),
-        };
-        let text = read_bounded(&path)?;
-        let mut config = Config::from_toml(&text, &path.display().to_string())?;
-        config.file = Some(path);
-        Ok(config)
+    /// Where the value of `section.name` came from; [`Source::Default`] for a key not in
+    /// [`KEYS`].
+    pub fn source(&self, section: &str, name: &str) -> &Source {
+        resolve::index_of(section, name)
+            .and_then(|index| self.sources.get(index))
+            .unwrap_or(&Source::Default)
     }
 
-    /// Parse and validate a configuration. `origin` names the text in error messages.
+    /// Parse and validate a configuration without the environment. `origin` names the text
+    /// in error messages.
     ///
     /// # Errors
     ///
-    /// Unknown keys, values of the wrong type, and values out of range, each with its line.
+    /// As [`Config::resolve`].
     pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|err| {
-            let (line, column) = err
-                .span()
-                .map(|span| line_column(text, span.start))
-                .unwrap_or((1, 1));
-            let message = err.message().trim_end();
-            let found = err.span().and_then(|span| text.get(span)).unwrap_or("");
-            let message = match err.span().and_then(|span| key_at(text, span.start)) {
-                Some(key) => match wording::plain(&key, found, message) {
-                    Some(plain) => plain,
-                    None if !message.contains(&key) => format!("{key}: {message}"),
-                    None => message.to_string(),
-                },
-                None => message.to_string(),
-            };
-            ConfigError::Invalid {
-                origin: origin.to_string(),
-                line,
-                column,
-                message,
-            }
-        })?;
-        raw.validate().map_err(|(span, message)| {
-            let (line, column) = line_column(text, span.start);
-            ConfigError::Invalid {
-                origin: origin.to_string(),
-                line,
-                column,
-                message,
-            }
-        })
+        Config::resolve(text, origin, &Overlay::default())
+    }
+
+    /// Parse and validate a configuration with `overlay` laid over it. `origin` names the text
+    /// in error messages.
+    ///
+    /// # Errors
+    ///
+    /// Every unknown key, value of the wrong type, and value out of range, each with its line
+    /// (or its variable or flag); a syntax error of the file alone.
+    pub fn resolve(text: &str, origin: &str, overlay: &Overlay) -> Result<Config, ConfigError> {
+        resolve::resolve(text, origin, overlay)
     }
 }
 
@@ -328,24 +365,6 @@ fn read_bounded(path: &Path) -> Result<String, ConfigError> {
     }
     String::from_utf8(bytes)
         .map_err(|err| failed(std::io::Error::new(std::io::ErrorKind::InvalidData, err)))
-}
-
-/// The log format: `value` of `PGTASKD_LOG_FORMAT` when it is set and not empty, else the
-/// file's.
-fn log_format(
-    file: LogFormat,
-    value: Option<std::ffi::OsString>,
-) -> Result<LogFormat, ConfigError> {
-    let Some(value) = value else { return Ok(file) };
-    match value.to_str() {
-        Some("") => Ok(file),
-        Some("text") => Ok(LogFormat::Text),
-        Some("json") => Ok(LogFormat::Json),
-        _ => Err(ConfigError::Env {
-            name: LOG_FORMAT_ENV,
-            message: format!("{value:?} is not a log format (write \"text\" or \"json\")"),
-        }),
-    }
 }
 
 /// `RUST_LOG`, when set and not empty, must be a filter tracing takes: one it refuses would

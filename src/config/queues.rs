@@ -387,7 +387,12 @@ mod tests {
         assert!(check_program(&["sh".into()], "k").is_ok());
         assert!(check_program(&["/bin/sh".into(), "-c".into()], "k").is_ok());
         assert!(check_program(&["/nonexistent/prog".into()], "k").is_err());
-        assert!(check_program(&["/etc/hostname".into()], "k").is_err());
+        let plain =
+            std::env::temp_dir().join(format!("pgtaskd-not-executable-{}", std::process::id()));
+        std::fs::write(&plain, "not a program").unwrap();
+        let refused = check_program(&[plain.display().to_string()], "k");
+        std::fs::remove_file(&plain).unwrap();
+        assert!(refused.is_err());
         assert!(check_program(&[], "k").is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! The configuration file as written: serde structs that mirror it (`deny_unknown_fields`, so a
 //! misspelt key is an error), the duration and size deserializers, and `validate`, which checks
-//! each value's range and fills in the defaults to make a `Config`. Called only by
-//! `Config::from_toml`.
+//! each value's range, every one of them, and fills in the defaults to make a `Config`.
+//! Called only by `resolve.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -238,104 +238,131 @@ fn server_timeout(key: &str, value: &Spanned<Duration>) -> Result<Duration, Inva
     Ok(duration)
 }
 
+/// The values out of range `RawConfig::validate` found, each with its position.
+#[derive(Default)]
+struct Errors(Vec<Invalid>);
+
+impl Errors {
+    /// `check` of `value`, or `default` when there is none; when `check` refuses it, the
+    /// error is kept and `default` stands in, so that the other keys are checked too.
+    fn check<V, T>(
+        &mut self,
+        value: Option<&V>,
+        default: T,
+        check: impl FnOnce(&V) -> Result<T, Invalid>,
+    ) -> T {
+        match value.map(check) {
+            None => default,
+            Some(Ok(value)) => value,
+            Some(Err(invalid)) => {
+                self.0.push(invalid);
+                default
+            }
+        }
+    }
+}
+
+/// `worker.queues`: at least one, each a queue name.
+fn queue_list(queues: &Spanned<Vec<String>>) -> Result<Vec<String>, Invalid> {
+    let span = queues.span();
+    if queues.get_ref().is_empty() {
+        return Err((span, "worker.queues must name at least one queue".into()));
+    }
+    for queue in queues.get_ref() {
+        if let Err(err) = crate::queue::enqueue::check_queue_name(queue) {
+            return Err((span, format!("worker.queues: {err}: {queue:?}")));
+        }
+    }
+    Ok(queues.get_ref().clone())
+}
+
 impl RawConfig {
-    pub(super) fn validate(self) -> Result<Config, Invalid> {
+    /// The validated configuration, or every value out of range.
+    pub(super) fn validate(self) -> Result<Config, Vec<Invalid>> {
+        let mut errors = Errors::default();
+        let e = &mut errors;
+        let db = &self.database;
         let database = DatabaseConfig {
-            url_source: if self.database.url.is_some() {
+            url_source: if db.url.is_some() {
                 UrlSource::File
             } else {
                 UrlSource::Unset
             },
-            url: self.database.url,
-            pool_size: match &self.database.pool_size {
-                Some(v) => positive("database.pool_size", v)?,
-                None => DEFAULT_POOL_SIZE,
-            },
-            connect_timeout: match &self.database.connect_timeout {
-                Some(v) => nonzero("database.connect_timeout", v)?,
-                None => DEFAULT_CONNECT_TIMEOUT,
-            },
-            statement_timeout: match &self.database.statement_timeout {
-                Some(v) => server_timeout("database.statement_timeout", v)?,
-                None => DEFAULT_STATEMENT_TIMEOUT,
-            },
+            url: db.url.clone(),
+            pool_size: e.check(db.pool_size.as_ref(), DEFAULT_POOL_SIZE, |v| {
+                positive("database.pool_size", v)
+            }),
+            connect_timeout: e.check(db.connect_timeout.as_ref(), DEFAULT_CONNECT_TIMEOUT, |v| {
+                nonzero("database.connect_timeout", v)
+            }),
+            statement_timeout: e.check(
+                db.statement_timeout.as_ref(),
+                DEFAULT_STATEMENT_TIMEOUT,
+                |v| server_timeout("database.statement_timeout", v),
+            ),
         };
-        let queues = match self.worker.queues {
-            None => vec![DEFAULT_QUEUE.to_string()],
-            Some(queues) => {
-                let span = queues.span();
-                let queues = queues.into_inner();
-                if queues.is_empty() {
-                    return Err((span, "worker.queues must name at least one queue".into()));
-                }
-                for queue in &queues {
-                    if let Err(err) = crate::queue::enqueue::check_queue_name(queue) {
-                        return Err((span, format!("worker.queues: {err}: {queue:?}")));
-                    }
-                }
-                queues
-            }
-        };
+        let w = &self.worker;
         let worker = WorkerConfig {
-            concurrency: match &self.worker.concurrency {
-                Some(v) => positive("worker.concurrency", v)?,
-                None => DEFAULT_CONCURRENCY,
-            },
-            queues,
-            poll_interval: match &self.worker.poll_interval {
-                Some(v) => nonzero("worker.poll_interval", v)?,
-                None => DEFAULT_POLL_INTERVAL,
-            },
-            lease: match &self.worker.lease {
-                Some(v) => nonzero("worker.lease", v)?,
-                None => DEFAULT_LEASE,
-            },
-            max_inflight_bytes: match &self.worker.max_inflight_bytes {
-                Some(v) => positive_size("worker.max_inflight_bytes", v)?,
-                None => DEFAULT_MAX_INFLIGHT_BYTES,
-            },
-            max_payload_bytes: match &self.worker.max_payload_bytes {
-                Some(v) => Some(positive_size("worker.max_payload_bytes", v)?),
-                None => None,
-            },
+            concurrency: e.check(w.concurrency.as_ref(), DEFAULT_CONCURRENCY, |v| {
+                positive("worker.concurrency", v)
+            }),
+            queues: e.check(
+                w.queues.as_ref(),
+                vec![DEFAULT_QUEUE.to_string()],
+                queue_list,
+            ),
+            poll_interval: e.check(w.poll_interval.as_ref(), DEFAULT_POLL_INTERVAL, |v| {
+                nonzero("worker.poll_interval", v)
+            }),
+            lease: e.check(w.lease.as_ref(), DEFAULT_LEASE, |v| {
+                nonzero("worker.lease", v)
+            }),
+            max_inflight_bytes: e.check(
+                w.max_inflight_bytes.as_ref(),
+                DEFAULT_MAX_INFLIGHT_BYTES,
+                |v| positive_size("worker.max_inflight_bytes", v),
+            ),
+            max_payload_bytes: e.check(w.max_payload_bytes.as_ref(), None, |v| {
+                positive_size("worker.max_payload_bytes", v).map(Some)
+            }),
         };
         let retention = RetentionConfig {
-            finished_after: match &self.retention.finished_after {
-                Some(v) => Some(nonzero("retention.finished_after", v)?),
-                None => None,
-            },
+            finished_after: e.check(self.retention.finished_after.as_ref(), None, |v| {
+                nonzero("retention.finished_after", v).map(Some)
+            }),
         };
+        let h = &self.http;
         let http = HttpConfig {
-            listen: match self.http.listen {
-                Some(v) => Some(listen_address(&v)?),
-                None => None,
-            },
-            token_file: self.http.token_file,
-            max_body: match &self.http.max_body {
-                Some(v) => positive("http.max_body", v)?,
-                None => DEFAULT_HTTP_MAX_BODY,
-            },
-            max_connections: match &self.http.max_connections {
-                Some(v) => positive("http.max_connections", v)?,
-                None => DEFAULT_HTTP_MAX_CONNECTIONS,
-            },
-            header_timeout: match &self.http.header_timeout {
-                Some(v) => nonzero("http.header_timeout", v)?,
-                None => DEFAULT_HTTP_HEADER_TIMEOUT,
-            },
-            max_inflight_bytes: match &self.http.max_inflight_bytes {
-                Some(v) => positive_size("http.max_inflight_bytes", v)?,
-                None => DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
-            },
+            listen: e.check(h.listen.as_ref(), None, |v| listen_address(v).map(Some)),
+            token_file: h.token_file.clone(),
+            max_body: e.check(h.max_body.as_ref(), DEFAULT_HTTP_MAX_BODY, |v| {
+                positive("http.max_body", v)
+            }),
+            max_connections: e.check(
+                h.max_connections.as_ref(),
+                DEFAULT_HTTP_MAX_CONNECTIONS,
+                |v| positive("http.max_connections", v),
+            ),
+            header_timeout: e.check(
+                h.header_timeout.as_ref(),
+                DEFAULT_HTTP_HEADER_TIMEOUT,
+                |v| nonzero("http.header_timeout", v),
+            ),
+            max_inflight_bytes: e.check(
+                h.max_inflight_bytes.as_ref(),
+                DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
+                |v| positive_size("http.max_inflight_bytes", v),
+            ),
         };
         let mut warnings = Vec::new();
         let (section, raw) = match (self.health, self.vacuum_health) {
             (Some(old), Some(_)) => {
-                return Err((
+                e.0.push((
                     old.span(),
                     "[health] is the old name of [vacuum_health]: give only [vacuum_health]"
                         .to_string(),
-                ))
+                ));
+                ("vacuum_health", RawHealth::default())
             }
             (Some(old), None) => {
                 warnings.push(
@@ -348,30 +375,40 @@ impl RawConfig {
             (None, None) => ("vacuum_health", RawHealth::default()),
         };
         let vacuum_health = VacuumHealthConfig {
-            check_interval: match &raw.check_interval {
-                Some(v) => nonzero(&format!("{section}.check_interval"), v)?,
-                None => DEFAULT_HEALTH_CHECK_INTERVAL,
-            },
-            xmin_horizon_warning: match &raw.xmin_horizon_warning {
-                Some(v) => nonzero(&format!("{section}.xmin_horizon_warning"), v)?,
-                None => DEFAULT_XMIN_HORIZON_WARNING,
-            },
+            check_interval: e.check(
+                raw.check_interval.as_ref(),
+                DEFAULT_HEALTH_CHECK_INTERVAL,
+                |v| nonzero(&format!("{section}.check_interval"), v),
+            ),
+            xmin_horizon_warning: e.check(
+                raw.xmin_horizon_warning.as_ref(),
+                DEFAULT_XMIN_HORIZON_WARNING,
+                |v| nonzero(&format!("{section}.xmin_horizon_warning"), v),
+            ),
         };
-        let level = match self.log.level {
-            None => DEFAULT_LOG_LEVEL.to_string(),
-            Some(level) => {
-                if let Err(message) = super::filter::check(level.get_ref()) {
-                    return Err((level.span(), message));
-                }
-                level.into_inner()
-            }
-        };
-        let queues = super::queues::validate(
+        let level = e.check(
+            self.log.level.as_ref(),
+            DEFAULT_LOG_LEVEL.to_string(),
+            |level| match super::filter::check(level.get_ref()) {
+                Ok(()) => Ok(level.get_ref().clone()),
+                Err(message) => Err((level.span(), message)),
+            },
+        );
+        let queues = match super::queues::validate(
             self.queues,
             &worker.queues,
             worker.concurrency,
             &mut warnings,
-        )?;
+        ) {
+            Ok(queues) => queues,
+            Err(invalid) => {
+                errors.0.push(invalid);
+                Vec::new()
+            }
+        };
+        if !errors.0.is_empty() {
+            return Err(errors.0);
+        }
         Ok(Config {
             file: None,
             database,
@@ -391,6 +428,7 @@ impl RawConfig {
                 level,
             },
             warnings,
+            sources: Vec::new(),
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Tests of loading a configuration: `Config::from_toml` end to end (the defaults, every key,
-//! the errors that name a key and its line), a named file that is missing, and the
-//! `PGTASKD_LOG_FORMAT` override.
+//! the errors that name a key and its line), and a named file that is missing. The
+//! environment and the flags are `env_tests.rs`'s.
 
 use super::*;
 
@@ -258,29 +258,6 @@ fn a_named_file_that_does_not_exist_is_an_error() {
     let err = Config::load(Some(Path::new("/nonexistent/pgtaskd.toml"))).unwrap_err();
     assert!(matches!(err, ConfigError::Read { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/pgtaskd.toml"));
-}
-
-#[test]
-fn log_format_variable_overrides_the_file_and_refuses_other_values() {
-    let var = |v: &str| Some(std::ffi::OsString::from(v));
-    assert_eq!(log_format(LogFormat::Text, None).unwrap(), LogFormat::Text);
-    assert_eq!(
-        log_format(LogFormat::Json, var("")).unwrap(),
-        LogFormat::Json
-    );
-    assert_eq!(
-        log_format(LogFormat::Text, var("json")).unwrap(),
-        LogFormat::Json
-    );
-    assert_eq!(
-        log_format(LogFormat::Json, var("text")).unwrap(),
-        LogFormat::Text
-    );
-    let err = log_format(LogFormat::Text, var("JSON")).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "PGTASKD_LOG_FORMAT: \"JSON\" is not a log format (write \"text\" or \"json\")"
-    );
 }
 
 #[test]

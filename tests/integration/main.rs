@@ -43,6 +43,7 @@ mod retention;
 mod retry;
 mod roles;
 mod schema_file;
+mod settings_env;
 mod shutdown;
 mod signals;
 mod systemd;

@@ -157,6 +157,23 @@ impl DaemonProcess {
         }
     }
 
+    /// Start `pgtaskd run ARGS` on the database at `url` without a configuration file: every
+    /// setting from `env` (`PGTASKD_<SECTION>_<KEY>`) and the flags in `args`.
+    pub fn start_without_file(url: &str, args: &[&str], env: &[(&str, &str)]) -> DaemonProcess {
+        let mut command = DaemonCommand::without_file(binary());
+        command
+            .args(args)
+            .env_remove("PGTASKD_CONFIG")
+            .env("PGTASKD_DATABASE_URL", url)
+            .env("RUST_LOG", "pgtaskd=debug");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        DaemonProcess {
+            child: command.spawn().expect("pgtaskd starts"),
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.pid() as i32
     }
