@@ -1,0 +1,428 @@
+//! A queue's own work, run by real daemons (docs/design.md, "Handlers"): an `exec` handler's
+//! answer becomes the task's output, failed attempts come back after a backoff until
+//! `max_attempts`, a cancel or a daemon's SIGKILL stops the child, slow slots do not hold
+//! claims they cannot start, and an unknown commit outcome never runs a command twice.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::support::daemon::pgtaskd;
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::{
+    count, eventually, server_addr, server_user, wait_count, DaemonProcess, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
+};
+
+/// A directory of the test's own: handler scripts and what they leave behind.
+pub(crate) struct Scratch(PathBuf);
+
+impl Scratch {
+    pub(crate) fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(format!(
+            "pgtaskd-handlers-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Scripts run as the daemon's user, which may not be root's.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        Scratch(dir)
+    }
+
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// An executable `sh` script named `name`.
+    pub(crate) fn script(&self, name: &str, body: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// Lines of file `name`, none when it does not exist yet.
+    pub(crate) fn lines(&self, name: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path(name))
+            .map(|text| text.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The configuration of a daemon serving `default` (text-stats) and `jobs`, run by `section`.
+fn config_with(section: &str) -> String {
+    format!(
+        "[worker]\nqueues = [\"default\", \"jobs\"]\npoll_interval = \"200ms\"\n\n[queues.jobs]\n{section}\n"
+    )
+}
+
+async fn enqueue(client: &Client, payload: &str, max_attempts: i32) -> i64 {
+    client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload, max_attempts, traceparent)
+             VALUES ('jobs', $1, $2, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')
+             RETURNING id",
+            &[&payload, &max_attempts],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn wait_status(client: &Client, id: i64, status: &str) {
+    wait_count(
+        client,
+        &format!("SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = '{status}'"),
+        1,
+        &format!("task {id} to be {status}"),
+    )
+    .await;
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie waiting for its new parent to reap it is gone as far as work goes.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn wait_file(path: &Path) -> String {
+    eventually(
+        WAIT,
+        &format!("{} to be written", path.display()),
+        || async {
+            std::fs::read_to_string(path)
+                .ok()
+                .filter(|text| text.ends_with('\n'))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_handler_gets_the_payload_and_the_task_and_its_stdout_becomes_the_output() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let handler = scratch.script(
+        "upper.sh",
+        "printf 'id=%s attempt=%s queue=%s claim=%s trace=%s pw=%s url=%s\\n' \
+         \"$PGTASKD_TASK_ID\" \"$PGTASKD_ATTEMPT\" \"$PGTASKD_QUEUE\" \"$PGTASKD_CLAIM\" \
+         \"${TRACEPARENT-none}\" \"${PGPASSWORD-unset}\" \"${PGTASKD_DATABASE_URL-unset}\"\n\
+         tr a-z A-Z",
+    );
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    ));
+    let mut daemon =
+        DaemonProcess::start_with_env(&db.url, &config, &[], &[("PGPASSWORD", "secret-pw")]);
+    daemon.wait_for_log("listening for notifications").await;
+
+    let id = enqueue(&client, "hello, handler", 3).await;
+    let text_stats: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('two words') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_status(&client, id, "SUCCEEDED").await;
+    wait_status(&client, text_stats, "SUCCEEDED").await;
+    let row = client
+        .query_one(
+            "SELECT output, claim_token, words, error FROM pgtaskd.tasks WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let token: i64 = row.get(1);
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some(
+            format!(
+                "id={id} attempt=1 queue=jobs claim={token} \
+                 trace=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01 pw=unset url=unset\n\
+                 HELLO, HANDLER"
+            )
+            .as_str()
+        ),
+        "stdout is the output; the daemon's secrets are not in the handler's environment"
+    );
+    assert_eq!(row.get::<_, i64>(2), 0, "a handler's task has no counts");
+    assert_eq!(row.get::<_, Option<String>>(3), None);
+    // The default queue still runs the text analyzer.
+    let words: i64 = client
+        .query_one(
+            "SELECT words FROM pgtaskd.tasks WHERE id = $1",
+            &[&text_stats],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(words, 2);
+    // `status` shows the output.
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["status", &id.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("output: id="), "{stdout}");
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_failed() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let runs = scratch.path("runs");
+    let handler = scratch.script(
+        "fail.sh",
+        &format!(
+            "echo \"$PGTASKD_ATTEMPT $PGTASKD_CLAIM\" >> {}\necho \"disk full on attempt $PGTASKD_ATTEMPT\" >&2\nexit 3",
+            runs.display()
+        ),
+    );
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
+        handler.display()
+    ));
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("listening for notifications").await;
+
+    let id = enqueue(&client, "x", 3).await;
+    wait_status(&client, id, "FAILED").await;
+    let row = client
+        .query_one(
+            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i32>(0),
+        3,
+        "max_attempts counts the failed attempts"
+    );
+    let error: String = row.get(1);
+    assert!(error.contains("disk full on attempt 3"), "{error}");
+    assert!(error.contains('3'), "the exit status is kept: {error}");
+    let runs = scratch.lines("runs");
+    assert_eq!(runs.len(), 3, "one run per attempt: {runs:?}");
+    let tokens: std::collections::HashSet<&str> =
+        runs.iter().filter_map(|l| l.split(' ').nth(1)).collect();
+    assert_eq!(
+        tokens.len(),
+        3,
+        "each attempt is a claim of its own: {runs:?}"
+    );
+
+    // Exit 65 (EX_DATAERR) is not worth another attempt.
+    let refused = scratch.script("refuse.sh", "echo 'bad input' >&2\nexit 65");
+    drop(daemon);
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"20ms\"\n",
+        refused.display()
+    ));
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    let id = enqueue(&client, "y", 3).await;
+    wait_status(&client, id, "FAILED").await;
+    let attempt: i32 = client
+        .query_one("SELECT attempt FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempt, 1, "exit 65 fails at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let handler = scratch.script("fail.sh", "echo 'try later' >&2\nexit 1");
+    // A backoff far longer than the test: the task waits QUEUED with its error.
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"1h\"\nmax_backoff = \"1h\"\n",
+        handler.display()
+    ));
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    let id = enqueue(&client, "z", 3).await;
+    wait_count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = 'QUEUED' AND attempt = 1"
+        ),
+        1,
+        "the first attempt to fail and be put back",
+    )
+    .await;
+    let row = client
+        .query_one(
+            "SELECT error, run_at > started_at, finished_at IS NULL, lease_owner IS NULL \
+               FROM pgtaskd.tasks WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, String>(0).contains("try later"));
+    assert!(row.get::<_, bool>(1), "run_at is pushed back");
+    assert!(row.get::<_, bool>(2) && row.get::<_, bool>(3));
+    let (_, stdout, _) = pgtaskd(Some(&db.url), &["status", &id.to_string()]).await;
+    assert!(stdout.contains("last attempt's error: "), "{stdout}");
+    assert!(stdout.contains("run at: "), "{stdout}");
+    // A cancel of the waiting task clears its error.
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    let error: Option<String> = client
+        .query_one("SELECT error FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(error, None);
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_child_that_ignores_sigterm_and_the_task_ends_canceled() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let pidfile = scratch.path("pid");
+    let handler = scratch.script(
+        "stubborn.sh",
+        &format!(
+            "trap '' TERM\necho $$ > {}.tmp && mv {0}.tmp {0}\nwhile :; do sleep 0.05; done",
+            pidfile.display()
+        ),
+    );
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nkill_after = \"1s\"\n",
+        handler.display()
+    ));
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    let id = enqueue(&client, "z", 3).await;
+    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    assert!(alive(pid));
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    wait_status(&client, id, "CANCELED").await;
+    assert!(!alive(pid), "the child is gone before the task is CANCELED");
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_slots_hold_few_claims_and_a_sigkill_of_the_daemon_kills_its_children() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let started = scratch.path("started");
+    let handler = scratch.script(
+        "slow.sh",
+        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
+    );
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nconcurrency = 2\n",
+        handler.display()
+    ));
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'slow ' || g FROM generate_series(1, 500) g",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    let pids: Vec<i32> = eventually(WAIT, "two children to start", || {
+        let scratch = &scratch;
+        async move {
+            let pids = scratch.lines("started");
+            (pids.len() >= 2).then(|| pids.iter().map(|p| p.parse().unwrap()).collect())
+        }
+    })
+    .await;
+    // Let the lane claim what it will while its two slots are busy: a few more scans.
+    daemon.wait_for_log("queue served by its own lane").await;
+    for _ in 0..3 {
+        client.execute("NOTIFY pgtaskd_tasks", &[]).await.unwrap();
+    }
+    let held = count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status = 'RUNNING'",
+    )
+    .await;
+    assert!(
+        held <= 4,
+        "a daemon with 2 slow slots holds {held} claims (at most its slots and a few)"
+    );
+    daemon.signal(libc::SIGKILL);
+    daemon.wait().await;
+    eventually(
+        Duration::from_secs(10),
+        "the children to die with the daemon",
+        || {
+            let pids = &pids;
+            async move { pids.iter().all(|pid| !alive(*pid)).then_some(()) }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_committed_but_unanswered_never_runs_the_command_again() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let runs = scratch.path("runs");
+    let handler = scratch.script(
+        "count.sh",
+        &format!("echo \"$PGTASKD_TASK_ID\" >> {}\necho done", runs.display()),
+    );
+    let proxy = Proxy::start(server_addr(), Fault::DropAfterReply, "FROM pgtaskd.finish(").await;
+    let mut config = db.config(&format!(
+        "[database]\nstatement_timeout = \"1s\"\n[worker]\nqueues = [\"jobs\"]\nconcurrency = 8\npoll_interval = \"500ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    ));
+    config.database.url = Some(proxy.conninfo(&server_user(), &db.name));
+    let daemon = InProcessDaemon::start(&db, config, GatedAnalyzer::counting()).await;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'n' || g FROM generate_series(1, 20) g",
+            &[],
+        )
+        .await
+        .unwrap();
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' AND output = 'done\n'",
+        20,
+        "every task to succeed",
+    )
+    .await;
+    daemon.stop().await;
+    assert!(proxy.triggered(), "a finish's answer was swallowed");
+    let mut ran = scratch.lines("runs");
+    ran.sort();
+    let before = ran.len();
+    ran.dedup();
+    assert_eq!(before, 20, "the command ran once per task: {ran:?}");
+    assert_eq!(ran.len(), 20);
+}
