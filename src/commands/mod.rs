@@ -104,7 +104,10 @@ impl CommandError {
             CommandError::Settings(_)
             | CommandError::Schema(_)
             | CommandError::Daemon(
-                DaemonError::Settings(_) | DaemonError::Token(_) | DaemonError::Schema(_),
+                DaemonError::Settings(_)
+                | DaemonError::Token(_)
+                | DaemonError::Schema(_)
+                | DaemonError::Pooler(_),
             ) => EXIT_CONFIG,
             CommandError::Daemon(DaemonError::Bind(_))
             | CommandError::Bench(_)

@@ -38,6 +38,7 @@ mod migrate;
 mod notifications;
 mod outages;
 mod payload_limits;
+mod pgbouncer;
 mod queues;
 mod retention;
 mod retry;
