@@ -302,7 +302,7 @@ async fn prepare_schema(
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(err),
         }
     }
 }

@@ -52,6 +52,7 @@ pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
 /// resolves; with `connect`, also open a session and check the schema version, as `run` does.
 pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitCode, CommandError> {
     let settings = ConnectSettings::new(&config.database, "check-config")?;
+    ConnectSettings::listen(&config.database, "check-config")?;
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
@@ -149,6 +150,26 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
         d => duration(d),
     };
     let _ = writeln!(out, "statement_timeout = {statement_timeout}");
+    let pooler = match db.pooler {
+        crate::config::Pooler::None => "none",
+        crate::config::Pooler::Transaction => {
+            "transaction (no startup options on database.url's sessions)"
+        }
+    };
+    let _ = writeln!(out, "pooler = {pooler}");
+    // Parsed already by `check_config` with the same string.
+    if let Ok(listen) = ConnectSettings::listen(db, "check-config") {
+        let from = if db.listen_url.is_some() {
+            "database.listen_url"
+        } else {
+            "the connection string"
+        };
+        let _ = writeln!(
+            out,
+            "listen servers = {} (from {from})",
+            servers(listen.config())
+        );
+    }
     let _ = writeln!(out, "\n[worker]");
     let _ = writeln!(out, "concurrency = {}", w.concurrency);
     let _ = writeln!(out, "queues = {}", w.queues.join(", "));

@@ -188,6 +188,8 @@ fn ident(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::ident;
+    use crate::config::Pooler;
+    use crate::db::ConnectSettings;
 
     #[test]
     fn a_role_name_is_quoted_only_when_it_must_be() {
@@ -195,5 +197,48 @@ mod tests {
         assert_eq!(ident("Worker"), "\"Worker\"");
         assert_eq!(ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(ident("1x"), "\"1x\"");
+    }
+
+    #[test]
+    fn behind_a_transaction_pooler_the_pool_sends_no_options_and_listen_url_is_the_listeners() {
+        let text = "[database]\n\
+                    url = \"host=pooler port=6432 user=u dbname=d\"\n\
+                    listen_url = \"host=db user=u dbname=d\"\n\
+                    pooler = \"transaction\"\n";
+        let config = crate::config::Config::from_toml(text, "t").unwrap();
+        let pool = ConnectSettings::new(&config.database, "x").unwrap();
+        assert_eq!(pool.pooler(), Pooler::Transaction);
+        assert_eq!(pool.config().get_ports(), &[6432]);
+        assert_eq!(pool.config().get_options(), None, "no startup options");
+        assert_eq!(pool.config().get_application_name(), Some("pgtaskd/x"));
+        let listen = ConnectSettings::listen(&config.database, "x").unwrap();
+        assert_eq!(listen.pooler(), Pooler::None);
+        assert_eq!(
+            listen.config().get_hosts(),
+            &[tokio_postgres::config::Host::Tcp("db".into())]
+        );
+        let options = listen.config().get_options().unwrap();
+        assert!(options.contains("-c default_transaction_isolation=read\\ committed"));
+    }
+
+    #[test]
+    fn listen_url_defaults_to_the_url_and_pooler_to_none() {
+        let config = crate::config::Config::from_toml(
+            "[database]\nurl = \"host=db port=5433 user=u\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(config.database.pooler, Pooler::None);
+        let listen = ConnectSettings::listen(&config.database, "x").unwrap();
+        let pool = ConnectSettings::new(&config.database, "x").unwrap();
+        assert_eq!(listen.config().get_ports(), &[5433]);
+        assert_eq!(listen.config().get_options(), pool.config().get_options());
+        let err = crate::config::Config::from_toml("[database]\npooler = \"session\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("database.pooler must be \"none\" or \"transaction\""),
+            "{err}"
+        );
     }
 }

@@ -144,7 +144,7 @@ impl ConnectSettings {
         instance: &str,
         pooler: Pooler,
     ) -> Result<Self, BadConnectionString> {
-        if let Some(scheme) = foreign_scheme(&url) {
+        if let Some(scheme) = foreign_scheme(url) {
             return Err(BadConnectionString::Scheme(scheme.to_string()));
         }
         let split = conninfo::split(url);
