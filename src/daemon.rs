@@ -164,11 +164,7 @@ pub async fn run(
     }
 
     let stop = shutdown.stopping();
-    let listen_setting = if config.database.listen_url.is_some() {
-        "database.listen_url"
-    } else {
-        "database.listen_url (not set, so the same as database.url)"
-    };
+    let listen_setting = pooler::listen_setting(&config.database);
     let start = Start {
         settings: &settings,
         direct: &direct,

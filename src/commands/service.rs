@@ -52,7 +52,7 @@ pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
 /// resolves; with `connect`, also open a session and check the schema version, as `run` does.
 pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitCode, CommandError> {
     let settings = ConnectSettings::new(&config.database, "check-config")?;
-    ConnectSettings::listen(&config.database, "check-config")?;
+    let listen = ConnectSettings::listen(&config.database, "check-config")?;
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
@@ -75,6 +75,7 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
         let client = super::connect(config).await?;
         let version = migrate::check(&client).await?;
         crate::health::check_writable(&client).await?;
+        check_pooler(config, &client, &listen).await?;
         Some(version)
     } else {
         None
@@ -91,6 +92,26 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     });
     print!("configuration is valid\n{out}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `run` checks of a pooler at start: the role's transaction defaults behind one in
+/// transaction mode, and that the LISTEN session reaches PostgreSQL itself.
+async fn check_pooler(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    listen: &ConnectSettings,
+) -> Result<(), CommandError> {
+    use crate::db::pooler::{self, PoolerError};
+    let misplaced = |err: PoolerError| match err {
+        PoolerError::Db(err) => CommandError::Db(err),
+        PoolerError::Misplaced(message) => CommandError::Daemon(DaemonError::Pooler(message)),
+    };
+    if config.database.pooler == crate::config::Pooler::Transaction {
+        pooler::check_defaults(client).await.map_err(misplaced)?;
+    }
+    pooler::check_listen(listen, pooler::listen_setting(&config.database))
+        .await
+        .map_err(misplaced)
 }
 
 /// Every section of `config` in the file's own layout, with the connection and the HTTP

@@ -36,6 +36,15 @@ pub enum PoolerError {
     Misplaced(String),
 }
 
+/// Where the LISTEN session's settings came from, in the configuration's words.
+pub fn listen_setting(database: &crate::config::DatabaseConfig) -> &'static str {
+    if database.listen_url.is_some() {
+        "database.listen_url"
+    } else {
+        "database.listen_url (not set, so the same as database.url)"
+    }
+}
+
 /// Check that a notification sent by another session reaches a session opened with
 /// `settings` (the LISTEN session's); `setting` names where they came from, for the message.
 ///

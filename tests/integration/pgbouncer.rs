@@ -97,6 +97,10 @@ async fn the_cli_works_through_pgbouncer_in_transaction_mode() {
         status.success(),
         "migrate through pgbouncer: {stdout}{stderr}"
     );
+    let (status, stdout, stderr) =
+        cli(&bouncer, &db, &config, &["check-config", "--connect"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("pooler = transaction"), "{stdout}");
     let (status, stdout, stderr) = cli(&bouncer, &db, &config, &["enqueue", "a b c"]).await;
     assert!(status.success(), "{stderr}");
     let id: i64 = stdout.trim().parse().expect("enqueue prints the id");
@@ -184,6 +188,17 @@ async fn a_daemon_whose_listen_session_goes_through_the_pooler_exits_78() {
     let strict = PgBouncer::start(&[]);
     let log = refused_at_start(&strict, &db, Some(&strict.url(&db.name))).await;
     assert!(log.contains("refused the startup options"), "{log}");
+    // check-config --connect says the same.
+    let config = TempPath::write(&format!(
+        "[database]\npooler = \"transaction\"\nlisten_url = \"{}\"\n",
+        strict.url(&db.name)
+    ));
+    let (status, _, stderr) = cli(&strict, &db, &config, &["check-config", "--connect"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("set database.listen_url to a direct connection"),
+        "{stderr}"
+    );
 
     // One told to ignore them: the LISTEN works, and a notification never arrives.
     let lenient = PgBouncer::start(&["ignore_startup_parameters = options"]);
