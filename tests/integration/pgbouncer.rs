@@ -152,6 +152,16 @@ async fn the_cli_works_through_pgbouncer_in_transaction_mode() {
         .await,
         1
     );
+    // `wait` LISTENs: on database.listen_url, whose session reaches PostgreSQL itself.
+    let (status, stdout, stderr) = cli(
+        &bouncer,
+        &db,
+        &config,
+        &["wait", &id.to_string(), "--timeout", "10s"],
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "a CANCELED task: {stdout}{stderr}");
+    assert!(stdout.contains("CANCELED"), "{stdout}");
 
     // Without database.pooler, pgtaskd sends its startup options and PgBouncer refuses them:
     // a configuration error that says what to set.
@@ -212,5 +222,29 @@ async fn a_daemon_whose_listen_session_goes_through_the_pooler_exits_78() {
     eprintln!(
         "a LISTEN session behind the pooler was refused {:?} after start",
         started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_the_pooler_a_role_whose_sessions_default_to_serializable_is_refused_at_start() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    // Started after the ALTER: its server sessions are new, and get the default.
+    let bouncer = PgBouncer::start(&[]);
+    let mut daemon = DaemonProcess::start_url(&bouncer.url(&db.name), &behind(&db), &[]);
+    let status = within(WAIT, "the daemon to refuse", daemon.wait()).await;
+    let log = daemon.log_text();
+    assert_eq!(status.code(), Some(78), "{log}");
+    assert!(
+        log.contains("default_transaction_isolation is \"serializable\"")
+            && log.contains("SET default_transaction_isolation = 'read committed';"),
+        "{log}"
     );
 }
