@@ -5,8 +5,11 @@
 //! answers and `/readyz` says why while the daemon waits; connect (retrying while the
 //! database is unreachable, but not when it refuses the settings: that is a configuration
 //! error, exit 78); check the database encoding and schema (or migrate, with `--migrate`);
-//! start the listener and the worker. Once running, a refused session (a rotated password)
-//! is retried with backoff like an outage, and readiness, `STATUS=` and the log say why.
+//! check that the LISTEN session (`database.listen_url`) reaches PostgreSQL itself and, behind
+//! a transaction pooler, that the role gives the transaction defaults pgtaskd relies on
+//! (`db::pooler`; exit 78 otherwise); start the listener and the worker. Once running, a
+//! refused session (a rotated password) is retried with backoff like an outage, and
+//! readiness, `STATUS=` and the log say why.
 //!
 //! Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish within the
 //! grace, stop the analyzers that still run, commit or release every claim, then return.

@@ -24,7 +24,9 @@
 //! (docs/design.md, "Sessions set what they rely on"): `statement_timeout`, `lock_timeout`
 //! and `idle_in_transaction_session_timeout`, and read-committed, read-write, not deferrable
 //! transactions. A setting given in the connection string's own `options` comes first, so
-//! these win over it as over the database's and the role's defaults.
+//! these win over it as over the database's and the role's defaults. Behind a transaction
+//! pooler (`database.pooler = "transaction"`) `database.url`'s sessions send none, and the
+//! LISTEN session's settings come from `database.listen_url` ([`ConnectSettings::listen`]).
 
 pub mod conninfo;
 mod libpq;
