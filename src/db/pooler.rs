@@ -71,8 +71,12 @@ pub async fn check_listen(settings: &ConnectSettings, setting: &str) -> Result<(
             }
             opened => opened?,
         };
+        // Not `LISTEN ...` first in `pg_stat_activity.query`: that is how the daemon's own
+        // listener is recognised from outside (tests, the bench, operators' queries).
         listener
-            .batch_execute(&format!("LISTEN {channel}"))
+            .batch_execute(&format!(
+                "/* pgtaskd: does this session reach PostgreSQL? */ LISTEN {channel}"
+            ))
             .await
             .map_err(DbError::from)?;
         let sender = settings.connect().await?;
