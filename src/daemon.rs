@@ -5,8 +5,11 @@
 //! answers and `/readyz` says why while the daemon waits; connect (retrying while the
 //! database is unreachable, but not when it refuses the settings: that is a configuration
 //! error, exit 78); check the database encoding and schema (or migrate, with `--migrate`);
-//! start the listener and the worker. Once running, a refused session (a rotated password)
-//! is retried with backoff like an outage, and readiness, `STATUS=` and the log say why.
+//! check that the LISTEN session (`database.listen_url`) reaches PostgreSQL itself and, behind
+//! a transaction pooler, that the role gives the transaction defaults pgtaskd relies on
+//! (`db::pooler`; exit 78 otherwise); start the listener and the worker. Once running, a
+//! refused session (a rotated password) is retried with backoff like an outage, and
+//! readiness, `STATUS=` and the log say why.
 //!
 //! Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish within the
 //! grace, stop the analyzers that still run, commit or release every claim, then return.
@@ -18,8 +21,10 @@ use std::time::Duration;
 use crate::analyzer::Analyzer;
 use crate::backoff::Backoff;
 use crate::config::Config;
+use crate::config::Pooler;
 use crate::db::listen::{self, ListenEvents};
 use crate::db::migrate::{self, SchemaError};
+use crate::db::pooler::{self, PoolerError};
 use crate::db::{BadConnectionString, ConnectSettings, DbError};
 use crate::health::{self, Health};
 use crate::http::{self, HttpError};
@@ -58,6 +63,10 @@ pub enum DaemonError {
     /// The HTTP client of the `http` handlers cannot be built.
     #[error("cannot build the HTTP client of the http handlers: {0}")]
     HttpClient(String),
+    /// The sessions lead to a connection pooler where pgtaskd cannot work as configured
+    /// (docs/operations.md, "Behind PgBouncer").
+    #[error("configuration error: {0}")]
+    Pooler(String),
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -65,6 +74,15 @@ pub enum DaemonError {
     /// their leases expire.
     #[error("stopped with {0} claim(s) unsettled: the database did not answer; their leases expire and another daemon runs them again")]
     Unsettled(usize),
+}
+
+impl From<PoolerError> for DaemonError {
+    fn from(err: PoolerError) -> Self {
+        match err {
+            PoolerError::Db(err) => DaemonError::Db(err),
+            PoolerError::Misplaced(message) => DaemonError::Pooler(message),
+        }
+    }
 }
 
 impl From<SchemaError> for DaemonError {
@@ -107,6 +125,8 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let instance = new_instance_id();
     let settings = ConnectSettings::new(&config.database, &instance)?;
+    // The LISTEN session's, and those of the other sessions that need one of their own.
+    let direct = ConnectSettings::listen(&config.database, &instance)?;
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
@@ -150,7 +170,14 @@ pub async fn run(
     }
 
     let stop = shutdown.stopping();
-    if !prepare_schema(&settings, options, &health, &stop).await? {
+    let listen_setting = pooler::listen_setting(&config.database);
+    let start = Start {
+        settings: &settings,
+        direct: &direct,
+        listen_setting,
+        options,
+    };
+    if !prepare_schema(&start, &health, &stop).await? {
         tracing::info!("shutdown before the database was reached");
         return Ok(());
     }
@@ -158,7 +185,7 @@ pub async fn run(
     let worker = Workers::new(config, &pool, &analyzer, &instance, &metrics)
         .map_err(DaemonError::HttpClient)?;
     let listener = tokio::spawn(listen::run(
-        settings.clone(),
+        direct.clone(),
         DaemonEvents {
             worker: worker.clone(),
             health: Arc::clone(&health),
@@ -179,7 +206,7 @@ pub async fn run(
     maintenance::start(
         config,
         &pool,
-        &settings,
+        &direct,
         worker.instance(),
         &metrics,
         &health,
@@ -212,20 +239,31 @@ pub async fn run(
     Ok(())
 }
 
-/// Check (or migrate) the schema, retrying while the database is unreachable, and saying why
-/// in readiness and `STATUS=`. Returns false when shutdown came first. Settings the database
-/// refuses are returned, not waited for: they do not start working by themselves.
-async fn prepare_schema(
-    settings: &ConnectSettings,
+/// What the start-up checks need.
+struct Start<'a> {
+    /// `database.url`'s settings.
+    settings: &'a ConnectSettings,
+    /// The LISTEN session's.
+    direct: &'a ConnectSettings,
+    /// Where `direct` came from, in the words of the configuration.
+    listen_setting: &'a str,
     options: RunOptions,
+}
+
+/// Check (or migrate) the schema, check that the sessions lead where they may, retrying
+/// while the database is unreachable, and saying why in readiness and `STATUS=`. Returns
+/// false when shutdown came first. Settings the database refuses are returned, not waited
+/// for: they do not start working by themselves.
+async fn prepare_schema(
+    start: &Start<'_>,
     health: &Health,
     stop: &CancellationToken,
 ) -> Result<bool, DaemonError> {
     let mut backoff = Backoff::new(STARTUP_RETRY_BASE, STARTUP_RETRY_CAP);
     loop {
         let attempt = async {
-            let mut client = settings.connect().await?;
-            if options.migrate {
+            let mut client = start.settings.connect().await?;
+            if start.options.migrate {
                 let applied = migrate::migrate(&mut client).await?;
                 if !applied.is_empty() {
                     tracing::info!(?applied, "migrations applied");
@@ -235,14 +273,18 @@ async fn prepare_schema(
             tracing::info!(version, "schema checked");
             // A standby answers the checks above, and would fail every claim.
             health::check_writable(&client).await?;
-            Ok::<(), SchemaError>(())
+            if start.settings.pooler() == Pooler::Transaction {
+                pooler::check_defaults(&client).await?;
+            }
+            pooler::check_listen(start.direct, start.listen_setting).await?;
+            Ok::<(), DaemonError>(())
         };
         match attempt.await {
             Ok(()) => {
                 health.reached();
                 return Ok(true);
             }
-            Err(SchemaError::Db(err)) if err.is_unavailable() => {
+            Err(DaemonError::Db(err)) if err.is_unavailable() => {
                 let delay = backoff.next_delay();
                 tracing::warn!(
                     error = %err,
@@ -255,7 +297,7 @@ async fn prepare_schema(
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(err),
         }
     }
 }

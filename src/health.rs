@@ -165,7 +165,7 @@ impl Health {
 /// may be promoted: it is waited for, as an outage is); the database's error otherwise.
 pub async fn check_writable(client: &tokio_postgres::Client) -> Result<(), DbError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT pg_catalog.current_setting('transaction_read_only'),
                     pg_catalog.pg_is_in_recovery()",
             &[],

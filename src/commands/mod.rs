@@ -107,7 +107,8 @@ impl CommandError {
                 DaemonError::Settings(_)
                 | DaemonError::Token(_)
                 | DaemonError::Schema(_)
-                | DaemonError::HttpClient(_),
+                | DaemonError::HttpClient(_)
+                | DaemonError::Pooler(_),
             ) => EXIT_CONFIG,
             CommandError::Daemon(DaemonError::Bind(_))
             | CommandError::Bench(_)

@@ -52,6 +52,7 @@ pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
 /// resolves; with `connect`, also open a session and check the schema version, as `run` does.
 pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitCode, CommandError> {
     let settings = ConnectSettings::new(&config.database, "check-config")?;
+    let listen = ConnectSettings::listen(&config.database, "check-config")?;
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
     }
@@ -74,6 +75,7 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
         let client = super::connect(config).await?;
         let version = migrate::check(&client).await?;
         crate::health::check_writable(&client).await?;
+        check_pooler(config, &client, &listen).await?;
         Some(version)
     } else {
         None
@@ -90,6 +92,26 @@ pub(super) async fn check_config(config: &Config, connect: bool) -> Result<ExitC
     });
     print!("configuration is valid\n{out}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `run` checks of a pooler at start: the role's transaction defaults behind one in
+/// transaction mode, and that the LISTEN session reaches PostgreSQL itself.
+async fn check_pooler(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    listen: &ConnectSettings,
+) -> Result<(), CommandError> {
+    use crate::db::pooler::{self, PoolerError};
+    let misplaced = |err: PoolerError| match err {
+        PoolerError::Db(err) => CommandError::Db(err),
+        PoolerError::Misplaced(message) => CommandError::Daemon(DaemonError::Pooler(message)),
+    };
+    if config.database.pooler == crate::config::Pooler::Transaction {
+        pooler::check_defaults(client).await.map_err(misplaced)?;
+    }
+    pooler::check_listen(listen, pooler::listen_setting(&config.database))
+        .await
+        .map_err(misplaced)
 }
 
 /// Every section of `config` in the file's own layout, each value followed by where it came
@@ -173,6 +195,26 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
         d => duration(d),
     };
     put(out, "database", "statement_timeout", statement_timeout);
+    let pooler = match db.pooler {
+        crate::config::Pooler::None => "none",
+        crate::config::Pooler::Transaction => {
+            "transaction (no startup options on database.url's sessions)"
+        }
+    };
+    put(out, "database", "pooler", pooler.to_string());
+    // Parsed already by `check_config` with the same string.
+    if let Ok(listen) = ConnectSettings::listen(db, "check-config") {
+        let from = if db.listen_url.is_some() {
+            "database.listen_url"
+        } else {
+            "the connection string"
+        };
+        let _ = writeln!(
+            out,
+            "listen servers = {} (from {from})",
+            servers(listen.config())
+        );
+    }
     let _ = writeln!(out, "\n[worker]");
     put(out, "worker", "concurrency", w.concurrency.to_string());
     put(out, "worker", "queues", w.queues.join(", "));

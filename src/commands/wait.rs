@@ -32,9 +32,10 @@ const WAIT_MESSAGES: usize = 1024;
 
 impl Waiter {
     /// Connect, check the schema as every one-shot command does, and LISTEN, before any row
-    /// is read (docs/design.md, "Completion notifications").
+    /// is read (docs/design.md, "Completion notifications"). The session is opened with
+    /// `database.listen_url`: LISTEN needs PostgreSQL itself, not a transaction pooler.
     pub(super) async fn open(config: &Config) -> Result<Waiter, CommandError> {
-        let settings = ConnectSettings::new(&config.database, "cli")?;
+        let settings = ConnectSettings::listen(&config.database, "cli")?;
         let (sender, messages) = tokio::sync::mpsc::channel(WAIT_MESSAGES);
         let (client, driver) = settings.open(Some(sender)).await?;
         migrate::check(&client).await?;

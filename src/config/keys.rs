@@ -71,6 +71,8 @@ pub const KEYS: &[Key] = &[
     key("database", "pool_size", Kind::Count),
     key("database", "connect_timeout", Kind::Text),
     key("database", "statement_timeout", Kind::Text),
+    key("database", "listen_url", Kind::Text),
+    key("database", "pooler", Kind::Text),
     flagged("worker", "concurrency", Kind::Count, "--concurrency"),
     flagged("worker", "queues", Kind::List, "--queues"),
     key("worker", "poll_interval", Kind::Text),

@@ -118,6 +118,24 @@ pub struct DatabaseConfig {
     pub connect_timeout: Duration,
     /// `statement_timeout` of the daemon's sessions; zero turns it off.
     pub statement_timeout: Duration,
+    /// The connection string of the one LISTEN session, which must reach PostgreSQL itself;
+    /// `None`: the same as `url`.
+    pub listen_url: Option<String>,
+    /// What `url` leads to: PostgreSQL itself, or a pooler in transaction mode.
+    pub pooler: Pooler,
+}
+
+/// `database.pooler`: what stands between `database.url` and PostgreSQL (docs/operations.md,
+/// "Behind PgBouncer").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    /// Nothing, or a pooler that keeps a client on one server session (session mode).
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`): a client's
+    /// transactions may each run on another server session, so nothing may outlive one.
+    Transaction,
 }
 
 /// Where the connection string came from, for `check-config` to say.

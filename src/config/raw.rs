@@ -11,12 +11,13 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use super::{
-    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, RetentionConfig, ShutdownConfig,
-    UrlSource, VacuumHealthConfig, WorkerConfig, DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HTTP_HEADER_TIMEOUT, DEFAULT_HTTP_MAX_BODY,
-    DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_MAX_INFLIGHT_BYTES, DEFAULT_LEASE,
-    DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE,
-    DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_XMIN_HORIZON_WARNING,
+    Config, DatabaseConfig, HttpConfig, LogConfig, LogFormat, Pooler, RetentionConfig,
+    ShutdownConfig, UrlSource, VacuumHealthConfig, WorkerConfig, DEFAULT_CONCURRENCY,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEALTH_CHECK_INTERVAL, DEFAULT_HTTP_HEADER_TIMEOUT,
+    DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
+    DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
+    DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
+    DEFAULT_XMIN_HORIZON_WARNING,
 };
 
 pub(super) type Invalid = (std::ops::Range<usize>, String);
@@ -54,6 +55,8 @@ struct RawDatabase {
     connect_timeout: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "duration")]
     statement_timeout: Option<Spanned<Duration>>,
+    listen_url: Option<String>,
+    pooler: Option<Pooler>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -300,6 +303,8 @@ impl RawConfig {
                 DEFAULT_STATEMENT_TIMEOUT,
                 |v| server_timeout("database.statement_timeout", v),
             ),
+            listen_url: db.listen_url.clone(),
+            pooler: db.pooler.unwrap_or_default(),
         };
         let w = &self.worker;
         let worker = WorkerConfig {

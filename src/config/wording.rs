@@ -8,7 +8,10 @@ fn expected(key: &str) -> Option<&'static str> {
     const COUNT: &str = "a whole number, 1 or more";
     const SIZE: &str = "a number of bytes, or a size in quotes such as \"256MiB\" or \"1GB\"";
     Some(match key {
-        "database.url" => "a connection string in quotes (a postgresql:// URL or key=value pairs)",
+        "database.url" | "database.listen_url" => {
+            "a connection string in quotes (a postgresql:// URL or key=value pairs)"
+        }
+        "database.pooler" => "\"none\" or \"transaction\"",
         "database.pool_size" | "worker.concurrency" | "http.max_body" | "http.max_connections" => {
             COUNT
         }

@@ -1,4 +1,6 @@
-//! The dedicated LISTEN connection: one per daemon, outside the pool, never in a transaction.
+//! The dedicated LISTEN connection: one per daemon, outside the pool, never in a transaction,
+//! opened with `database.listen_url` (by default `database.url`), which must lead to
+//! PostgreSQL itself: the daemon proves it at start (`super::pooler`).
 //!
 //! It turns `NOTIFY pgtaskd_tasks` into a wake-up, `NOTIFY pgtaskd_cancel, '<id>'` into a
 //! cancel hint and, when the daemon has waiters to serve, `NOTIFY pgtaskd_done, '<id>,<id>...'`

@@ -6,6 +6,7 @@
 //! `pgtaskd run` does instead: it refuses a database whose schema it does not know.
 //! Both refuse a database whose encoding is not UTF8 (payloads are UTF-8 text).
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::DbError;
@@ -165,8 +166,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, SchemaError> {
 pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, SchemaError> {
     check_encoding(client).await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await?;
+    tx.query_typed(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[(&MIGRATION_LOCK, Type::INT8)],
+    )
+    .await?;
     // "already exists, skipping" notices are expected on every run but the first.
     tx.batch_execute("SET LOCAL client_min_messages = warning")
         .await?;
@@ -180,7 +184,7 @@ pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, Sc
     )
     .await?;
     let found: Option<i32> = tx
-        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .query_typed_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
         .await?
         .get(0);
     let found = found.unwrap_or(0);
@@ -193,9 +197,12 @@ pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, Sc
         .filter(|m| m.version > found && m.version <= target)
     {
         tx.batch_execute(migration.sql).await?;
-        tx.execute(
+        tx.query_typed(
             "INSERT INTO pgtaskd.schema_migrations (version, name) VALUES ($1, $2)",
-            &[&migration.version, &migration.name],
+            &[
+                (&migration.version, Type::INT4),
+                (&migration.name, Type::TEXT),
+            ],
         )
         .await?;
         applied.push(migration.version);
@@ -228,7 +235,7 @@ pub async fn check(client: &Client) -> Result<i32, SchemaError> {
 /// Database failures.
 pub async fn current_version(client: &Client) -> Result<Option<i32>, DbError> {
     let installed: bool = client
-        .query_one(
+        .query_typed_one(
             "SELECT to_regclass('pgtaskd.schema_migrations') IS NOT NULL",
             &[],
         )
@@ -238,14 +245,14 @@ pub async fn current_version(client: &Client) -> Result<Option<i32>, DbError> {
         return Ok(None);
     }
     let row = client
-        .query_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
+        .query_typed_one("SELECT max(version) FROM pgtaskd.schema_migrations", &[])
         .await?;
     Ok(row.get(0))
 }
 
 async fn check_encoding(client: &Client) -> Result<(), SchemaError> {
     let row = client
-        .query_one("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()", &[])
+        .query_typed_one("SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()", &[])
         .await?;
     let encoding: String = row.get(0);
     if encoding == "UTF8" {

@@ -16,6 +16,7 @@ pub mod listen;
 pub mod migrate;
 mod open;
 pub mod pool;
+pub mod pooler;
 pub mod settings;
 pub mod tls;
 
@@ -201,6 +202,11 @@ const DATABASE_ADVICE: &str = "check the database name (dbname= in the connectio
 /// What to check when the client cannot authenticate the way the server asks.
 const AUTH_METHOD_ADVICE: &str = "check the authentication method in the server's \
     pg_hba.conf and channel_binding in the connection string";
+/// What to do when a connection pooler refused the startup options pgtaskd sends.
+const POOLER_ADVICE: &str = "the connection leads to a connection pooler such as PgBouncer, \
+    which refuses startup options: behind a pooler in transaction mode set \
+    database.pooler = \"transaction\" (pgtaskd then sends none on database.url's sessions), and \
+    point database.listen_url at PostgreSQL itself (docs/operations.md, \"Behind PgBouncer\")";
 /// What to check when the connection settings contradict themselves.
 const SETTINGS_ADVICE: &str = "check the connection string";
 
@@ -211,6 +217,12 @@ const SETTINGS_ADVICE: &str = "check the connection string";
 /// cannot use). tokio-postgres tells its error kinds apart only by their fixed `Display`
 /// label ("invalid configuration", "authentication error"): no SQLSTATE exists for them.
 fn rejection(err: &tokio_postgres::Error) -> Option<DbError> {
+    if refused_startup_options(err) {
+        return Some(DbError::Rejected {
+            cause: Cause::from(err),
+            advice: POOLER_ADVICE,
+        });
+    }
     let advice = match err.code() {
         Some(code) if *code == SqlState::INVALID_PASSWORD => PASSWORD_ADVICE,
         Some(code) if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => ROLE_ADVICE,
@@ -239,6 +251,22 @@ fn rejection(err: &tokio_postgres::Error) -> Option<DbError> {
         cause: Cause::from(err),
         advice,
     })
+}
+
+/// Whether a pooler refused the session for its startup options: PgBouncer answers
+/// `unsupported startup parameter: options` (protocol_violation, 08P01) to a parameter its
+/// `ignore_startup_parameters` does not list.
+fn refused_startup_options(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::PROTOCOL_VIOLATION
+            && db.message().starts_with("unsupported startup parameter")
+    })
+}
+
+/// Whether the database refused these settings because they lead to a pooler (the
+/// startup options refused): the LISTEN session's check says so in its own words.
+pub(crate) fn is_pooler_refusal(err: &DbError) -> bool {
+    matches!(err, DbError::Rejected { advice, .. } if *advice == POOLER_ADVICE)
 }
 
 /// A session that could not be opened, when the server answered: a rejection of the settings

@@ -77,7 +77,8 @@ impl ConnectSettings {
             .recycle_timeout(Some(self.connect_deadline))
             .build()
             .expect("a pool with a runtime always builds");
-        Pool::new(pool, self.query_deadline)
+        let pooled = self.pooler() == crate::config::Pooler::Transaction;
+        Pool::new(pool, self.query_deadline, pooled)
     }
 }
 

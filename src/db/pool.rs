@@ -13,7 +13,10 @@
 //! deadline, and the pool would be wedged. A new session checks that once; on such a server
 //! it commits with `synchronous_commit = local`, is said once in the log, and lives at most
 //! [`UNREPLICATED_SESSION_LIFE`], so that sessions opened once a standby is back wait for it
-//! again (docs/design.md, "No commit waits for a standby that is not there").
+//! again (docs/design.md, "No commit waits for a standby that is not there"). Behind a
+//! transaction pooler (`database.pooler = "transaction"`) a session's `SET` would stay on the
+//! server session for whichever client the pooler hands it to next: there the check only
+//! says so in the log, and commits wait for the standby as the server asks.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -48,6 +51,8 @@ pub struct Pool {
     unreplicated: Arc<Mutex<HashMap<ObjectId, Instant>>>,
     /// Whether the log has said so since the last session that found a standby.
     said_unreplicated: Arc<AtomicBool>,
+    /// Whether the sessions go through a transaction pooler: no session `SET` then.
+    pooled: bool,
 }
 
 /// An error that may mean the session is unusable.
@@ -62,12 +67,13 @@ impl Outage for DbError {
 }
 
 impl Pool {
-    pub(crate) fn new(inner: deadpool_postgres::Pool, deadline: Duration) -> Pool {
+    pub(crate) fn new(inner: deadpool_postgres::Pool, deadline: Duration, pooled: bool) -> Pool {
         Pool {
             inner,
             deadline,
             unreplicated: Arc::default(),
             said_unreplicated: Arc::default(),
+            pooled,
         }
     }
 
@@ -125,6 +131,14 @@ impl Pool {
             .await?;
         if !unreplicated {
             self.said_unreplicated.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        if self.pooled {
+            if !self.said_unreplicated.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the server holds commits for a synchronous standby (synchronous_standby_names) and none is connected: behind a transaction pooler (database.pooler = \"transaction\") this daemon cannot set synchronous_commit = local for its sessions, so its commits wait until a standby connects"
+                );
+            }
             return Ok(());
         }
         session

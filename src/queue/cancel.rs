@@ -29,9 +29,9 @@ pub enum CancelOutcome {
 /// [`DbError::Unavailable`] when the database cannot be asked.
 pub async fn cancel(client: &Client, id: i64) -> Result<CancelOutcome, DbError> {
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT previous, current FROM pgtaskd.request_cancel($1)",
-            &[&id],
+            &[(&id, Type::INT8)],
         )
         .await?;
     let previous: Option<&str> = row.get(0);

@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::task::{status_column, TaskStatus};
@@ -95,11 +95,11 @@ fn statement(filter: &ListFilter) -> String {
 /// Database failures.
 pub async fn list(client: &Client, filter: &ListFilter) -> Result<Vec<Listed>, DbError> {
     let sql = statement(filter);
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&filter.limit];
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&filter.limit, Type::INT8)];
     if let Some(queue) = &filter.queue {
-        params.push(queue);
+        params.push((queue, Type::TEXT));
     }
-    let rows = client.query(&sql, &params).await?;
+    let rows = client.query_typed(&sql, &params).await?;
     Ok(rows.iter().map(Listed::from_row).collect())
 }
 

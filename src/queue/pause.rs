@@ -4,6 +4,7 @@
 //! `NOTIFY pgtaskd_tasks`. Called by `pgtaskd pause`/`resume` and `POST /queues/{q}/...`.
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
@@ -15,7 +16,7 @@ use crate::db::DbError;
 /// Database failures, among them a role without EXECUTE on the function.
 pub async fn pause(client: &Client, queue: &str) -> Result<bool, DbError> {
     let row = client
-        .query_one("SELECT pgtaskd.pause_queue($1)", &[&queue])
+        .query_typed_one("SELECT pgtaskd.pause_queue($1)", &[(&queue, Type::TEXT)])
         .await?;
     Ok(row.get(0))
 }
@@ -27,7 +28,7 @@ pub async fn pause(client: &Client, queue: &str) -> Result<bool, DbError> {
 /// Database failures, among them a role without EXECUTE on the function.
 pub async fn resume(client: &Client, queue: &str) -> Result<bool, DbError> {
     let row = client
-        .query_one("SELECT pgtaskd.resume_queue($1)", &[&queue])
+        .query_typed_one("SELECT pgtaskd.resume_queue($1)", &[(&queue, Type::TEXT)])
         .await?;
     Ok(row.get(0))
 }
@@ -39,9 +40,9 @@ pub async fn resume(client: &Client, queue: &str) -> Result<bool, DbError> {
 /// Database failures.
 pub async fn paused_since(client: &Client, queue: &str) -> Result<Option<DateTime<Utc>>, DbError> {
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "SELECT paused_at FROM pgtaskd.paused_queues WHERE queue = $1",
-            &[&queue],
+            &[(&queue, Type::TEXT)],
         )
         .await?;
     Ok(row.map(|row| row.get(0)))

@@ -83,7 +83,7 @@ SELECT pg_has_role(c.relowner, 'USAGE')
 ///
 /// Database failures.
 pub async fn may_vacuum(client: &Client) -> Result<bool, DbError> {
-    Ok(client.query_one(MAY_VACUUM, &[]).await?.get(0))
+    Ok(client.query_typed_one(MAY_VACUUM, &[]).await?.get(0))
 }
 
 /// Whether autovacuum leaves the table alone: off in the server (`autovacuum`, or
@@ -104,7 +104,7 @@ SELECT NOT current_setting('autovacuum')::bool
 ///
 /// Database failures.
 pub async fn autovacuum_off(client: &Client) -> Result<bool, DbError> {
-    Ok(client.query_one(AUTOVACUUM_OFF, &[]).await?.get(0))
+    Ok(client.query_typed_one(AUTOVACUUM_OFF, &[]).await?.get(0))
 }
 
 /// Vacuum the table (and its TOAST table), so that the rows pruned and the row versions the

@@ -2,6 +2,7 @@
 //! (`attempt` 0, no error, no results, no cancel request, due now), and the daemons woken.
 //! Called by `pgtaskd retry`.
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::task::{status_column, TaskStatus};
@@ -24,7 +25,9 @@ pub enum RetryOutcome {
 ///
 /// Database failures, among them a role without EXECUTE on the function.
 pub async fn retry(client: &Client, id: i64) -> Result<RetryOutcome, DbError> {
-    let row = client.query_one("SELECT pgtaskd.retry($1)", &[&id]).await?;
+    let row = client
+        .query_typed_one("SELECT pgtaskd.retry($1)", &[(&id, Type::INT8)])
+        .await?;
     let previous: Option<&str> = row.get(0);
     Ok(match previous.map(status_column) {
         None => RetryOutcome::NotFound,

@@ -15,6 +15,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
@@ -165,7 +166,7 @@ SELECT n.queue,
 ///
 /// Database failures.
 pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
-    let rows = client.query(BACKLOG, &[]).await?;
+    let rows = client.query_typed(BACKLOG, &[]).await?;
     Ok(rows
         .iter()
         .map(|row| Backlog {
@@ -185,7 +186,7 @@ pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
 ///
 /// Database failures.
 pub async fn stats(client: &Client) -> Result<Stats, DbError> {
-    let rows = client.query(QUEUES, &[]).await?;
+    let rows = client.query_typed(QUEUES, &[]).await?;
     let queues = rows
         .iter()
         .map(|row| {
@@ -211,7 +212,7 @@ pub async fn stats(client: &Client) -> Result<Stats, DbError> {
             }
         })
         .collect();
-    let rows = client.query(DAEMONS, &[]).await?;
+    let rows = client.query_typed(DAEMONS, &[]).await?;
     let daemons = rows
         .iter()
         .map(|row| Daemon {
@@ -242,7 +243,9 @@ pub async fn finished_per_minute(
     client: &Client,
     since: DateTime<Utc>,
 ) -> Result<Vec<(DateTime<Utc>, Finished)>, DbError> {
-    let rows = client.query(FINISHED_PER_MINUTE, &[&since]).await?;
+    let rows = client
+        .query_typed(FINISHED_PER_MINUTE, &[(&since, Type::TIMESTAMPTZ)])
+        .await?;
     Ok(rows
         .iter()
         .map(|row| {

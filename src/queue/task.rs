@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::types::FromSql;
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
@@ -168,7 +168,7 @@ impl<'a, P: FromSql<'a>> Task<P> {
 /// [`DbError::Unavailable`] when the database cannot be asked: never `None` for that.
 pub async fn get(client: &Client, id: i64) -> Result<Option<Task>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
-    let row = client.query_opt(&sql, &[&id]).await?;
+    let row = client.query_typed_opt(&sql, &[(&id, Type::INT8)]).await?;
     Ok(row.as_ref().map(Task::from_row))
 }
 
@@ -182,7 +182,9 @@ pub async fn get_many(client: &Client, ids: &[i64]) -> Result<Vec<Task>, DbError
         "SELECT {COLUMNS} FROM unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) \
            JOIN pgtaskd.tasks USING (id) ORDER BY w.n"
     );
-    let rows = client.query(&sql, &[&ids]).await?;
+    let rows = client
+        .query_typed(&sql, &[(&ids, Type::INT8_ARRAY)])
+        .await?;
     Ok(rows.iter().map(Task::from_row).collect())
 }
 
@@ -220,7 +222,8 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
         ", octet_length(payload)::bigint AS payload_bytes \
          FROM pgtaskd.tasks WHERE id = $1"
     );
-    let Some(row) = client.query_opt(SQL, &[&id, &max_payload]).await? else {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&id, Type::INT8), (&max_payload, Type::INT8)];
+    let Some(row) = client.query_typed_opt(SQL, &params).await? else {
         return Ok(None);
     };
     let task = Task::from_row(&row);
@@ -243,5 +246,5 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
 /// [`DbError::Unavailable`] when the database cannot be asked.
 pub async fn get_row(client: &Client, id: i64) -> Result<Option<Row>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
-    Ok(client.query_opt(&sql, &[&id]).await?)
+    Ok(client.query_typed_opt(&sql, &[(&id, Type::INT8)]).await?)
 }

@@ -100,7 +100,7 @@ pub struct VacuumHealth {
 /// Database failures, and a role without `EXECUTE` on `pgtaskd.vacuum_health()` (not granted
 /// by `grant_daemon` before schema 9: migrate, or grant it).
 pub async fn vacuum_health(client: &Client) -> Result<VacuumHealth, DbError> {
-    let row = client.query_one(VACUUM_HEALTH, &[]).await?;
+    let row = client.query_typed_one(VACUUM_HEALTH, &[]).await?;
     let kind: Option<String> = row.try_get("horizon_kind")?;
     let horizon = match kind.as_deref().and_then(HorizonKind::parse) {
         Some(kind) => Some(Horizon {

@@ -39,6 +39,7 @@ mod migrate;
 mod notifications;
 mod outages;
 mod payload_limits;
+mod pgbouncer;
 mod queues;
 mod retention;
 mod retry;

@@ -24,7 +24,9 @@
 //! (docs/design.md, "Sessions set what they rely on"): `statement_timeout`, `lock_timeout`
 //! and `idle_in_transaction_session_timeout`, and read-committed, read-write, not deferrable
 //! transactions. A setting given in the connection string's own `options` comes first, so
-//! these win over it as over the database's and the role's defaults.
+//! these win over it as over the database's and the role's defaults. Behind a transaction
+//! pooler (`database.pooler = "transaction"`) `database.url`'s sessions send none, and the
+//! LISTEN session's settings come from `database.listen_url` ([`ConnectSettings::listen`]).
 
 pub mod conninfo;
 mod libpq;
@@ -37,7 +39,7 @@ use tokio_postgres::Config;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::tls::{self, SslMode, TlsError};
-use crate::config::DatabaseConfig;
+use crate::config::{DatabaseConfig, Pooler};
 
 pub use crate::config::DATABASE_URL_ENV;
 
@@ -62,6 +64,7 @@ pub struct ConnectSettings {
     /// tried.
     pub(in crate::db) connect_deadline: Duration,
     pub(in crate::db) query_deadline: Duration,
+    pooler: Pooler,
 }
 
 impl std::fmt::Debug for ConnectSettings {
@@ -103,21 +106,50 @@ pub enum BadConnectionString {
 }
 
 impl ConnectSettings {
-    /// Resolve the connection settings for a process whose instance id is `instance`.
+    /// Resolve the connection settings of `database.url` (the pool's and the one-shot
+    /// commands') for a process whose instance id is `instance`. Behind a transaction pooler
+    /// (`database.pooler = "transaction"`) they carry no startup options: the pooler would
+    /// refuse them, or drop them and hand the session to other clients.
     ///
     /// # Errors
     ///
     /// A connection string that does not parse.
     pub fn new(database: &DatabaseConfig, instance: &str) -> Result<Self, BadConnectionString> {
+        let pooler = database.pooler;
+        ConnectSettings::resolve(&pool_url(database), database, instance, pooler)
+    }
+
+    /// Resolve the connection settings of the LISTEN session: `database.listen_url`, else the
+    /// same string as [`ConnectSettings::new`]. These always carry the startup options: they
+    /// must lead to PostgreSQL itself, with no pooler between (docs/operations.md, "Behind
+    /// PgBouncer").
+    ///
+    /// # Errors
+    ///
+    /// A connection string that does not parse.
+    pub fn listen(database: &DatabaseConfig, instance: &str) -> Result<Self, BadConnectionString> {
         let url = database
-            .url
+            .listen_url
             .clone()
-            .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
-            .unwrap_or_default();
-        if let Some(scheme) = foreign_scheme(&url) {
+            .unwrap_or_else(|| pool_url(database));
+        ConnectSettings::resolve(&url, database, instance, Pooler::None)
+    }
+
+    /// Whether these sessions go through a transaction pooler (`database.pooler`).
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
+    }
+
+    fn resolve(
+        url: &str,
+        database: &DatabaseConfig,
+        instance: &str,
+        pooler: Pooler,
+    ) -> Result<Self, BadConnectionString> {
+        if let Some(scheme) = foreign_scheme(url) {
             return Err(BadConnectionString::Scheme(scheme.to_string()));
         }
-        let split = conninfo::split(&url);
+        let split = conninfo::split(url);
         let mut config = Config::from_str(&split.rest).map_err(BadConnectionString::Parse)?;
         libpq::apply_env(&mut config, |name| std::env::var(name).ok())
             .map_err(BadConnectionString::Parse)?;
@@ -161,8 +193,11 @@ impl ConnectSettings {
             pool_size: database.pool_size,
             connect_deadline: connect_timeout.saturating_mul(tries),
             query_deadline: query_deadline(database.statement_timeout),
+            pooler,
         };
-        settings.add_session_timeouts(database.statement_timeout);
+        if pooler == Pooler::None {
+            settings.add_session_timeouts(database.statement_timeout);
+        }
         Ok(settings)
     }
 
@@ -225,6 +260,16 @@ const SESSION_DEFAULTS: [(&str, &str); 3] = [
     ("default_transaction_deferrable", "off"),
 ];
 
+/// `database.url`, else `PGTASKD_DATABASE_URL` (for a configuration built without
+/// [`crate::config::Config::load`]), else the empty string.
+fn pool_url(database: &DatabaseConfig) -> String {
+    database
+        .url
+        .clone()
+        .or_else(|| std::env::var(DATABASE_URL_ENV).ok())
+        .unwrap_or_default()
+}
+
 /// The scheme of a URL that is not PostgreSQL's (`mysql://...`), which would otherwise be
 /// read as a malformed key=value string.
 fn foreign_scheme(url: &str) -> Option<&str> {
@@ -271,6 +316,8 @@ mod tests {
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
             statement_timeout: Duration::ZERO,
+            listen_url: None,
+            pooler: crate::config::Pooler::None,
         };
         let settings = ConnectSettings::new(&database, "x").unwrap();
         assert_eq!(settings.ssl_mode(), SslMode::VerifyFull);
@@ -288,6 +335,8 @@ mod tests {
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
             statement_timeout: Duration::ZERO,
+            listen_url: None,
+            pooler: crate::config::Pooler::None,
         };
         let err = ConnectSettings::new(&database, "x").unwrap_err();
         assert!(err.to_string().contains("sometimes"), "{err}");
@@ -301,6 +350,8 @@ mod tests {
             pool_size: 3,
             connect_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_millis(1500),
+            listen_url: None,
+            pooler: crate::config::Pooler::None,
         };
         let settings = ConnectSettings::new(&database, "host:1:ab").unwrap();
         let config = settings.config();
@@ -329,6 +380,8 @@ mod tests {
             pool_size: 1,
             connect_timeout: Duration::from_secs(2),
             statement_timeout: Duration::ZERO,
+            listen_url: None,
+            pooler: crate::config::Pooler::None,
         }
     }
 
@@ -423,6 +476,8 @@ mod tests {
             pool_size: 1,
             connect_timeout: Duration::from_secs(1),
             statement_timeout: Duration::ZERO,
+            listen_url: None,
+            pooler: crate::config::Pooler::None,
         };
         assert!(ConnectSettings::new(&database, "x").is_err());
     }

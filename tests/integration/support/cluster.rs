@@ -351,7 +351,7 @@ fn find_bindir() -> Option<PathBuf> {
 }
 
 /// The uid and gid to run the server as: `postgres` (or `nobody`) when this process is root.
-fn server_user() -> Option<(u32, u32)> {
+pub fn server_user() -> Option<(u32, u32)> {
     // SAFETY: plain libc calls; getpwnam's static buffer is read at once.
     unsafe {
         if libc::geteuid() != 0 {

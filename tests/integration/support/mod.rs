@@ -13,6 +13,7 @@ pub mod audit;
 pub mod cluster;
 pub mod daemon;
 pub mod gate;
+pub mod pgbouncer;
 pub mod probe;
 pub mod proxy;
 pub mod tasks;
