@@ -152,6 +152,10 @@ pub enum Command {
         /// Soak mode: the period of the figures, in whole seconds
         #[arg(long, default_value = "1m", value_name = "DURATION", value_parser = parse_report_every)]
         report_every: Duration,
+        /// Drain mode: drain the same backlog again with a queue handler, in the same run:
+        /// exec (`wc -c` per task) or http (a keep-alive server of the bench's own)
+        #[arg(long, value_enum)]
+        handler: Option<crate::bench::BenchHandler>,
         /// Print one JSON object
         #[arg(long)]
         json: bool,

@@ -33,6 +33,7 @@
 //! | `producers` | producers mode: INSERT commits with and without the trigger |
 //! | `soak` | soak mode: a steady producer, the table's size and health per period, a held snapshot |
 //! | `timing` | one task at a time: its latency to the analyzer's start, the notify floor |
+//! | `handlers` | drain mode's second drain by an `exec` or `http` handler, and the spawn floor |
 //! | `daemon` | the daemon under test, a child process |
 //! | `table` | the task table: insert, wait until done, the last finish, delete, vacuum; the WAL position |
 //! | `report` | the [`Report`] and its text form |
@@ -42,6 +43,7 @@
 
 mod ceiling;
 mod daemon;
+mod handlers;
 mod proc;
 mod producers;
 mod report;
@@ -58,6 +60,7 @@ use serde::Serialize;
 
 use crate::db::{migrate, DbError};
 
+pub use handlers::{BenchHandler, HandlerRun};
 pub use report::{Enqueue, Hold, Latency, Period, Producers, Report, Soak, Summary};
 pub use run::run;
 pub use soak::{SoakOptions, SOAK_RETENTION};
@@ -122,6 +125,8 @@ pub struct BenchOptions {
     pub duration: Duration,
     /// Soak mode: the rate, the period, the held snapshot.
     pub soak: SoakOptions,
+    /// Drain mode: drain the backlog again with this handler, in the same run.
+    pub handler: Option<BenchHandler>,
 }
 
 /// Why a run has no result.

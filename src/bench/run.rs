@@ -13,7 +13,7 @@ use super::table::{
 };
 use super::timing::{latencies, notify_floor};
 use super::{
-    ceiling, producers, soak, workload, BenchError, BenchOptions, Mode, CEILING_BATCH,
+    ceiling, handlers, producers, soak, workload, BenchError, BenchOptions, Mode, CEILING_BATCH,
     CEILING_SESSIONS, LATENCY_MODE_TASKS, STREAM_STATEMENTS,
 };
 use crate::config::Config;
@@ -39,6 +39,21 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
         return result;
     }
     let mut report = checked(&settings, &client, config, &queue, options).await?;
+    if let (Mode::Drain, Some(handler)) = (options.mode, options.handler) {
+        let texts: Vec<String> = (0..options.tasks).map(workload::gen_text).collect();
+        let result = handlers::drain(
+            &client,
+            config,
+            &queue,
+            &texts,
+            options.concurrency,
+            handler,
+            report.tasks_per_s,
+        )
+        .await;
+        delete_rows(&client, &queue).await?;
+        report.handler = Some(result?);
+    }
     if options.mode == Mode::Ceiling {
         // The drain of the same backlog, on a table in the state the ceiling found it in:
         // the ceiling's rows deleted, the table vacuumed and analyzed while empty of them.
@@ -214,6 +229,7 @@ async fn measure(
         wal_background_bytes_per_s: wal.map(|(_, background)| background),
         drain: None,
         drain_over_ceiling: None,
+        handler: None,
         check_totals: found,
     };
     Ok((report, found, succeeded))

@@ -17,6 +17,10 @@ pub(super) const VACUUM: &str = "VACUUM (ANALYZE) pgtaskd.tasks";
 pub(super) const BUSY: &str =
     "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
          OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')";
+/// The tasks of queue `$1` a handler answered: SUCCEEDED with an output.
+pub(super) const HANDLER_SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.tasks \
+     WHERE queue = $1 AND status = 'SUCCEEDED' AND output IS NOT NULL";
+
 /// The SUCCEEDED tasks of queue `$1`.
 pub(super) const SUCCEEDED: &str =
     "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'SUCCEEDED'";

@@ -22,6 +22,7 @@ pub(super) async fn bench(
     producers: u32,
     duration: Option<Duration>,
     soak: bench::SoakOptions,
+    handler: Option<bench::BenchHandler>,
     json: bool,
 ) -> Result<ExitCode, CommandError> {
     let mode = match mode {
@@ -49,6 +50,11 @@ pub(super) async fn bench(
             humantime::format_duration(duration)
         )));
     }
+    if handler.is_some() && mode != bench::Mode::Drain {
+        return Err(CommandError::Usage(
+            "--handler goes with --mode drain".to_string(),
+        ));
+    }
     let tasks = if mode == bench::Mode::Latency {
         bench::LATENCY_MODE_TASKS
     } else {
@@ -61,6 +67,7 @@ pub(super) async fn bench(
         producers: producers as usize,
         duration,
         soak,
+        handler,
     };
     let report = bench::run(config, options).await?;
     if json {

@@ -188,6 +188,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             rate,
             hold_snapshot,
             report_every,
+            handler,
             json,
         } => {
             let soak = crate::bench::SoakOptions {
@@ -203,6 +204,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                 producers,
                 duration,
                 soak,
+                handler,
                 json,
             )
             .await

@@ -106,6 +106,12 @@ fn describe_list(tasks: &[Listed]) -> String {
                 task.words, task.bytes, task.runes
             ),
             TaskStatus::Failed => printable(task.error.as_deref().unwrap_or_default()),
+            // A failed attempt waiting for its retry.
+            TaskStatus::Queued if task.error.is_some() => format!(
+                "retry at {}: {}",
+                task.run_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                printable(task.error.as_deref().unwrap_or_default())
+            ),
             _ => format!("{} bytes", task.payload_bytes),
         };
         let _ = writeln!(

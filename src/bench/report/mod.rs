@@ -98,6 +98,9 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wal_background_bytes_per_s: Option<f64>,
     pub check_totals: (i64, i64, i64),
+    /// Drain mode with `--handler`: the same backlog drained by that handler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handler: Option<super::HandlerRun>,
     /// Ceiling mode: `drain.tasks_per_s / tasks_per_s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_over_ceiling: Option<f64>,
@@ -153,6 +156,36 @@ impl std::fmt::Display for Report {
             )?;
             drain.figures(f)?;
             write!(f, "  drain / ceiling      {:.1}%", fraction * 100.0)?;
+        }
+        if let Some(run) = &self.handler {
+            writeln!(
+                f,
+                "\nthen the same backlog drained by the {:?} handler: tasks={}",
+                run.handler, run.tasks
+            )?;
+            writeln!(f, "  seconds              {:.3}", run.seconds)?;
+            writeln!(f, "  tasks/s              {:.0}", run.tasks_per_s)?;
+            writeln!(
+                f,
+                "  daemon CPU           {:.3} s per 1000 tasks",
+                run.daemon_cpu_s_per_1000_tasks
+            )?;
+            writeln!(
+                f,
+                "  daemon peak RSS      {:.1} MiB",
+                run.daemon_peak_rss_mib
+            )?;
+            if let Some(floor) = run.spawn_floor_tasks_per_s {
+                writeln!(
+                    f,
+                    "  spawn floor          {floor:.0} tasks/s (the same spawns, no pgtaskd)"
+                )?;
+            }
+            write!(
+                f,
+                "  analyzer / handler   {:.1}x",
+                run.analyzer_over_handler
+            )?;
         }
         Ok(())
     }

@@ -257,6 +257,7 @@ pub(super) async fn soak(
         wal_background_bytes_per_s: None,
         drain: None,
         drain_over_ceiling: None,
+        handler: None,
         check_totals: finished.totals,
     })
 }
