@@ -232,6 +232,9 @@ fn describe(out: &mut String, config: &Config, settings: &ConnectSettings, liste
         "max_payload_bytes",
         or(w.max_payload_bytes.map(size), "no limit"),
     );
+    for queue in &config.queues {
+        describe_queue(out, queue, &w.queues);
+    }
     let _ = writeln!(out, "\n[shutdown]");
     put(out, "shutdown", "grace", duration(config.shutdown.grace));
     let _ = writeln!(out, "\n[retention]");
@@ -336,5 +339,47 @@ fn ssl_mode_name(mode: SslMode) -> &'static str {
         SslMode::Require => "require",
         SslMode::VerifyCa => "verify-ca",
         SslMode::VerifyFull => "verify-full",
+    }
+}
+
+/// One `[queues.NAME]` section as it resolves (read from the file only), and whether this
+/// daemon serves the queue.
+fn describe_queue(out: &mut String, queue: &crate::config::QueueConfig, served: &[String]) {
+    use crate::config::HandlerConfig;
+    use std::fmt::Write;
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    let _ = writeln!(out, "\n[queues.{}]", queue.name);
+    let _ = writeln!(out, "handler = {}", queue.handler.name());
+    match &queue.handler {
+        HandlerConfig::TextStats => {}
+        HandlerConfig::Exec(spec) => {
+            let _ = writeln!(out, "command = {:?}", spec.command);
+            let _ = writeln!(out, "timeout = {}", duration(spec.timeout));
+            let _ = writeln!(out, "kill_after = {}", duration(spec.kill_after));
+            let _ = writeln!(
+                out,
+                "max_output = {}",
+                bytesize::ByteSize(spec.max_output as u64)
+            );
+        }
+        HandlerConfig::Http(spec) => {
+            let _ = writeln!(out, "url = {}", spec.url);
+            let _ = writeln!(out, "timeout = {}", duration(spec.timeout));
+            let _ = writeln!(
+                out,
+                "max_output = {}",
+                bytesize::ByteSize(spec.max_output as u64)
+            );
+        }
+    }
+    let concurrency = match queue.concurrency {
+        Some(n) => n.to_string(),
+        None => "worker.concurrency".to_string(),
+    };
+    let _ = writeln!(out, "concurrency = {concurrency}");
+    let _ = writeln!(out, "retry_backoff = {}", duration(queue.retry_backoff));
+    let _ = writeln!(out, "max_backoff = {}", duration(queue.max_backoff));
+    if !served.contains(&queue.name) {
+        let _ = writeln!(out, "# not served: worker.queues does not name it");
     }
 }

@@ -298,3 +298,46 @@ async fn a_killed_bench_leaves_no_daemon_running() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_with_a_handler_drains_the_backlog_again_through_it_and_reports_both() {
+    let db = TestDb::new().await;
+    for handler in ["exec", "http"] {
+        let report = bench(
+            &db,
+            &[
+                "--mode",
+                "drain",
+                "--tasks",
+                "300",
+                "--concurrency",
+                "4",
+                "--handler",
+                handler,
+            ],
+        )
+        .await;
+        let run = &report["handler"];
+        assert_eq!(run["handler"], handler, "{report}");
+        assert_eq!(run["tasks"], 300, "{report}");
+        assert!(run["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        assert!(
+            run["daemon_peak_rss_mib"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
+        let ratio = run["analyzer_over_handler"].as_f64().unwrap();
+        let expected =
+            report["tasks_per_s"].as_f64().unwrap() / run["tasks_per_s"].as_f64().unwrap();
+        assert!((ratio - expected).abs() < 1e-9, "{report}");
+        assert_eq!(
+            run["spawn_floor_tasks_per_s"].is_number(),
+            handler == "exec",
+            "{report}"
+        );
+    }
+    let client = db.client().await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+}

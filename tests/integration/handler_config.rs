@@ -1,0 +1,88 @@
+//! The `[queues.NAME]` sections as an operator writes them, through the real binary:
+//! `check-config` names each mistake with its line and exits 78, prints what it resolved, and
+//! warns of a section no served queue uses.
+
+use crate::support::daemon::pgtaskd;
+use crate::support::daemon::tempfile_path::TempPath;
+
+async fn check(toml: &str) -> (Option<i32>, String, String) {
+    let config = TempPath::write(toml);
+    let path = config.path().display().to_string();
+    let (status, stdout, stderr) = pgtaskd(None, &["check-config", "--config", &path]).await;
+    (status.code(), stdout, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_mistake_in_a_queue_section_is_named_with_its_line() {
+    for (toml, said, line) in [
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"lambda\"\n",
+            "queues.jobs.handler is \"lambda\": write \"text-stats\"",
+            "line 4",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\n",
+            "[queues.jobs] has handler = \"exec\" but no command",
+            "line 3",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\ncommand = [\"/nonexistent/make-thumbnail\"]\n",
+            "queues.jobs.command: /nonexistent/make-thumbnail is not an executable file",
+            "line 5",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\ncommand = [\"sh\"]\nurl = \"http://x/\"\n",
+            "queues.jobs.url is for handler = \"http\"",
+            "line 6",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"http\"\nurl = \"ftp://example.com/\"\n",
+            "is not an http:// or https:// URL",
+            "line 5",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"http\"\nurl = \"http://127.0.0.1:1/\"\ncomand = [\"x\"]\n",
+            "comand",
+            "line 6",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\ncommand = [\"sh\"]\nretry_backoff = \"10s\"\nmax_backoff = \"1s\"\n",
+            "queues.jobs.max_backoff (1s) is shorter than queues.jobs.retry_backoff (10s)",
+            "line 7",
+        ),
+    ] {
+        let (code, _, stderr) = check(toml).await;
+        assert_eq!(code, Some(78), "{toml}\n{stderr}");
+        assert!(stderr.contains(said), "{toml}\nwanted {said:?} in:\n{stderr}");
+        assert!(stderr.contains(line), "{toml}\nwanted {line:?} in:\n{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_prints_the_sections_and_warns_of_one_no_served_queue_uses() {
+    let (code, stdout, stderr) = check(
+        "[worker]\nqueues = [\"default\", \"thumbs\"]\n\
+         [queues.thumbs]\nhandler = \"exec\"\ncommand = [\"sh\", \"-c\", \"cat\"]\nconcurrency = 2\n\
+         [queues.hooks]\nhandler = \"http\"\nurl = \"http://127.0.0.1:8080/jobs\"\n",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(
+            "[queues.thumbs]\nhandler = exec\ncommand = [\"sh\", \"-c\", \"cat\"]\ntimeout = 5m"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("concurrency = 2"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "[queues.hooks]\nhandler = http\nurl = http://127.0.0.1:8080/jobs\ntimeout = 30s"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("# not served"), "{stdout}");
+    assert!(
+        stderr.contains("[queues.hooks] is configured but worker.queues"),
+        "{stderr}"
+    );
+}
