@@ -110,6 +110,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0018_queue_names",
         sql: include_str!("../../sql/0018_queue_names.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_list_indexes",
+        sql: include_str!("../../sql/0019_list_indexes.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -24,6 +24,7 @@ mod faults;
 mod finish;
 mod http;
 mod http_limits;
+mod http_parity;
 mod http_parse_errors;
 mod http_payload_budget;
 mod idempotency;
