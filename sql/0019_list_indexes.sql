@@ -22,8 +22,31 @@
 --   CREATE INDEX CONCURRENTLY tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id);
 --   CREATE INDEX CONCURRENTLY tasks_list_status_idx ON pgtaskd.tasks (status, id)
 --       WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
--- and this migration keeps them. The lock is waited for at most 10 s (less when the session's
--- `lock_timeout` is shorter), as schema 14's.
+-- and this migration keeps them. A build CONCURRENTLY that failed leaves an invalid index of
+-- that name, which the migration refuses (nothing changed) rather than keep: drop it and
+-- migrate again. The lock is waited for at most 10 s (less when the session's `lock_timeout`
+-- is shorter), as schema 14's.
+
+DO $$
+DECLARE
+    invalid text;
+BEGIN
+    SELECT pg_catalog.string_agg(c.relname::text, ', ') INTO invalid
+      FROM pg_catalog.pg_index AS i
+      JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) i.indexrelid
+      JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'pgtaskd'
+       AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['tasks_list_queue_idx', 'tasks_list_status_idx'])
+       AND NOT i.indisvalid;
+    IF invalid IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtaskd schema 19: the index % is invalid (a CREATE INDEX CONCURRENTLY '
+                        'that failed)', invalid
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'DROP INDEX CONCURRENTLY pgtaskd.<name>, then run pgtaskd migrate '
+                         'again (or build it CONCURRENTLY again first); nothing was changed';
+    END IF;
+END
+$$;
 
 DO $$
 DECLARE
