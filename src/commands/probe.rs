@@ -26,13 +26,13 @@ pub enum ProbeError {
     Token(#[from] crate::http::HttpError),
     #[error("no answer from {addr} within {}s", .timeout.as_secs_f64())]
     Timeout { addr: String, timeout: Duration },
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot connect to {addr}")]
     Connect {
         addr: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("no HTTP answer from {addr}: {source}")]
+    #[error("no HTTP answer from {addr}")]
     Http {
         addr: String,
         #[source]
