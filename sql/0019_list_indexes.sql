@@ -6,20 +6,29 @@
 -- at once; a filter few rows pass made that read walk past every other row: 131 ms for a
 -- queue of 10 rows among 1,000,000 finished ones, 338 ms for a queue and status with none,
 -- and as much for a status no row has (the dashboard asks for FAILED tasks every few
--- seconds). Two indexes give those filters their own ordered range (0.1-0.4 ms a page,
--- first or deep; docs/http.md, "Listing tasks"):
+-- seconds). Now a page takes 0.1-0.7 ms, first or deep (docs/http.md, "Listing tasks"):
 --
--- - `tasks_list_queue_idx` (queue, status, id): a queue and a status read in id order; a
---   queue alone, when it holds few rows, read whole and sorted;
--- - `tasks_list_status_idx` (status, id) on finished rows only: a status alone. QUEUED and
---   RUNNING rows are few and have their partial indexes already, and a row is added to this
---   one only once, when it finishes.
+-- - `tasks_list_queue_idx` (queue, status, id) and `tasks_list_status_idx` (status, id) give a
+--   queue and a status, or a status, their own range in id order. Both hold finished rows
+--   only: QUEUED and RUNNING rows have their partial indexes already, and a row enters these
+--   once, when it finishes. The claim, the finish and the cancel never name a finished status
+--   (see version 4), so they cannot be planned on these. With a full (queue, status, id)
+--   index, 3 of 6 runs of `pgtaskd bench --mode ceiling` (20,000 tasks) scanned it about
+--   24,000 times and fell from 4,300-5,100 to 580-930 tasks/s, the server's CPU per task 25
+--   times over: a statement of the claim-and-finish loop, planned once per session while the
+--   table's statistics said it was empty, had been planned on it;
+-- - a queue alone is listed as one branch per status (src/queue/list.rs);
+-- - `tasks_queue_status`, statistics of queue and status together: a status common in the
+--   table and absent from a queue (the failures all in one queue) was estimated as if spread
+--   evenly, and its branch read through the status index past every row of that status
+--   (36-70 ms a page); the pair's most common values put it right.
 --
 -- Building them takes the table's SHARE lock, which holds inserts, claims and finishes for
 -- the build (7 s for both on a million rows, measured on a 2-core machine shared with other
 -- work). To build them without that pause, create them before migrating, with these same
 -- definitions and CONCURRENTLY:
---   CREATE INDEX CONCURRENTLY tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id);
+--   CREATE INDEX CONCURRENTLY tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id)
+--       WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 --   CREATE INDEX CONCURRENTLY tasks_list_status_idx ON pgtaskd.tasks (status, id)
 --       WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 -- and this migration keeps them. A build CONCURRENTLY that failed leaves an invalid index of
@@ -61,10 +70,13 @@ BEGIN
 END
 $$;
 
-CREATE INDEX IF NOT EXISTS tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id);
+CREATE INDEX IF NOT EXISTS tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id)
+    WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 
 CREATE INDEX IF NOT EXISTS tasks_list_status_idx ON pgtaskd.tasks (status, id)
     WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+
+CREATE STATISTICS pgtaskd.tasks_queue_status (mcv) ON queue, status FROM pgtaskd.tasks;
 
 SELECT pg_catalog.set_config('lock_timeout',
                              pg_catalog.current_setting('pgtaskd.lock_timeout_before_19'), true);

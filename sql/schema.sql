@@ -152,11 +152,17 @@ CREATE INDEX tasks_finished_idx ON pgtaskd.tasks (finished_at)
 
 -- The list of tasks (`GET /tasks`, `pgtaskd list`), newest first, filtered by a queue and a
 -- status, or by a status few rows have, reads these instead of walking past every other row
--- of the primary key (schema 19).
-CREATE INDEX tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id);
+-- of the primary key (schema 19). Finished rows only: no claim, finish or cancel can be
+-- planned on them.
+CREATE INDEX tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id)
+    WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 
 CREATE INDEX tasks_list_status_idx ON pgtaskd.tasks (status, id)
     WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+
+-- Queue and status together, so that a status absent from one queue is not estimated as if
+-- spread evenly (schema 19).
+CREATE STATISTICS pgtaskd.tasks_queue_status (mcv) ON queue, status FROM pgtaskd.tasks;
 
 -- An idempotency key is unique per queue; name this predicate in `ON CONFLICT`
 -- ("Idempotent enqueue").

@@ -6,8 +6,9 @@
 //! id shown (keyset paging: no offset to skip). Without a filter, and with filters most rows
 //! pass, the primary key is read backwards; a queue that holds few of the rows, or a status
 //! few rows have, is read from `tasks_list_queue_idx` (queue, status, id) and
-//! `tasks_list_status_idx` (status, id, finished rows) instead of walking past every other row
-//! (schema 19; docs/http.md gives the timings). A status filter is written into the
+//! `tasks_list_status_idx` (status, id), both of finished rows only, and the partial indexes
+//! of QUEUED and RUNNING rows, instead of walking past every other row (schema 19;
+//! docs/http.md gives the timings). A status filter is written into the
 //! statement as a literal (it is one of the five, never user text), so that the planner can
 //! match it to the partial indexes.
 
@@ -89,8 +90,22 @@ impl Listed {
     }
 }
 
+/// The columns of a [`Listed`], read from a row of the table or of a branch of it.
+const LISTED_COLUMNS: &str = concat!(
+    "id, queue, idempotency_key, status, priority, ",
+    super::task::shown_run_at!(),
+    ", attempt, max_attempts, cancel_requested, words, bytes, runes, error, lease_owner, \
+     lease_expires_at, created_at, started_at, finished_at, \
+     octet_length(payload)::bigint AS payload_bytes"
+);
+
 /// The statement for `filter`: `$1` the limit, then the queue and the id to start below,
 /// each when given.
+///
+/// A queue without a status is read as five branches, one per status, each newest first
+/// and stopped at the limit, merged: `tasks_list_queue_idx` holds finished rows only (so
+/// that no claim, finish or cancel, whose conditions never name a finished status, can be
+/// planned on it), and a branch per status is what lets it serve a queue.
 fn statement(filter: &ListFilter) -> String {
     let mut conditions = Vec::new();
     let mut next = 2;
@@ -98,26 +113,40 @@ fn statement(filter: &ListFilter) -> String {
         conditions.push(format!("queue = ${next}"));
         next += 1;
     }
-    if let Some(status) = filter.status {
-        // One of five fixed words: a literal the planner can match to a partial index.
-        conditions.push(format!("status = '{}'", status.as_str()));
-    }
     if filter.after.is_some() {
         conditions.push(format!("id < ${next}"));
     }
-    let filter_sql = if conditions.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", conditions.join(" AND "))
+    let preview = format!("substr(payload, 1, {PREVIEW_CHARS}) AS payload_preview");
+    let where_sql = |status: Option<TaskStatus>| {
+        let mut all = conditions.clone();
+        if let Some(status) = status {
+            // One of five fixed words: a literal the planner can match to a partial index.
+            all.push(format!("status = '{}'", status.as_str()));
+        }
+        if all.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", all.join(" AND "))
+        }
     };
+    if filter.queue.is_some() && filter.status.is_none() {
+        let branches: Vec<String> = TaskStatus::ALL
+            .iter()
+            .map(|&status| {
+                format!(
+                    "(SELECT * FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1)",
+                    where_sql(Some(status))
+                )
+            })
+            .collect();
+        return format!(
+            "SELECT {LISTED_COLUMNS}, {preview} FROM ({}) AS t ORDER BY id DESC LIMIT $1",
+            branches.join(" UNION ALL ")
+        );
+    }
     format!(
-        "SELECT id, queue, idempotency_key, status, priority, {}, attempt, max_attempts, \
-                cancel_requested, words, bytes, runes, error, lease_owner, lease_expires_at, \
-                created_at, started_at, finished_at, \
-                octet_length(payload)::bigint AS payload_bytes, \
-                substr(payload, 1, {PREVIEW_CHARS}) AS payload_preview \
-           FROM pgtaskd.tasks{filter_sql} ORDER BY id DESC LIMIT $1",
-        super::task::shown_run_at!()
+        "SELECT {LISTED_COLUMNS}, {preview} FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1",
+        where_sql(filter.status)
     )
 }
 
@@ -185,7 +214,7 @@ mod tests {
             after: Some(9),
         });
         assert!(
-            sql.contains("WHERE queue = $2 AND status = 'RUNNING' AND id < $3"),
+            sql.contains("WHERE queue = $2 AND id < $3 AND status = 'RUNNING'"),
             "{sql}"
         );
         let sql = statement(&ListFilter {
@@ -195,6 +224,17 @@ mod tests {
             after: Some(9),
         });
         assert!(sql.contains("WHERE id < $2"), "{sql}");
+        let sql = statement(&ListFilter {
+            queue: Some("q".into()),
+            status: None,
+            limit: 5,
+            after: Some(9),
+        });
+        assert_eq!(sql.matches(" UNION ALL ").count(), 4, "{sql}");
+        assert!(
+            sql.contains("WHERE queue = $2 AND id < $3 AND status = 'CANCELED'"),
+            "{sql}"
+        );
         assert!(sql.ends_with("ORDER BY id DESC LIMIT $1"), "{sql}");
     }
 
