@@ -186,6 +186,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Probe the daemon's own HTTP listener (http.listen), with the token of http.token_file:
+    /// exit 0 when GET /healthz (with --ready, /readyz) answers 200; else one line on standard
+    /// error and 1 (another answer), 69 (no answer) or 78 (no http.listen, no token file)
+    Probe {
+        /// Ask /readyz (started, listener connected, database answering) instead of /healthz
+        #[arg(long)]
+        ready: bool,
+        /// Give up after this long (exit 69)
+        #[arg(long, default_value = "5s", value_parser = parse_timeout)]
+        timeout: Duration,
+    },
 }
 
 /// The configuration keys `run` and `check-config` take as flags; each wins over its
@@ -309,14 +320,14 @@ pub struct EnqueueArgs {
     /// The queue to put it in (1 to 128 bytes)
     #[arg(long, default_value = crate::config::DEFAULT_QUEUE, value_parser = parse_queue)]
     pub queue: String,
-    /// Higher is claimed first (default 0)
-    #[arg(long, allow_negative_numbers = true)]
+    /// Higher is claimed first, -32768 to 32767 (default 0)
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_priority)]
     pub priority: Option<i16>,
     /// Not claimed before this: an RFC 3339 time ("2026-12-01T08:00:00Z") or a delay ("10m")
     #[arg(long, value_name = "TIME|DELAY", value_parser = parse_run_at)]
     pub run_at: Option<RunAt>,
-    /// Lost leases allowed before the task fails (default 3)
-    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    /// Lost leases allowed before the task fails, at least 1 (default 3)
+    #[arg(long, value_parser = parse_max_attempts)]
     pub max_attempts: Option<i32>,
     /// Idempotency key, unique per queue: enqueueing again with it prints the first task's id
     /// (1 to 255 visible ASCII characters)
@@ -358,12 +369,24 @@ fn parse_key(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
-/// An RFC 3339 time, or a delay such as "10m" counted from the database's clock.
+/// An RFC 3339 time, or a delay such as "10m" counted from the database's clock, by the rule
+/// the HTTP API applies to `run_at`.
 fn parse_run_at(text: &str) -> Result<RunAt, String> {
-    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(RunAt::At(at.with_timezone(&chrono::Utc)));
-    }
-    humantime::parse_duration(text)
-        .map(RunAt::After)
-        .map_err(|_| format!("{text:?} is neither an RFC 3339 time nor a delay such as \"10m\""))
+    crate::queue::enqueue::parse_run_at(text).map_err(|err| err.to_string())
+}
+
+/// A priority, by the rule the HTTP API applies to `priority`.
+fn parse_priority(text: &str) -> Result<i16, String> {
+    let number = text
+        .parse::<i64>()
+        .map_err(|_| crate::queue::enqueue::BadInput::Priority.to_string())?;
+    crate::queue::enqueue::check_priority(number).map_err(|err| err.to_string())
+}
+
+/// A number of attempts, by the rule the HTTP API applies to `max_attempts`.
+fn parse_max_attempts(text: &str) -> Result<i32, String> {
+    let number = text
+        .parse::<i64>()
+        .map_err(|_| crate::queue::enqueue::BadInput::MaxAttempts.to_string())?;
+    crate::queue::enqueue::check_max_attempts(number).map_err(|err| err.to_string())
 }

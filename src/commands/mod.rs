@@ -11,7 +11,7 @@
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
 //! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `analyze.rs`, `bench.rs`, and
-//! `generate.rs` (`completions`, `man`).
+//! `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -27,6 +27,7 @@ use crate::queue::TaskStatus;
 mod analyze;
 mod bench;
 mod generate;
+mod probe;
 mod queues;
 mod service;
 mod task;
@@ -87,6 +88,9 @@ pub enum CommandError {
     TimedOut { pending: usize, tasks: usize },
     #[error("idempotency key {key:?} already names task {id}, whose payload is another")]
     KeyConflict { key: String, id: i64 },
+    /// `pgtaskd probe`: 78 configuration, 69 no answer, 1 an answer that is not 200.
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeError),
 }
 
 impl CommandError {
@@ -101,6 +105,7 @@ impl CommandError {
             CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
             CommandError::Daemon(DaemonError::Unsettled(_)) => EXIT_UNAVAILABLE,
+            CommandError::Probe(err) => err.exit_code(),
             CommandError::Settings(_)
             | CommandError::Schema(_)
             | CommandError::Daemon(
@@ -217,6 +222,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::Retry { id } => queues::retry(&config, id).await,
         Command::List(args) => queues::list(&config, &args).await,
         Command::Stats { json } => queues::stats(&config, json).await,
+        Command::Probe { ready, timeout } => probe::probe(&config, ready, timeout).await,
     }
 }
 

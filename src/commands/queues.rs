@@ -53,6 +53,7 @@ pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, C
         queue: args.queue.clone(),
         status: args.status,
         limit: args.limit,
+        after: None,
     };
     let tasks = checked(&client, queue::list(&client, &filter)).await?;
     if args.json {

@@ -31,6 +31,8 @@ pub(crate) enum ApiError {
     NoSuchRoute,
     #[error("task is already {0}")]
     AlreadyFinished(TaskStatus),
+    #[error("task is {0}: only a FAILED or CANCELED task can be retried")]
+    NotRetryable(TaskStatus),
     #[error("the Idempotency-Key is already used by task {id}, with another payload")]
     KeyConflict { id: i64 },
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
@@ -64,7 +66,7 @@ impl ApiError {
             ApiError::BadRequest(_) | ApiError::BadTaskId => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NoSuchTask | ApiError::NoSuchRoute => StatusCode::NOT_FOUND,
-            ApiError::AlreadyFinished(_) => StatusCode::CONFLICT,
+            ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
             ApiError::KeyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -89,7 +91,7 @@ impl IntoResponse for ApiError {
                 tracing::error!(error = %err, "HTTP request failed in the database");
                 serde_json::json!({ "error": "internal error" })
             }
-            ApiError::AlreadyFinished(status) => {
+            ApiError::AlreadyFinished(status) | ApiError::NotRetryable(status) => {
                 serde_json::json!({ "error": self.to_string(), "status": status })
             }
             ApiError::KeyConflict { id } => {

@@ -2,11 +2,12 @@
 //!
 //! | route | file |
 //! | --- | --- |
-//! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel` | `tasks.rs` |
-//! | `GET /tasks/{id}?wait=30s`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
+//! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel`, `POST /tasks/{id}/retry` | `tasks.rs` |
+//! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume` | `queues.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
-//! | `GET /stats`, `GET /stats/throughput`, `GET /tasks?queue=&status=&limit=` | `stats.rs` |
+//! | `GET /stats`, `GET /stats/throughput` | `stats.rs` |
+//! | `GET /tasks?queue=&status=&limit=&after=`, a page of tasks | `list.rs` |
 //! | `GET /ui`, the dashboard (`ui.html`) | `ui.rs` |
 //!
 //! Large payloads are answered within a byte budget (`budget.rs`); each connection's socket
@@ -28,6 +29,7 @@ mod completions;
 mod connections;
 mod error;
 mod extract;
+mod list;
 mod ops;
 mod queues;
 mod server;
@@ -111,9 +113,10 @@ pub fn read_token(path: &Path) -> Result<Arc<str>, HttpError> {
 /// The routes, with authentication, body limit and deadlines.
 pub fn router(state: AppState, max_body: usize) -> Router {
     Router::new()
-        .route("/tasks", post(tasks::submit).get(stats::list))
+        .route("/tasks", post(tasks::submit).get(list::list))
         .route("/tasks/{id}", get(tasks::read))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/tasks/{id}/retry", post(tasks::retry))
         .route("/queues/{queue}/pause", post(queues::pause))
         .route("/queues/{queue}/resume", post(queues::resume))
         .route("/readyz", get(ops::readyz))

@@ -1,5 +1,5 @@
-//! The task routes: submit (with an optional `Idempotency-Key`), read (with an optional
-//! `wait`), cancel. The database is the truth.
+//! The task routes: submit (with an optional `Idempotency-Key` and an optional `wait`), read
+//! (with an optional `wait`), cancel, retry. The database is the truth.
 
 use std::sync::Arc;
 
@@ -14,8 +14,9 @@ use super::budget::{PayloadBody, ReadBudget, UNCOUNTED_PAYLOAD};
 use super::error::ApiError;
 use super::extract::{Db, TaskId};
 use super::AppState;
+use crate::queue::enqueue::BadInput;
 use crate::queue::task::Read;
-use crate::queue::{self, CancelOutcome, Enqueued, Task, TaskStatus};
+use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, RunAt, Task, TaskStatus};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,47 +24,108 @@ struct Submission {
     payload: String,
     #[serde(default = "default_queue")]
     queue: String,
+    /// Taken as any JSON value, so that a wrong one is refused with the field's own rule
+    /// (`queue::enqueue::check_priority`), as the CLI refuses it, not with serde's words.
+    #[serde(default)]
+    priority: Option<serde_json::Value>,
+    #[serde(default)]
+    run_at: Option<serde_json::Value>,
+    #[serde(default)]
+    max_attempts: Option<serde_json::Value>,
 }
 
 fn default_queue() -> String {
     crate::config::DEFAULT_QUEUE.to_string()
 }
 
-/// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue": "..."}`. 202 means
-/// accepted (committed to the table), not done. With an `Idempotency-Key` header already used
-/// in the queue: 200 with that task's id and current status when the payload is the same, 422
-/// when it is another.
+impl Submission {
+    /// The task to insert: the fields checked by the rules `pgtaskd enqueue` applies
+    /// (`queue::enqueue`), each error naming its field. A `null` is the column's default.
+    fn task(self, idempotency_key: Option<String>) -> Result<queue::NewTask, ApiError> {
+        let integer = |value: &serde_json::Value| value.as_i64();
+        let priority = match self.priority.filter(|v| !v.is_null()) {
+            None => None,
+            Some(value) => Some(
+                integer(&value)
+                    .ok_or(BadInput::Priority)
+                    .and_then(queue::enqueue::check_priority)?,
+            ),
+        };
+        let max_attempts = match self.max_attempts.filter(|v| !v.is_null()) {
+            None => None,
+            Some(value) => Some(
+                integer(&value)
+                    .ok_or(BadInput::MaxAttempts)
+                    .and_then(queue::enqueue::check_max_attempts)?,
+            ),
+        };
+        let run_at = match self.run_at.filter(|v| !v.is_null()) {
+            None => RunAt::Now,
+            Some(serde_json::Value::String(text)) => queue::enqueue::parse_run_at(&text)?,
+            Some(other) => return Err(BadInput::RunAt(other.to_string()).into()),
+        };
+        let task = queue::NewTask {
+            queue: self.queue,
+            payload: self.payload,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_key,
+        };
+        task.check()?;
+        Ok(task)
+    }
+}
+
+/// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue":
+/// "...", "priority": 0, "run_at": "...", "max_attempts": 3}` (all but the payload optional).
+/// 202 means accepted (committed to the table), not done. With an `Idempotency-Key` header
+/// already used in the queue: 200 with that task's id and current status when the payload is
+/// the same, 422 when it is another.
+///
+/// With `?wait=D` (as `GET /tasks/{id}?wait=`, at most a minute) the answer is the row once
+/// the task is terminal (200), or at the end of the wait as it is then (202), as `GET
+/// /tasks/{id}?wait=` answers it; `Location` names the task either way.
 pub(super) async fn submit(
     State(state): State<AppState>,
+    Extension(budget): Extension<Arc<ReadBudget>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<impl IntoResponse, ApiError> {
-    // The body is judged before a session is taken: a bad request is 400 even in an outage.
-    let submission = parse_submission(&headers, &body)?;
+) -> Result<Response, ApiError> {
+    // The request is judged before a session is taken: a bad request is 400 even in an outage.
+    let wait = super::wait::requested(query.as_deref())?;
     let key = idempotency_key(&headers)?;
-    let task = queue::NewTask {
-        idempotency_key: key,
-        ..queue::NewTask::new(&submission.queue, &submission.payload)
-    };
-    task.check()?;
-    let session = state.pool.get().await?;
-    let (code, id, status) = match session.bounded(queue::enqueue(&session, &task)).await? {
-        Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
-        Enqueued::Existing(id) => {
-            // The status only: the payload, maybe large, is the one just sent.
-            let status = session
-                .bounded(queue::task::read(&session, id, 0))
-                .await?
-                .map_or(TaskStatus::Queued, |read| read.status());
-            (StatusCode::OK, id, status)
+    let task = parse_submission(&headers, &body)?.task(key)?;
+    drop(body);
+    let (code, id, status) = {
+        let session = state.pool.get().await?;
+        match session.bounded(queue::enqueue(&session, &task)).await? {
+            Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
+            Enqueued::Existing(id) => {
+                // The status only: the payload, maybe large, is the one just sent.
+                let status = session
+                    .bounded(queue::task::read(&session, id, 0))
+                    .await?
+                    .map_or(TaskStatus::Queued, |read| read.status());
+                (StatusCode::OK, id, status)
+            }
+            Enqueued::KeyConflict(id) => return Err(ApiError::KeyConflict { id }),
         }
-        Enqueued::KeyConflict(id) => return Err(ApiError::KeyConflict { id }),
     };
-    Ok((
-        code,
-        [(header::LOCATION, format!("/tasks/{id}"))],
-        Json(serde_json::json!({ "id": id, "status": status })),
-    ))
+    drop(task);
+    let location = [(header::LOCATION, format!("/tasks/{id}"))];
+    let Some(wait) = wait else {
+        let body = Json(serde_json::json!({ "id": id, "status": status }));
+        return Ok((code, location, body).into_response());
+    };
+    let (done, answer) = read_until_terminal(&state, &budget, id, Some(wait)).await?;
+    let code = if done {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((code, location, answer).into_response())
 }
 
 /// The `Idempotency-Key` header, checked by [`queue::enqueue::check_idempotency_key`].
@@ -94,6 +156,9 @@ fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiE
             payload: String::from_utf8(body.to_vec())
                 .map_err(|_| ApiError::BadRequest("the body is not UTF-8 text".into()))?,
             queue: default_queue(),
+            priority: None,
+            run_at: None,
+            max_attempts: None,
         },
         _ => return Err(ApiError::UnsupportedMediaType),
     };
@@ -116,6 +181,19 @@ pub(super) async fn read(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let wait = super::wait::requested(query.as_deref())?;
+    let (_, answer) = read_until_terminal(&state, &budget, id, wait).await?;
+    Ok(answer)
+}
+
+/// Read task `id`; with `wait`, until it is terminal or the wait is over (registered with
+/// the daemon's completions before the first read, so that no finish is missed). Whether it
+/// was terminal, and the answer of `GET /tasks/{id}` with the row as last read.
+async fn read_until_terminal(
+    state: &AppState,
+    budget: &Arc<ReadBudget>,
+    id: i64,
+    wait: Option<std::time::Duration>,
+) -> Result<(bool, Response), ApiError> {
     let deadline = tokio::time::Instant::now() + wait.unwrap_or_default();
     let mut watch = wait.map(|_| state.completions.watch(id));
     loop {
@@ -128,9 +206,10 @@ pub(super) async fn read(
         let Some(read) = read else {
             return Err(ApiError::NoSuchTask);
         };
-        let waiting = !read.status().is_terminal() && tokio::time::Instant::now() < deadline;
+        let terminal = read.status().is_terminal();
+        let waiting = !terminal && tokio::time::Instant::now() < deadline;
         let Some(watch) = watch.as_mut().filter(|_| waiting) else {
-            return answer(&state, &budget, id, read).await;
+            return Ok((terminal, answer(state, budget, id, read).await?));
         };
         tokio::select! {
             _ = watch.changed() => {}
@@ -199,4 +278,20 @@ pub(super) async fn cancel(
             serde_json::json!({ "id": id, "status": status, "cancel_requested": cancel_requested }),
         ),
     ))
+}
+
+/// `POST /tasks/{id}/retry`: what `pgtaskd retry` does (`pgtaskd.retry`): a FAILED or CANCELED
+/// task back to QUEUED as if new. 200 with the status it had, 404, 409 for a task that is
+/// QUEUED, RUNNING or SUCCEEDED (nothing changed).
+pub(super) async fn retry(
+    TaskId(id): TaskId,
+    Db(session): Db,
+) -> Result<impl IntoResponse, ApiError> {
+    match session.bounded(queue::retry(&session, id)).await? {
+        RetryOutcome::Requeued(was) => Ok(Json(
+            serde_json::json!({ "id": id, "status": TaskStatus::Queued, "previous_status": was }),
+        )),
+        RetryOutcome::Refused(status) => Err(ApiError::NotRetryable(status)),
+        RetryOutcome::NotFound => Err(ApiError::NoSuchTask),
+    }
 }

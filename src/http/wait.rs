@@ -1,4 +1,5 @@
-//! The `wait` parameter of `GET /tasks/{id}`, and the request deadline that makes room for it.
+//! The `wait` parameter of `GET /tasks/{id}` and `POST /tasks`, and the request deadline that
+//! makes room for it.
 //!
 //! `?wait=30s` (a duration such as `500ms`, `30s`, `1m`) asks the answer to come as soon as the
 //! task is terminal, or at the end of the wait with the row as it is then; at most

@@ -41,6 +41,12 @@ pub enum BadInput {
     PayloadNul,
     #[error("the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters")]
     Key,
+    #[error("priority must be an integer from {} to {}", i16::MIN, i16::MAX)]
+    Priority,
+    #[error("max_attempts must be an integer from 1 to {}", i32::MAX)]
+    MaxAttempts,
+    #[error("run_at {0:?} is neither an RFC 3339 time (\"2026-12-01T08:00:00Z\") nor a delay such as \"10m\" (at most 100 years)")]
+    RunAt(String),
 }
 
 /// A queue name: not empty nor only white space, at most [`MAX_QUEUE_NAME`] bytes, no NUL.
@@ -88,6 +94,48 @@ pub fn check_idempotency_key(key: &str) -> Result<(), BadInput> {
     } else {
         Err(BadInput::Key)
     }
+}
+
+/// A priority: a smallint, as the column holds it (higher is claimed first).
+///
+/// # Errors
+///
+/// [`BadInput::Priority`] outside `i16`.
+pub fn check_priority(priority: i64) -> Result<i16, BadInput> {
+    i16::try_from(priority).map_err(|_| BadInput::Priority)
+}
+
+/// A number of attempts: at least 1, as the column's `tasks_max_attempts_check` requires.
+///
+/// # Errors
+///
+/// [`BadInput::MaxAttempts`] below 1 or past `i32`.
+pub fn check_max_attempts(max_attempts: i64) -> Result<i32, BadInput> {
+    i32::try_from(max_attempts)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or(BadInput::MaxAttempts)
+}
+
+/// The longest `run_at` delay: a later time than the table can hold fails the insert.
+pub const MAX_RUN_AT_DELAY: std::time::Duration =
+    std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A `run_at`: an RFC 3339 time, or a delay such as "10m" counted from the database's clock,
+/// at most [`MAX_RUN_AT_DELAY`].
+///
+/// # Errors
+///
+/// [`BadInput::RunAt`] for anything else.
+pub fn parse_run_at(text: &str) -> Result<RunAt, BadInput> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(RunAt::At(at.with_timezone(&Utc)));
+    }
+    humantime::parse_duration(text)
+        .ok()
+        .filter(|delay| *delay <= MAX_RUN_AT_DELAY)
+        .map(RunAt::After)
+        .ok_or_else(|| BadInput::RunAt(text.to_string()))
 }
 
 /// When a task may first be claimed.
@@ -241,6 +289,29 @@ pub(super) async fn enqueue_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn priority_max_attempts_and_run_at_have_the_columns_rules() {
+        assert_eq!(check_priority(-32768), Ok(i16::MIN));
+        assert_eq!(check_priority(32768), Err(BadInput::Priority));
+        assert_eq!(check_max_attempts(1), Ok(1));
+        assert_eq!(check_max_attempts(0), Err(BadInput::MaxAttempts));
+        assert_eq!(check_max_attempts(1 << 31), Err(BadInput::MaxAttempts));
+        assert!(matches!(
+            parse_run_at("2026-12-01T08:00:00Z"),
+            Ok(RunAt::At(_))
+        ));
+        assert_eq!(
+            parse_run_at("10m"),
+            Ok(RunAt::After(std::time::Duration::from_secs(600)))
+        );
+        for bad in ["tomorrow", "2026-12-01", "101years", ""] {
+            assert!(
+                matches!(parse_run_at(bad), Err(BadInput::RunAt(_))),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn queue_names_are_one_to_128_bytes_without_nul() {

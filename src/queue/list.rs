@@ -1,10 +1,16 @@
-//! The latest tasks, newest first, for `pgtaskd list` (and the dashboard's JSON): a summary
-//! of each row, without its payload (which may weigh a gigabyte), only its size.
+//! The latest tasks, newest first, for `pgtaskd list` and `GET /tasks`: each row without its
+//! payload (which may weigh a gigabyte), only its size and its first 200 characters.
 //!
-//! The order is `id DESC`, read backwards through the primary key and stopped at the limit,
-//! so a table of millions of finished rows costs no more than the rows shown. A status filter
-//! is written into the statement as a literal (it is one of the five, never user text), so
-//! that QUEUED and RUNNING can be read from their partial indexes.
+//! The order is `id DESC`, read backwards and stopped at the limit, so a table of millions of
+//! finished rows costs no more than the rows shown; a page after another starts below the last
+//! id shown (keyset paging: no offset to skip). Without a filter, and with filters most rows
+//! pass, the primary key is read backwards; a queue that holds few of the rows, or a status
+//! few rows have, is read from `tasks_list_queue_idx` (queue, status, id) and
+//! `tasks_list_status_idx` (status, id), both of finished rows only, and the partial indexes
+//! of QUEUED and RUNNING rows, instead of walking past every other row (schema 19;
+//! docs/http.md gives the timings). A status filter is written into the
+//! statement as a literal (it is one of the five, never user text), so that the planner can
+//! match it to the partial indexes.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -21,26 +27,40 @@ pub struct ListFilter {
     pub status: Option<TaskStatus>,
     /// At most this many rows.
     pub limit: i64,
+    /// Only tasks older than this one (lower ids): the page after the one that ended there.
+    pub after: Option<i64>,
 }
 
-/// One row of `pgtaskd list`.
+/// The characters of a payload that a listed row shows.
+pub const PREVIEW_CHARS: i32 = 200;
+
+/// One row of `pgtaskd list`: a [`Task`](super::Task) without its payload, with the payload's
+/// size and first characters.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Listed {
     pub id: i64,
     pub queue: String,
+    pub idempotency_key: Option<String>,
     pub status: TaskStatus,
     pub priority: i16,
+    pub run_at: DateTime<Utc>,
     pub attempt: i32,
     pub max_attempts: i32,
-    /// The payload's length in bytes (the text is not read).
-    pub payload_bytes: i64,
+    pub cancel_requested: bool,
     pub words: i64,
     pub bytes: i64,
     pub runes: i64,
     pub error: Option<String>,
-    pub run_at: DateTime<Utc>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The payload's length in bytes.
+    pub payload_bytes: i64,
+    /// The payload's first [`PREVIEW_CHARS`] characters, read alone (`substr` fetches only
+    /// the first chunks of a large payload).
+    pub payload_preview: String,
 }
 
 impl Listed {
@@ -48,43 +68,85 @@ impl Listed {
         Listed {
             id: row.get("id"),
             queue: row.get("queue"),
+            idempotency_key: row.get("idempotency_key"),
             status: status_column(row.get("status")),
             priority: row.get("priority"),
+            run_at: row.get("run_at"),
             attempt: row.get("attempt"),
             max_attempts: row.get("max_attempts"),
-            payload_bytes: row.get("payload_bytes"),
+            cancel_requested: row.get("cancel_requested"),
             words: row.get("words"),
             bytes: row.get("bytes"),
             runes: row.get("runes"),
             error: row.get("error"),
-            run_at: row.get("run_at"),
+            lease_owner: row.get("lease_owner"),
+            lease_expires_at: row.get("lease_expires_at"),
             created_at: row.get("created_at"),
+            started_at: row.get("started_at"),
             finished_at: row.get("finished_at"),
+            payload_bytes: row.get("payload_bytes"),
+            payload_preview: row.get("payload_preview"),
         }
     }
 }
 
-/// The statement for `filter`; the queue and the limit are parameters.
+/// The columns of a [`Listed`], read from a row of the table or of a branch of it.
+const LISTED_COLUMNS: &str = concat!(
+    "id, queue, idempotency_key, status, priority, ",
+    super::task::shown_run_at!(),
+    ", attempt, max_attempts, cancel_requested, words, bytes, runes, error, lease_owner, \
+     lease_expires_at, created_at, started_at, finished_at, \
+     octet_length(payload)::bigint AS payload_bytes"
+);
+
+/// The statement for `filter`: `$1` the limit, then the queue and the id to start below,
+/// each when given.
+///
+/// A queue without a status is read as five branches, one per status, each newest first
+/// and stopped at the limit, merged: `tasks_list_queue_idx` holds finished rows only (so
+/// that no claim, finish or cancel, whose conditions never name a finished status, can be
+/// planned on it), and a branch per status is what lets it serve a queue.
 fn statement(filter: &ListFilter) -> String {
     let mut conditions = Vec::new();
+    let mut next = 2;
     if filter.queue.is_some() {
-        conditions.push("queue = $2".to_string());
+        conditions.push(format!("queue = ${next}"));
+        next += 1;
     }
-    if let Some(status) = filter.status {
-        // One of five fixed words: a literal the planner can match to a partial index.
-        conditions.push(format!("status = '{}'", status.as_str()));
+    if filter.after.is_some() {
+        conditions.push(format!("id < ${next}"));
     }
-    let filter_sql = if conditions.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", conditions.join(" AND "))
+    let preview = format!("substr(payload, 1, {PREVIEW_CHARS}) AS payload_preview");
+    let where_sql = |status: Option<TaskStatus>| {
+        let mut all = conditions.clone();
+        if let Some(status) = status {
+            // One of five fixed words: a literal the planner can match to a partial index.
+            all.push(format!("status = '{}'", status.as_str()));
+        }
+        if all.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", all.join(" AND "))
+        }
     };
+    if filter.queue.is_some() && filter.status.is_none() {
+        let branches: Vec<String> = TaskStatus::ALL
+            .iter()
+            .map(|&status| {
+                format!(
+                    "(SELECT * FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1)",
+                    where_sql(Some(status))
+                )
+            })
+            .collect();
+        return format!(
+            "SELECT {LISTED_COLUMNS}, {preview} FROM ({}) AS t ORDER BY id DESC LIMIT $1",
+            branches.join(" UNION ALL ")
+        );
+    }
     format!(
-        "SELECT id, queue, status, priority, attempt, max_attempts, \
-                octet_length(payload)::bigint AS payload_bytes, words, bytes, runes, error, \
-                {}, created_at, finished_at \
-           FROM pgtaskd.tasks{filter_sql} ORDER BY id DESC LIMIT $1",
-        super::task::shown_run_at!()
+        "SELECT {LISTED_COLUMNS}, {preview} FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1",
+        where_sql(filter.status)
     )
 }
 
@@ -99,8 +161,44 @@ pub async fn list(client: &Client, filter: &ListFilter) -> Result<Vec<Listed>, D
     if let Some(queue) = &filter.queue {
         params.push((queue, Type::TEXT));
     }
+    if let Some(after) = &filter.after {
+        params.push((after, Type::INT8));
+    }
     let rows = client.query_typed(&sql, &params).await?;
     Ok(rows.iter().map(Listed::from_row).collect())
+}
+
+/// A page of [`list`]: the rows, and the id to ask the next page `after` (`None` at the end).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Page {
+    pub tasks: Vec<Listed>,
+    pub next: Option<i64>,
+}
+
+/// The page `filter` selects: one row more than the limit is read, so that the last page
+/// says it is the last.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn page(client: &Client, filter: &ListFilter) -> Result<Page, DbError> {
+    let limit = usize::try_from(filter.limit).unwrap_or(0);
+    let mut tasks = list(
+        client,
+        &ListFilter {
+            limit: filter.limit + 1,
+            ..filter.clone()
+        },
+    )
+    .await?;
+    let more = tasks.len() > limit;
+    tasks.truncate(limit);
+    let next = if more {
+        tasks.last().map(|task| task.id)
+    } else {
+        None
+    };
+    Ok(Page { tasks, next })
 }
 
 #[cfg(test)]
@@ -113,9 +211,28 @@ mod tests {
             queue: Some("q".into()),
             status: Some(TaskStatus::Running),
             limit: 5,
+            after: Some(9),
         });
         assert!(
-            sql.contains("WHERE queue = $2 AND status = 'RUNNING'"),
+            sql.contains("WHERE queue = $2 AND id < $3 AND status = 'RUNNING'"),
+            "{sql}"
+        );
+        let sql = statement(&ListFilter {
+            queue: None,
+            status: None,
+            limit: 5,
+            after: Some(9),
+        });
+        assert!(sql.contains("WHERE id < $2"), "{sql}");
+        let sql = statement(&ListFilter {
+            queue: Some("q".into()),
+            status: None,
+            limit: 5,
+            after: Some(9),
+        });
+        assert_eq!(sql.matches(" UNION ALL ").count(), 4, "{sql}");
+        assert!(
+            sql.contains("WHERE queue = $2 AND id < $3 AND status = 'CANCELED'"),
             "{sql}"
         );
         assert!(sql.ends_with("ORDER BY id DESC LIMIT $1"), "{sql}");
@@ -127,6 +244,7 @@ mod tests {
             queue: None,
             status: None,
             limit: 5,
+            after: None,
         });
         assert!(!sql.contains("WHERE"), "{sql}");
     }

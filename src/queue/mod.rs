@@ -17,7 +17,7 @@
 //! | [`mod@task`] | the row as clients see it, and reading it |
 //! | [`mod@pause`] | pausing and resuming a queue |
 //! | [`mod@retry`] | FAILED / CANCELED -> QUEUED, as if new |
-//! | [`mod@list`] | the latest tasks, newest first |
+//! | [`mod@list`] | the latest tasks, newest first, a page at a time |
 //! | [`mod@stats`] | per-queue figures from indexes and bounded ranges; the daemons connected |
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
 //! | [`mod@vacuum`] | the table's bloat and the oldest xmin horizon holding back its vacuum |
@@ -49,7 +49,7 @@ pub use enqueue_file::{enqueue_file, FileEnqueueError};
 pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
 pub use heartbeat::{extend_one, heartbeat, Beat, Extended};
 pub use idle::{clear_idle, flag_idle, remove_idle, settled};
-pub use list::{list, ListFilter, Listed};
+pub use list::{list, page, ListFilter, Listed, Page};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};

@@ -22,6 +22,15 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// The five, in the order of their life.
+    pub const ALL: [TaskStatus; 5] = [
+        TaskStatus::Queued,
+        TaskStatus::Running,
+        TaskStatus::Succeeded,
+        TaskStatus::Failed,
+        TaskStatus::Canceled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskStatus::Queued => "QUEUED",

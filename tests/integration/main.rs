@@ -26,6 +26,7 @@ mod handler_config;
 mod handlers;
 mod http;
 mod http_limits;
+mod http_parity;
 mod http_parse_errors;
 mod http_payload_budget;
 mod idempotency;
