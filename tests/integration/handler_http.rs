@@ -326,11 +326,16 @@ async fn a_cancel_drops_the_request_at_once() {
     server.arrived().await;
     let canceled = Instant::now();
     cancel.cancel();
-    let ran = within(Duration::from_secs(2), "the canceled post", posting)
+    let ran = within(Duration::from_secs(5), "the canceled post", posting)
         .await
         .unwrap();
     assert_eq!(ran, Ran::Canceled);
-    assert!(canceled.elapsed() < Duration::from_secs(1));
+    // Promptly: the request's timeout is five minutes. (A margin for a loaded machine.)
+    assert!(
+        canceled.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        canceled.elapsed()
+    );
     server.closed().await;
 }
 
