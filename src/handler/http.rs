@@ -1,10 +1,29 @@
-//! The `http` handler: one `POST` per task (to be written).
+//! The `http` handler: one `POST` per task to the queue's `url`, over the daemon's one
+//! keep-alive client (docs/handlers.md, "http").
+//!
+//! The request carries the payload as its body and says which task and claim it is
+//! (`Pgtaskd-Task-Id`, `Pgtaskd-Attempt`, `Pgtaskd-Queue`, `Idempotency-Key`, `traceparent`).
+//! The answer decides the attempt: a 2xx body is the output; 400, 404, 410 and 422 fail the
+//! task at once; any other status, a timeout or a broken connection is a failed attempt,
+//! retried (after the answer's `Retry-After` when it has one). Redirects are not followed: a
+//! 3xx is a failed attempt like a 5xx.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `http.rs` | the client (TLS, pool, no redirects), the request, the deadline and the cancel |
+//! | `http/answer.rs` | what an answer means: status, `Retry-After`, bounded body reads |
 
+mod answer;
+
+use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::Url;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Job, Ran};
+use super::{Failure, FailureKind, Job, Ran, Retry};
 
 /// A queue's `http` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,17 +36,50 @@ pub struct HttpSpec {
     pub max_output: usize,
 }
 
+/// How long a pooled connection may sit idle before the client closes it: under the
+/// keep-alive timeouts common servers apply (Node's is 5 s), so that the client rarely sends
+/// a request on a connection the server is closing at that moment.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The `User-Agent` of every request.
+const USER_AGENT: &str = concat!("pgtaskd/", env!("CARGO_PKG_VERSION"));
+
 /// The daemon's one HTTP client: keep-alive connections shared by every `http` queue.
+///
+/// Cloning is cheap and shares the connection pool.
 #[derive(Debug, Clone)]
-pub struct HttpClient {}
+pub struct HttpClient {
+    client: reqwest::Client,
+}
 
 impl HttpClient {
     /// Build the client (rustls, the system's roots).
+    ///
+    /// TLS uses the ring provider, as the connections to PostgreSQL do, and trusts the
+    /// system's root certificates. Redirects are never followed: a task is posted to the URL
+    /// its queue names and nowhere else, and a 3xx is a failed attempt. Proxies come from the
+    /// environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`), as most HTTP clients do.
+    ///
+    /// # Errors
+    ///
+    /// A client that cannot be built (an invalid TLS configuration). A system without root
+    /// certificates is only warned about: plain http endpoints still work.
     pub fn new() -> Result<Self, String> {
-        Ok(HttpClient {})
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls_config()?)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .user_agent(USER_AGENT)
+            .build()
+            .map_err(|err| format!("cannot build the HTTP client: {}", error_chain(err)))?;
+        Ok(HttpClient { client })
     }
 
     /// Post `payload` for `job` to `spec.url`.
+    ///
+    /// The whole exchange (connecting, sending, the answer's head and body) is bounded by
+    /// `spec.timeout`; `cancel` firing drops the request at once (the connection is closed, as
+    /// the answer was not read) and answers [`Ran::Canceled`].
     pub async fn post(
         &self,
         spec: &HttpSpec,
@@ -35,7 +87,213 @@ impl HttpClient {
         payload: bytes::Bytes,
         cancel: &CancellationToken,
     ) -> Ran {
-        let _ = (spec, job, payload, cancel);
-        todo!("http handler")
+        let shown = shown_url(&spec.url);
+        let deadline = Instant::now() + spec.timeout;
+        let exchange = self.exchange(spec, job, payload, &shown, deadline);
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Ran::Canceled,
+            ran = tokio::time::timeout_at(deadline, exchange) => match ran {
+                Ok(ran) => ran,
+                Err(_) => Ran::Failed(timed_out(&shown, spec.timeout)),
+            },
+        }
+    }
+
+    /// Send the request and read the answer, with no bound of its own on the time.
+    async fn exchange(
+        &self,
+        spec: &HttpSpec,
+        job: &Job,
+        payload: bytes::Bytes,
+        shown: &str,
+        deadline: Instant,
+    ) -> Ran {
+        let response = match self
+            .client
+            .post(spec.url.as_str())
+            .headers(headers(job))
+            .body(payload)
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(err) => return Ran::Failed(unreachable(shown, err)),
+        };
+        answer::read(response, spec, shown, deadline).await
+    }
+}
+
+/// The rustls configuration: the ring provider and the system's root certificates.
+fn tls_config() -> Result<rustls::ClientConfig, String> {
+    let native = rustls_native_certs::load_native_certs();
+    for err in &native.errors {
+        tracing::warn!(error = %err, "cannot load a system root certificate");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        tracing::warn!("no system root certificate: https endpoints will not be trusted");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("invalid TLS configuration for the HTTP client: {err}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The headers that tell the endpoint which task and claim a request is.
+///
+/// The ids are digits and queue names are checked by the configuration; a `traceparent`
+/// that is not a valid header value (it came from a row) is left out rather than failing the
+/// task.
+fn headers(job: &Job) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(6);
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        HeaderName::from_static("pgtaskd-task-id"),
+        HeaderValue::from(job.id),
+    );
+    headers.insert(
+        HeaderName::from_static("pgtaskd-attempt"),
+        HeaderValue::from(job.attempt),
+    );
+    match HeaderValue::from_str(&job.queue) {
+        Ok(queue) => {
+            headers.insert(HeaderName::from_static("pgtaskd-queue"), queue);
+        }
+        Err(_) => tracing::warn!(queue = %job.queue, "queue name is not a valid header value"),
+    }
+    headers.insert(
+        HeaderName::from_static("idempotency-key"),
+        HeaderValue::from(job.token),
+    );
+    if let Some(traceparent) = &job.traceparent {
+        match HeaderValue::from_str(traceparent) {
+            Ok(value) => {
+                headers.insert(HeaderName::from_static("traceparent"), value);
+            }
+            Err(_) => tracing::warn!(
+                task = job.id,
+                "the task's traceparent is not a valid header value; sent without it"
+            ),
+        }
+    }
+    headers
+}
+
+/// `url` as messages show it: without its user name and password.
+fn shown_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut parsed) => {
+            if !parsed.username().is_empty() || parsed.password().is_some() {
+                // Both only fail for URLs that cannot have credentials, which have none.
+                let _ = parsed.set_username("");
+                let _ = parsed.set_password(None);
+            }
+            parsed.to_string()
+        }
+        // Not a URL: show what is before any '@' no more than the rest.
+        Err(_) => match url.rsplit_once('@') {
+            Some((before, after)) => match before.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://{after}"),
+                None => after.to_string(),
+            },
+            None => url.to_string(),
+        },
+    }
+}
+
+/// The failed attempt of a request that did not get a whole answer in `timeout`.
+fn timed_out(shown: &str, timeout: Duration) -> Failure {
+    Failure {
+        message: format!(
+            "no complete answer from {shown} within the timeout of {}",
+            humantime::format_duration(timeout)
+        ),
+        retry: Retry::Later { after: None },
+        kind: FailureKind::Timeout,
+    }
+}
+
+/// The failed attempt of a request that got no answer: no connection (refused, DNS, TLS),
+/// or a connection that broke before the answer's head.
+fn unreachable(shown: &str, err: reqwest::Error) -> Failure {
+    let what = if err.is_builder() {
+        "cannot post to"
+    } else if err.is_connect() {
+        "cannot connect to"
+    } else {
+        "no answer from"
+    };
+    Failure {
+        message: format!("{what} {shown}: {}", error_chain(err)),
+        retry: Retry::Later { after: None },
+        kind: FailureKind::Unreachable,
+    }
+}
+
+/// An error's causes in one line (`tcp connect error: Connection refused (os error 111)`),
+/// without the URL (it may hold a password; the caller names the URL itself) and without the
+/// layers' wrappers ("error sending request", "client error (Connect)") or repetitions.
+fn error_chain(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        let wrapper = text.starts_with("client error (");
+        if !wrapper && !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    if parts.is_empty() {
+        return err.to_string();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_lose_their_credentials() {
+        assert_eq!(
+            shown_url("https://user:secret@example.com:8443/run?x=1"),
+            "https://example.com:8443/run?x=1"
+        );
+        assert_eq!(
+            shown_url("http://example.com/run"),
+            "http://example.com/run"
+        );
+        assert_eq!(shown_url("http://user:se cret@[bad/x"), "http://[bad/x");
+    }
+
+    #[test]
+    fn headers_name_the_task_and_claim() {
+        let job = Job {
+            id: 42,
+            attempt: 3,
+            queue: "mail".into(),
+            token: 9001,
+            traceparent: None,
+        };
+        let headers = headers(&job);
+        assert_eq!(headers["pgtaskd-task-id"], "42");
+        assert_eq!(headers["pgtaskd-attempt"], "3");
+        assert_eq!(headers["pgtaskd-queue"], "mail");
+        assert_eq!(headers["idempotency-key"], "9001");
+        assert!(!headers.contains_key("traceparent"));
+        let bad = Job {
+            traceparent: Some("00-x\n-y".into()),
+            ..job
+        };
+        assert!(!super::headers(&bad).contains_key("traceparent"));
     }
 }

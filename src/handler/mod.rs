@@ -10,6 +10,7 @@
 //! | `mod.rs` | what a handler is given ([`Job`]) and what it answers ([`Ran`], [`Failure`]) |
 //! | `exec.rs` | one child process per task: stdin, bounded output, timeout, process group |
 //! | `http.rs` | one `POST` per task over a shared keep-alive client |
+//! | `http/answer.rs` | reading the answer: retry or not, `Retry-After`, the bounded body |
 
 use std::time::Duration;
 
