@@ -2,7 +2,7 @@
 //! sends, what each answer means for the attempt, its timeout, its cancel, its keep-alive
 //! pool, and the Node endpoint of docs/examples (docs/handlers.md, "http").
 
-mod server;
+pub(crate) mod server;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};

@@ -426,3 +426,89 @@ async fn a_finish_committed_but_unanswered_never_runs_the_command_again() {
     assert_eq!(before, 20, "the command ran once per task: {ran:?}");
     assert_eq!(ran.len(), 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_fails_at_once() {
+    use crate::handler_http::server::{respond, TestServer};
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // "later": 503 with Retry-After: 1 the first time, then 200; "gone": 404; else 200 with
+    // the body upper-cased.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&calls);
+    let mut server = TestServer::start(move |seen| {
+        let body = String::from_utf8_lossy(&seen.body).to_string();
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            match body.as_str() {
+                "later" if n == 0 => respond(503, &[("retry-after", "1")], "busy"),
+                "gone" => respond(404, &[], "no such thing"),
+                _ => respond(200, &[], body.to_uppercase()),
+            }
+        }
+    })
+    .await;
+    let config = config_with(&format!(
+        "handler = \"http\"\nurl = \"{}\"\nretry_backoff = \"1h\"\nmax_backoff = \"1h\"\n",
+        server.url("/jobs")
+    ));
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("listening for notifications").await;
+
+    let later = enqueue(&client, "later", 3).await;
+    wait_status(&client, later, "SUCCEEDED").await;
+    let first = server.next_request().await;
+    assert_eq!(first.path, "/jobs");
+    let second = server.next_request().await;
+    let row = client
+        .query_one(
+            "SELECT output, attempt, claim_token, started_at - created_at FROM pgtaskd.tasks WHERE id = $1",
+            &[&later],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("LATER"));
+    assert_eq!(row.get::<_, i32>(1), 2, "the 503 cost an attempt");
+    let token: i64 = row.get(2);
+    let header = |seen: &crate::handler_http::server::Seen, name: &str| {
+        seen.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(header(&second, "idempotency-key"), Some(token.to_string()));
+    assert_eq!(header(&second, "pgtaskd-task-id"), Some(later.to_string()));
+    assert_eq!(header(&second, "pgtaskd-attempt").as_deref(), Some("2"));
+    assert_eq!(header(&second, "pgtaskd-queue").as_deref(), Some("jobs"));
+    assert_ne!(
+        header(&first, "idempotency-key"),
+        header(&second, "idempotency-key"),
+        "each attempt is a claim of its own"
+    );
+    // Retry-After: 1 and not the queue's hour of backoff.
+    let waited: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM started_at - created_at)::float8 FROM pgtaskd.tasks WHERE id = $1",
+            &[&later],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (1.0..600.0).contains(&waited),
+        "second attempt after {waited} s"
+    );
+
+    let gone = enqueue(&client, "gone", 3).await;
+    wait_status(&client, gone, "FAILED").await;
+    let row = client
+        .query_one(
+            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            &[&gone],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 1, "404 fails at once");
+    assert!(row.get::<_, String>(1).contains("404"));
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success());
+}
