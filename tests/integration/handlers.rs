@@ -512,3 +512,72 @@ async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_f
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their_tasks_back() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let started = scratch.path("started");
+    let handler = scratch.script(
+        "slow.sh",
+        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
+    );
+    let config = format!(
+        "[shutdown]\ngrace = \"500ms\"\n[http]\nlisten = \"127.0.0.1:0\"\n{}",
+        config_with(&format!(
+            "handler = \"exec\"\ncommand = [\"{}\"]\nconcurrency = 2\nkill_after = \"1s\"\n",
+            handler.display()
+        ))
+    );
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    daemon.wait_for_log("HTTP server listening").await;
+    for _ in 0..2 {
+        enqueue(&client, "slow", 3).await;
+    }
+    let pids: Vec<i32> = eventually(WAIT, "two children to start", || {
+        let scratch = &scratch;
+        async move {
+            let pids = scratch.lines("started");
+            (pids.len() >= 2).then(|| pids.iter().map(|p| p.parse().unwrap()).collect())
+        }
+    })
+    .await;
+    // The handler's metrics are there before any run ended: the families are registered.
+    let log = daemon.log_text();
+    let addr = log
+        .lines()
+        .find(|l| l.contains("HTTP server listening"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no addr= in the listening line:\n{log}"))
+        .to_string();
+    let metrics = crate::support::within(
+        WAIT,
+        "GET /metrics",
+        reqwest::get(format!("http://{addr}/metrics")),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(metrics.contains("pgtaskd_handler_duration_seconds"), "{metrics}");
+
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait().await;
+    assert!(status.success(), "{}", daemon.log_text());
+    assert!(pids.iter().all(|pid| !alive(*pid)), "no child outlives the stop");
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND attempt = 0), count(*) FROM pgtaskd.tasks WHERE queue = 'jobs'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i64>(0),
+        row.get::<_, i64>(1),
+        "both tasks given back, the stopped attempt not counted"
+    );
+}
