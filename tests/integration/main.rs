@@ -22,6 +22,7 @@ mod enqueue_file;
 mod failover;
 mod faults;
 mod finish;
+mod handler_exec;
 mod http;
 mod http_limits;
 mod http_parse_errors;
