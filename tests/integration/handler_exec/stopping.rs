@@ -88,18 +88,28 @@ async fn what_the_child_leaves_in_its_group_is_killed_and_not_waited_for() {
 /// test process of its own where nothing else opens descriptors meanwhile.
 const FD_PROBE: &str = "PGTASKD_TEST_EXEC_FD_PROBE";
 
+/// The environment variable that makes [`the_child_dies_with_the_daemon`] run a child, in a
+/// test process of its own that the test then SIGKILLs; its value is the gate's path.
+const ORPHAN_PROBE: &str = "PGTASKD_TEST_EXEC_ORPHAN_PROBE";
+
+/// This test binary running only `test`, with `var` set to `value`.
+fn own_process(test: &str, var: &str, value: &std::ffi::OsStr) -> tokio::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(var, value)
+        .kill_on_drop(true);
+    command
+}
+
 #[tokio::test]
 async fn no_descriptor_leaks_over_many_runs() {
     if std::env::var_os(FD_PROBE).is_some() {
         return count_descriptors_over_many_runs().await;
     }
     let test = "handler_exec::stopping::no_descriptor_leaks_over_many_runs";
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let probe = tokio::process::Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(FD_PROBE, "1")
-        .kill_on_drop(true)
-        .output();
+    let probe = own_process(test, FD_PROBE, "1".as_ref()).output();
     let probe = within(WAIT, "the descriptor probe", probe)
         .await
         .expect("start the probe");
@@ -110,6 +120,38 @@ async fn no_descriptor_leaks_over_many_runs() {
         probe.status,
         String::from_utf8_lossy(&probe.stderr)
     );
+}
+
+#[tokio::test]
+async fn the_child_dies_with_the_daemon() {
+    if let Some(gate) = std::env::var_os(ORPHAN_PROBE) {
+        // The "daemon": runs a child until the test kills this process.
+        let spec = spec(sh(
+            r#"echo $$ > "$1"; exec sleep 1000"#,
+            &[Path::new(&gate)],
+        ));
+        let ran = exec(&spec, b"").await;
+        panic!("the probe was not killed: {ran:?}");
+    }
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let test = "handler_exec::stopping::the_child_dies_with_the_daemon";
+    let mut daemon = own_process(test, ORPHAN_PROBE, started.as_os_str())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the probe");
+    let child = within(
+        WAIT,
+        "the probe's child to start",
+        tokio::fs::read_to_string(&started),
+    )
+    .await
+    .expect("read the gate");
+    daemon.start_kill().expect("SIGKILL the probe");
+    within(WAIT, "the probe to die", daemon.wait())
+        .await
+        .expect("wait for the probe");
+    wait_gone(&pids_in(&child)).await;
 }
 
 fn open_descriptors() -> usize {
