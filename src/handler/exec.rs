@@ -81,7 +81,8 @@ pub struct ExecSpec {
 /// Run `spec.command` for `job`, with `payload` on its stdin.
 ///
 /// Returns only once the child has exited, whatever happens (see the module's lifecycle);
-/// [`Ran::Canceled`] when `cancel` fired first. Await it on a runtime's worker thread, not
+/// [`Ran::Canceled`] when `cancel` fired before the child exited (even while a timeout or an
+/// overflow was already stopping it). Await it on a runtime's worker thread, not
 /// inside `spawn_blocking` (the child's `PR_SET_PDEATHSIG` is tied to the thread that
 /// started it).
 pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &CancellationToken) -> Ran {
@@ -141,7 +142,8 @@ async fn supervise(
             biased;
             status = child.wait() => return (status, stop),
             () = &mut timeout, if stop.is_none() => Stop::Timeout,
-            () = &mut canceled, if stop.is_none() => Stop::Canceled,
+            // A cancel also wins over a timeout or an overflow already stopping the child.
+            () = &mut canceled, if stop != Some(Stop::Canceled) => Stop::Canceled,
             () = &mut kill, if kill_armed => {
                 group.signal(libc::SIGKILL);
                 kill_armed = false;
@@ -155,15 +157,22 @@ async fn supervise(
             }
         };
         pipes.stdin = None;
-        if stopping == Stop::Over {
-            group.signal(libc::SIGKILL);
-            kill_armed = false;
-        } else {
-            group.signal(libc::SIGTERM);
-            kill.as_mut().reset(after(spec.kill_after));
-            kill_armed = true;
+        match stopping {
+            Stop::Over => {
+                group.signal(libc::SIGKILL);
+                kill_armed = false;
+            }
+            // The first stop asks; SIGKILL follows `kill_after` later.
+            _ if stop.is_none() => {
+                group.signal(libc::SIGTERM);
+                kill.as_mut().reset(after(spec.kill_after));
+                kill_armed = true;
+            }
+            _ => {}
         }
-        stop.get_or_insert(stopping);
+        if stop.is_none() || stopping == Stop::Canceled {
+            stop = Some(stopping);
+        }
     }
 }
 

@@ -61,6 +61,28 @@ async fn a_cancel_waits_for_a_child_that_ignores_sigterm_then_kills_it() {
 }
 
 #[tokio::test]
+async fn a_cancel_during_a_timeouts_grace_is_a_cancel() {
+    let dir = TempDir::new();
+    let termed = dir.fifo("termed");
+    let script = r#"trap 'echo TERM > "$1"' TERM; while :; do sleep 1; done"#;
+    let mut spec = spec(sh(script, &[&termed]));
+    spec.timeout = Duration::from_secs(2);
+    spec.kill_after = Duration::from_secs(1);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { run(&spec, &job(), b"", &cancel).await }
+    });
+    let gate = tokio::fs::read_to_string(&termed);
+    within(WAIT, "the timeout's SIGTERM to reach the child", gate)
+        .await
+        .expect("read the gate");
+    cancel.cancel();
+    let ran = within(WAIT, "the canceled run", running).await;
+    assert_eq!(ran.expect("the run panicked"), Ran::Canceled);
+}
+
+#[tokio::test]
 async fn a_cancel_before_the_start_starts_nothing() {
     let dir = TempDir::new();
     let marker = dir.path("ran");
@@ -82,6 +104,27 @@ async fn what_the_child_leaves_in_its_group_is_killed_and_not_waited_for() {
     assert_eq!(output, "done\n");
     let pids = pids_in(&std::fs::read_to_string(&pid_file).expect("the child wrote its pid"));
     wait_gone(&pids).await;
+}
+
+#[tokio::test]
+async fn a_run_dropped_midway_kills_the_group() {
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let script = r#"sleep 1000 & echo $$ $! > "$1"; wait"#;
+    let spec = spec(sh(script, &[&started]));
+    let running =
+        tokio::spawn(async move { run(&spec, &job(), b"", &CancellationToken::new()).await });
+    let pids = within(
+        WAIT,
+        "the child to start",
+        tokio::fs::read_to_string(&started),
+    )
+    .await
+    .expect("read the gate");
+    running.abort();
+    let aborted = within(WAIT, "the aborted run", running).await;
+    assert!(aborted.unwrap_err().is_cancelled());
+    wait_gone(&pids_in(&pids)).await;
 }
 
 /// The environment variable that makes [`no_descriptor_leaks_over_many_runs`] measure, in a
