@@ -1,10 +1,69 @@
-//! The `exec` handler: one child process per task (to be written).
+//! The `exec` handler: one child process per task, the payload on its stdin, its stdout the
+//! task's output.
+//!
+//! # A run, from start to answer
+//!
+//! 1. **Start** (`child.rs`). `command` is an argv: no shell, and the payload is never in it.
+//!    The child gets the daemon's environment minus its secrets and settings, plus
+//!    `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` and `TRACEPARENT`
+//!    ([`child_env`]). It leads a process group of its own, and is SIGKILLed by the kernel if
+//!    the daemon dies (`PR_SET_PDEATHSIG`). A command that cannot be started is an
+//!    [`FailureKind::Unreachable`] failure naming the program and the OS's error.
+//! 2. **Feed and read.** One loop writes the payload to stdin while it reads stdout and
+//!    stderr, so a child that writes before it reads cannot deadlock; stdin is closed after
+//!    the last byte. A child that exits without reading it all is not an error (the broken
+//!    pipe ends the writing only). stdout is kept up to `max_output` bytes; stderr only its
+//!    last [`STDERR_TAIL`] bytes (a ring): memory stays bounded whatever the child writes.
+//! 3. **Stop**, when needed. `timeout` passing or `cancel` firing: SIGTERM to the group, then
+//!    SIGKILL to the group `kill_after` later if the child has not exited. stdout going over
+//!    `max_output`: SIGKILL to the group at once, nothing more is read.
+//! 4. **Exit.** The direct child is always awaited (a stop asked for is never taken for a stop
+//!    done). Then whatever it left running in its group (a `sleep 1000 &`) is SIGKILLed, what
+//!    the pipes already hold is read without waiting, and every pipe is closed: a grandchild
+//!    holding stdout open cannot hang the run.
+//! 5. **Answer.** Exit 0 with UTF-8 stdout within `max_output`: [`Ran::Succeeded`]. Exit 65
+//!    (`EX_DATAERR`): [`Retry::Never`]. Any other failure: [`Retry::Later`]. The message holds
+//!    the exit status (or signal, or "timed out after 5m") and the last bytes of stderr.
+//!
+//! A process that leaves the group (`setsid`, a daemonizing double fork) is not tracked: it is
+//! neither waited for nor killed, and if it holds the child's stdout or stderr, what it writes
+//! after the child's exit is lost.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `exec.rs` | the run: the feed-and-read loop, stopping, the answer |
+//! | `exec/child.rs` | starting the child in its group; signalling the group |
+//! | `exec/env.rs` | the child's environment ([`child_env`]) |
+//! | `exec/output.rs` | bounded stdout, the stderr ring, reading a pipe without waiting |
 
+mod child;
+mod env;
+mod output;
+
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use tokio_util::sync::CancellationToken;
 
-use super::{Job, Ran};
+use super::{Failure, FailureKind, Job, Ran, Retry};
+pub use env::{child_env, is_removed};
+pub use output::STDERR_TAIL;
+use output::{read_now, StderrTail, Stdout};
+
+/// The exit status that fails a task for good: its input is bad (`EX_DATAERR` of sysexits.h).
+pub const EX_DATAERR: i32 = 65;
+
+/// The most bytes written to stdin or read from stdout in one go.
+const CHUNK: usize = 64 * 1024;
+
+/// The most bytes read from one pipe after the child's exit: a pipe's largest buffer by
+/// default (`/proc/sys/fs/pipe-max-size`), so all the child wrote, but no endless reading of
+/// a process outside the group that keeps writing.
+const DRAIN_MAX: usize = 1024 * 1024;
 
 /// A queue's `exec` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +79,329 @@ pub struct ExecSpec {
 }
 
 /// Run `spec.command` for `job`, with `payload` on its stdin.
+///
+/// Returns only once the child has exited, whatever happens (see the module's lifecycle);
+/// [`Ran::Canceled`] when `cancel` fired before the child exited (even while a timeout or an
+/// overflow was already stopping it). Await it on a runtime's worker thread, not
+/// inside `spawn_blocking` (the child's `PR_SET_PDEATHSIG` is tied to the thread that
+/// started it).
 pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &CancellationToken) -> Ran {
-    let _ = (spec, job, payload, cancel);
-    todo!("exec handler")
+    if cancel.is_cancelled() {
+        return Ran::Canceled;
+    }
+    let Some(program) = spec.command.first() else {
+        return Ran::Failed(later(
+            FailureKind::Unreachable,
+            "the exec command is empty".into(),
+        ));
+    };
+    let (mut child, mut group) = match child::spawn(spec, job) {
+        Ok(started) => started,
+        Err(error) => {
+            return Ran::Failed(later(
+                FailureKind::Unreachable,
+                format!("cannot start `{program}`: {error}"),
+            ))
+        }
+    };
+    let mut pipes = Pipes::new(&mut child, payload, spec.max_output);
+    let (status, stop) = supervise(spec, &mut child, &group, &mut pipes, cancel).await;
+    group.kill_leftovers();
+    pipes.drain();
+    answer(spec, program, status, stop, pipes)
+}
+
+/// Why the daemon stopped the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Canceled,
+    /// stdout went over `max_output`.
+    Over,
+}
+
+/// Feed and read the child until it exits; stop it on a timeout, a cancel or too much stdout.
+/// Returns its exit status and why it was stopped, if it was.
+async fn supervise(
+    spec: &ExecSpec,
+    child: &mut Child,
+    group: &child::Group,
+    pipes: &mut Pipes<'_>,
+    cancel: &CancellationToken,
+) -> (io::Result<ExitStatus>, Option<Stop>) {
+    let timeout = tokio::time::sleep(spec.timeout);
+    let canceled = cancel.cancelled();
+    let kill = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timeout, canceled, kill);
+    let mut stop = None;
+    let mut kill_armed = false;
+    loop {
+        // Biased: an exit first (the work is done), and the stop conditions before the pipes,
+        // which a flooding child keeps ready.
+        let stopping = tokio::select! {
+            biased;
+            status = child.wait() => return (status, stop),
+            () = &mut timeout, if stop.is_none() => Stop::Timeout,
+            // A cancel also wins over a timeout or an overflow already stopping the child.
+            () = &mut canceled, if stop != Some(Stop::Canceled) => Stop::Canceled,
+            () = &mut kill, if kill_armed => {
+                group.signal(libc::SIGKILL);
+                kill_armed = false;
+                continue;
+            }
+            within = pipes.step() => {
+                if within {
+                    continue;
+                }
+                Stop::Over
+            }
+        };
+        pipes.stdin = None;
+        match stopping {
+            Stop::Over => {
+                group.signal(libc::SIGKILL);
+                kill_armed = false;
+            }
+            // The first stop asks; SIGKILL follows `kill_after` later.
+            _ if stop.is_none() => {
+                group.signal(libc::SIGTERM);
+                kill.as_mut().reset(after(spec.kill_after));
+                kill_armed = true;
+            }
+            _ => {}
+        }
+        if stop.is_none() || stopping == Stop::Canceled {
+            stop = Some(stopping);
+        }
+    }
+}
+
+/// The child's three pipes and what was read from them.
+struct Pipes<'a> {
+    /// What is left to write.
+    payload: &'a [u8],
+    stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
+    out: Stdout,
+    err: StderrTail,
+    out_buf: Vec<u8>,
+    err_buf: Vec<u8>,
+}
+
+impl<'a> Pipes<'a> {
+    fn new(child: &mut Child, payload: &'a [u8], max_output: usize) -> Pipes<'a> {
+        Pipes {
+            payload,
+            // Nothing to write: closed at once, the child reads an end of file.
+            stdin: child.stdin.take().filter(|_| !payload.is_empty()),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            out: Stdout::new(max_output),
+            err: StderrTail::default(),
+            out_buf: vec![0; CHUNK],
+            err_buf: vec![0; STDERR_TAIL],
+        }
+    }
+
+    /// Write some of the payload or read some of stdout or stderr, whichever is ready first.
+    /// False when stdout went over `max_output` (stdout is then closed). Never returns once
+    /// every pipe is closed. Cancel-safe: nothing is lost when dropped unfinished.
+    async fn step(&mut self) -> bool {
+        let want = self.out.want(self.out_buf.len());
+        let payload: &'a [u8] = self.payload;
+        let chunk = &payload[..payload.len().min(CHUNK)];
+        tokio::select! {
+            written = write_some(&mut self.stdin, chunk) => {
+                match written {
+                    Ok(n) => self.payload = &self.payload[n..],
+                    // A broken pipe: the child does not read (the rest of) its input.
+                    Err(_) => self.payload = &[],
+                }
+                if self.payload.is_empty() {
+                    self.stdin = None;
+                }
+            }
+            read = read_some(&mut self.stdout, &mut self.out_buf[..want]) => {
+                match read {
+                    Ok(n) if n > 0 => {
+                        if !self.out.push(&self.out_buf[..n]) {
+                            self.stdout = None;
+                            return false;
+                        }
+                    }
+                    _ => self.stdout = None,
+                }
+            }
+            read = read_some(&mut self.stderr, &mut self.err_buf) => {
+                match read {
+                    Ok(n) if n > 0 => self.err.push(&self.err_buf[..n]),
+                    _ => self.stderr = None,
+                }
+            }
+        }
+        true
+    }
+
+    /// Once the child has exited and its group is killed: read what stdout and stderr hold
+    /// without waiting for their end (a process outside the group may hold them), then close
+    /// every pipe.
+    fn drain(&mut self) {
+        self.stdin = None;
+        if let Some(stdout) = self.stdout.take() {
+            let mut drained = 0;
+            while drained < DRAIN_MAX {
+                let want = self.out.want(self.out_buf.len());
+                match read_now(&stdout, &mut self.out_buf[..want]) {
+                    Ok(n) if n > 0 && self.out.push(&self.out_buf[..n]) => drained += n,
+                    _ => break,
+                }
+            }
+        }
+        if let Some(stderr) = self.stderr.take() {
+            let mut drained = 0;
+            while drained < DRAIN_MAX {
+                match read_now(&stderr, &mut self.err_buf) {
+                    Ok(n) if n > 0 => {
+                        self.err.push(&self.err_buf[..n]);
+                        drained += n;
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// Write some of `chunk` to `pipe`; pending forever when the pipe is closed.
+async fn write_some(pipe: &mut Option<ChildStdin>, chunk: &[u8]) -> io::Result<usize> {
+    match pipe {
+        Some(pipe) => pipe.write(chunk).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Read some of `pipe` into `buf`; pending forever when the pipe is closed.
+async fn read_some(pipe: &mut Option<impl AsyncRead + Unpin>, buf: &mut [u8]) -> io::Result<usize> {
+    match pipe {
+        Some(pipe) => pipe.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the run comes to, once the child has exited and its pipes are read.
+fn answer(
+    spec: &ExecSpec,
+    program: &str,
+    status: io::Result<ExitStatus>,
+    stop: Option<Stop>,
+    pipes: Pipes<'_>,
+) -> Ran {
+    let Pipes { out, mut err, .. } = pipes;
+    let mut failed = |kind: FailureKind, retry: Retry, what: String| {
+        Ran::Failed(Failure {
+            message: with_stderr(what, &mut err),
+            retry,
+            kind,
+        })
+    };
+    let later = Retry::Later { after: None };
+    let over = || {
+        format!(
+            "`{program}` wrote more than max_output ({} bytes) to stdout and was killed",
+            spec.max_output
+        )
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(error) => {
+            let what = format!("cannot wait for `{program}` to exit: {error}");
+            return failed(FailureKind::Exit, later, what);
+        }
+    };
+    match stop {
+        Some(Stop::Canceled) => return Ran::Canceled,
+        Some(Stop::Timeout) => {
+            let after = humantime::format_duration(spec.timeout);
+            return failed(
+                FailureKind::Timeout,
+                later,
+                format!("`{program}` timed out after {after}"),
+            );
+        }
+        Some(Stop::Over) => return failed(FailureKind::Output, later, over()),
+        None => {}
+    }
+    match (status.code(), status.signal()) {
+        (Some(0), _) if out.is_over() => failed(FailureKind::Output, later, over()),
+        (Some(0), _) => match String::from_utf8(out.into_bytes()) {
+            Ok(output) => Ran::Succeeded { output },
+            Err(error) => failed(
+                FailureKind::Output,
+                later,
+                format!(
+                    "`{program}` exited with status 0 but its stdout is not valid UTF-8 \
+                     (byte {} is not)",
+                    error.utf8_error().valid_up_to()
+                ),
+            ),
+        },
+        (Some(code), _) => {
+            let retry = if code == EX_DATAERR {
+                Retry::Never
+            } else {
+                later
+            };
+            failed(
+                FailureKind::Exit,
+                retry,
+                format!("`{program}` exited with status {code}"),
+            )
+        }
+        (None, Some(signal)) => {
+            let name = child::signal_name(signal)
+                .map(|name| format!(" ({name})"))
+                .unwrap_or_default();
+            let core = if status.core_dumped() {
+                ", core dumped"
+            } else {
+                ""
+            };
+            failed(
+                FailureKind::Signal,
+                later,
+                format!("`{program}` was killed by signal {signal}{name}{core}"),
+            )
+        }
+        (None, None) => failed(
+            FailureKind::Exit,
+            later,
+            format!("`{program}` ended: {status}"),
+        ),
+    }
+}
+
+/// `what` followed by stderr's last bytes, when the child wrote any.
+fn with_stderr(what: String, err: &mut StderrTail) -> String {
+    match err.text() {
+        None => what,
+        Some((tail, false)) => format!("{what}; stderr: {tail}"),
+        Some((tail, true)) => format!("{what}; stderr (last {STDERR_TAIL} bytes): {tail}"),
+    }
+}
+
+/// The instant `delay` from now (in about 30 years when it is longer than that).
+fn after(delay: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(delay.min(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
+/// A failure worth another attempt, with the queue's backoff.
+fn later(kind: FailureKind, message: String) -> Failure {
+    Failure {
+        message,
+        retry: Retry::Later { after: None },
+        kind,
+    }
 }

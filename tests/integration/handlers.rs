@@ -521,7 +521,10 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     let started = scratch.path("started");
     let handler = scratch.script(
         "slow.sh",
-        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
+        &format!(
+            "if [ \"$(cat)\" = quick ]; then echo ok; exit 0; fi\necho $$ >> {}\nexec sleep 1000",
+            started.display()
+        ),
     );
     let config = format!(
         "[shutdown]\ngrace = \"500ms\"\n[http]\nlisten = \"127.0.0.1:0\"\n{}",
@@ -532,6 +535,8 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     );
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("HTTP server listening").await;
+    let quick = enqueue(&client, "quick", 3).await;
+    wait_status(&client, quick, "SUCCEEDED").await;
     for _ in 0..2 {
         enqueue(&client, "slow", 3).await;
     }
@@ -543,7 +548,7 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
         }
     })
     .await;
-    // The handler's metrics are there before any run ended: the families are registered.
+    // The quick run is in the handler's metrics.
     let log = daemon.log_text();
     let addr = log
         .lines()
@@ -562,15 +567,21 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     .text()
     .await
     .unwrap();
-    assert!(metrics.contains("pgtaskd_handler_duration_seconds"), "{metrics}");
+    assert!(
+        metrics.contains("pgtaskd_handler_duration_seconds_count{queue=\"jobs\"} 1"),
+        "{metrics}"
+    );
 
     daemon.signal(libc::SIGTERM);
     let status = daemon.wait().await;
     assert!(status.success(), "{}", daemon.log_text());
-    assert!(pids.iter().all(|pid| !alive(*pid)), "no child outlives the stop");
+    assert!(
+        pids.iter().all(|pid| !alive(*pid)),
+        "no child outlives the stop"
+    );
     let row = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND attempt = 0), count(*) FROM pgtaskd.tasks WHERE queue = 'jobs'",
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND attempt = 0), count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND payload = 'slow'",
             &[],
         )
         .await

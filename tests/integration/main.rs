@@ -23,6 +23,7 @@ mod failover;
 mod faults;
 mod finish;
 mod handler_config;
+mod handler_exec;
 mod handler_http;
 mod handlers;
 mod http;

@@ -1,0 +1,169 @@
+//! The environment an `exec` handler's child gets: the daemon's own, minus its secrets and its
+//! settings, plus what the child is told about its task.
+//!
+//! A pure function of the inherited variables and the [`Job`], so that what is removed is
+//! tested without touching the process's environment.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::handler::Job;
+
+/// Variables never passed on, besides every name starting with `PG` (libpq's `PGPASSWORD`,
+/// `PGHOST`, `PGPASSFILE`, `PGSSLKEY`... and the daemon's own `PGTASKD_*` settings): the
+/// database's address, systemd's credentials and its notification, socket-activation and
+/// watchdog variables (meant for the daemon alone), and a trace context that is not the task's.
+const REMOVED: &[&str] = &[
+    "DATABASE_URL",
+    "CREDENTIALS_DIRECTORY",
+    "NOTIFY_SOCKET",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "TRACEPARENT",
+    "TRACESTATE",
+];
+
+/// Whether the daemon's variable `name` is kept out of a child's environment.
+pub fn is_removed(name: &OsStr) -> bool {
+    let bytes = name.as_bytes();
+    bytes.starts_with(b"PG") || REMOVED.iter().any(|removed| removed.as_bytes() == bytes)
+}
+
+/// The child's environment for `job`: `inherited` (the daemon's environment, as
+/// `std::env::vars_os()` gives it) without the variables [`is_removed`] names, then
+/// `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` (the claim's token:
+/// the handler's idempotency key) and, when the task has one, `TRACEPARENT`.
+pub fn child_env<I>(inherited: I, job: &Job) -> Vec<(OsString, OsString)>
+where
+    I: IntoIterator<Item = (OsString, OsString)>,
+{
+    let mut env: Vec<(OsString, OsString)> = inherited
+        .into_iter()
+        .filter(|(name, _)| !is_removed(name))
+        .collect();
+    let mut set = |name: &str, value: String| env.push((name.into(), value.into()));
+    set("PGTASKD_TASK_ID", job.id.to_string());
+    set("PGTASKD_ATTEMPT", job.attempt.to_string());
+    set("PGTASKD_QUEUE", job.queue.clone());
+    set("PGTASKD_CLAIM", job.token.to_string());
+    if let Some(traceparent) = &job.traceparent {
+        set("TRACEPARENT", traceparent.clone());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(traceparent: Option<&str>) -> Job {
+        Job {
+            id: 42,
+            attempt: 3,
+            queue: "thumbnails".into(),
+            token: 9001,
+            traceparent: traceparent.map(str::to_owned),
+        }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect()
+    }
+
+    fn get<'a>(env: &'a [(OsString, OsString)], name: &str) -> Vec<&'a OsStr> {
+        env.iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_os_str())
+            .collect()
+    }
+
+    #[test]
+    fn secrets_and_settings_are_removed() {
+        let daemon = vars(&[
+            ("PGPASSWORD", "hunter2"),
+            ("PGHOST", "db"),
+            ("PGUSER", "u"),
+            ("PGDATABASE", "d"),
+            ("PGSERVICE", "s"),
+            ("PGPASSFILE", "/root/.pgpass"),
+            ("PGSSLKEY", "/k"),
+            ("PGSSLMODE", "verify-full"),
+            ("PGTASKD_DATABASE_URL", "postgres://u:p@db/d"),
+            ("PGTASKD_TASK_ID", "forged"),
+            ("DATABASE_URL", "postgres://u:p@db/d"),
+            ("CREDENTIALS_DIRECTORY", "/run/credentials/pgtaskd.service"),
+            ("NOTIFY_SOCKET", "/run/systemd/notify"),
+            ("LISTEN_FDS", "1"),
+            ("LISTEN_PID", "1"),
+            ("LISTEN_FDNAMES", "http"),
+            ("WATCHDOG_USEC", "30000000"),
+            ("WATCHDOG_PID", "1"),
+            ("TRACEPARENT", "00-daemon-trace-01"),
+            ("TRACESTATE", "x=y"),
+        ]);
+        let env = child_env(daemon, &job(None));
+        let names: Vec<_> = env.iter().map(|(k, _)| k.to_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "PGTASKD_TASK_ID",
+                "PGTASKD_ATTEMPT",
+                "PGTASKD_QUEUE",
+                "PGTASKD_CLAIM"
+            ]
+        );
+        assert_eq!(
+            get(&env, "PGTASKD_TASK_ID"),
+            ["42"],
+            "ours, not the forged one"
+        );
+    }
+
+    #[test]
+    fn the_rest_is_kept_in_order() {
+        let daemon = vars(&[
+            ("PATH", "/usr/bin:/bin"),
+            ("HOME", "/var/lib/pgtaskd"),
+            ("LANG", "C.UTF-8"),
+            ("pgpassword", "lowercase is not libpq's"),
+            ("MY_PGHOST", "only a prefix counts"),
+            ("TZ", "UTC"),
+        ]);
+        let env = child_env(daemon.clone(), &job(None));
+        assert_eq!(env[..daemon.len()], daemon[..]);
+    }
+
+    #[test]
+    fn the_task_is_described() {
+        let env = child_env(Vec::new(), &job(Some("00-abc-def-01")));
+        assert_eq!(get(&env, "PGTASKD_TASK_ID"), ["42"]);
+        assert_eq!(get(&env, "PGTASKD_ATTEMPT"), ["3"]);
+        assert_eq!(get(&env, "PGTASKD_QUEUE"), ["thumbnails"]);
+        assert_eq!(get(&env, "PGTASKD_CLAIM"), ["9001"]);
+        assert_eq!(get(&env, "TRACEPARENT"), ["00-abc-def-01"]);
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_filtered_too() {
+        use std::os::unix::ffi::OsStringExt;
+        let daemon = vec![
+            (
+                OsString::from_vec(b"PG\xffX".to_vec()),
+                OsString::from("secret"),
+            ),
+            (
+                OsString::from_vec(b"K\xff".to_vec()),
+                OsString::from("kept"),
+            ),
+        ];
+        let env = child_env(daemon, &job(None));
+        assert_eq!(env[0].0, OsString::from_vec(b"K\xff".to_vec()));
+        assert_eq!(env.len(), 5);
+    }
+}

@@ -1,0 +1,246 @@
+//! How an `exec` run ends when the child does not end by itself, or leaves something behind:
+//! timeouts, cancels, processes left in the group, and the descriptors of many runs.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+#[tokio::test]
+async fn a_timeout_terminates_the_group() {
+    let dir = TempDir::new();
+    let pid_file = dir.path("pids");
+    // The script and a sleep it started, both waiting: SIGTERM to the group ends both.
+    let script = r#"sleep 1000 & echo $$ $! > "$1"; wait"#;
+    let mut spec = spec(sh(script, &[&pid_file]));
+    spec.timeout = Duration::from_secs(2);
+    spec.kill_after = Duration::from_secs(600);
+    let failure = failed(exec(&spec, b"").await);
+    assert_eq!((failure.kind, failure.retry), (FailureKind::Timeout, LATER));
+    assert_eq!(failure.message, "`/bin/sh` timed out after 2s");
+    let pids = pids_in(&std::fs::read_to_string(&pid_file).expect(
+        "the child wrote its pids before the 2 s timeout (a machine this slow fails this test)",
+    ));
+    assert_eq!(pids.len(), 2);
+    wait_gone(&pids).await;
+}
+
+#[tokio::test]
+async fn a_cancel_waits_for_a_child_that_ignores_sigterm_then_kills_it() {
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let script =
+        r#"trap 'echo SIGTERM ignored >&2' TERM; echo $$ > "$1"; while :; do sleep 1; done"#;
+    let mut spec = spec(sh(script, &[&started]));
+    spec.kill_after = Duration::from_millis(700);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { run(&spec, &job(), b"", &cancel).await }
+    });
+    let pid = pids_in(
+        &within(
+            WAIT,
+            "the child to start",
+            tokio::fs::read_to_string(&started),
+        )
+        .await
+        .expect("read the gate"),
+    )[0];
+    let canceled_at = Instant::now();
+    cancel.cancel();
+    let ran = within(WAIT, "the canceled run", running)
+        .await
+        .expect("the run panicked");
+    assert_eq!(ran, Ran::Canceled);
+    assert!(
+        canceled_at.elapsed() >= Duration::from_millis(700),
+        "the run ended {:?} after the cancel, before kill_after: SIGTERM was taken for a stop",
+        canceled_at.elapsed()
+    );
+    assert!(gone(pid), "the child {pid} runs on after Ran::Canceled");
+}
+
+#[tokio::test]
+async fn a_cancel_during_a_timeouts_grace_is_a_cancel() {
+    let dir = TempDir::new();
+    let termed = dir.fifo("termed");
+    let script = r#"trap 'echo TERM > "$1"' TERM; while :; do sleep 1; done"#;
+    let mut spec = spec(sh(script, &[&termed]));
+    spec.timeout = Duration::from_secs(2);
+    spec.kill_after = Duration::from_secs(1);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { run(&spec, &job(), b"", &cancel).await }
+    });
+    let gate = tokio::fs::read_to_string(&termed);
+    within(WAIT, "the timeout's SIGTERM to reach the child", gate)
+        .await
+        .expect("read the gate");
+    cancel.cancel();
+    let ran = within(WAIT, "the canceled run", running).await;
+    assert_eq!(ran.expect("the run panicked"), Ran::Canceled);
+}
+
+#[tokio::test]
+async fn a_cancel_before_the_start_starts_nothing() {
+    let dir = TempDir::new();
+    let marker = dir.path("ran");
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let spec = spec(sh(r#"touch "$1""#, &[&marker]));
+    let ran = within(WAIT, "the run", run(&spec, &job(), b"", &cancel)).await;
+    assert_eq!(ran, Ran::Canceled);
+    assert!(!marker.exists());
+}
+
+#[tokio::test]
+async fn what_the_child_leaves_in_its_group_is_killed_and_not_waited_for() {
+    let dir = TempDir::new();
+    let pid_file = dir.path("pid");
+    // The sleep holds the child's stdout and stderr open: waiting for their end would hang.
+    let script = r#"sleep 1000 & echo $! > "$1"; echo done"#;
+    let output = succeeded(exec(&spec(sh(script, &[&pid_file])), b"").await);
+    assert_eq!(output, "done\n");
+    let pids = pids_in(&std::fs::read_to_string(&pid_file).expect("the child wrote its pid"));
+    wait_gone(&pids).await;
+}
+
+#[tokio::test]
+async fn a_run_dropped_midway_kills_the_group() {
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let script = r#"sleep 1000 & echo $$ $! > "$1"; wait"#;
+    let spec = spec(sh(script, &[&started]));
+    let running =
+        tokio::spawn(async move { run(&spec, &job(), b"", &CancellationToken::new()).await });
+    let pids = within(
+        WAIT,
+        "the child to start",
+        tokio::fs::read_to_string(&started),
+    )
+    .await
+    .expect("read the gate");
+    running.abort();
+    let aborted = within(WAIT, "the aborted run", running).await;
+    assert!(aborted.unwrap_err().is_cancelled());
+    wait_gone(&pids_in(&pids)).await;
+}
+
+/// The environment variable that makes [`no_descriptor_leaks_over_many_runs`] measure, in a
+/// test process of its own where nothing else opens descriptors meanwhile.
+const FD_PROBE: &str = "PGTASKD_TEST_EXEC_FD_PROBE";
+
+/// The environment variable that makes [`the_child_dies_with_the_daemon`] run a child, in a
+/// test process of its own that the test then SIGKILLs; its value is the gate's path.
+const ORPHAN_PROBE: &str = "PGTASKD_TEST_EXEC_ORPHAN_PROBE";
+
+/// This test binary running only `test`, with `var` set to `value`.
+fn own_process(test: &str, var: &str, value: &std::ffi::OsStr) -> tokio::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(var, value)
+        .kill_on_drop(true);
+    command
+}
+
+#[tokio::test]
+async fn no_descriptor_leaks_over_many_runs() {
+    if std::env::var_os(FD_PROBE).is_some() {
+        return count_descriptors_over_many_runs().await;
+    }
+    let test = "handler_exec::stopping::no_descriptor_leaks_over_many_runs";
+    let probe = own_process(test, FD_PROBE, "1".as_ref()).output();
+    let probe = within(WAIT, "the descriptor probe", probe)
+        .await
+        .expect("start the probe");
+    let stdout = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        probe.status.success() && stdout.contains("1 passed"),
+        "the probe failed ({}):\n{stdout}\n{}",
+        probe.status,
+        String::from_utf8_lossy(&probe.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_child_dies_with_the_daemon() {
+    if let Some(gate) = std::env::var_os(ORPHAN_PROBE) {
+        // The "daemon": runs a child until the test kills this process.
+        let spec = spec(sh(
+            r#"echo $$ > "$1"; exec sleep 1000"#,
+            &[Path::new(&gate)],
+        ));
+        let ran = exec(&spec, b"").await;
+        panic!("the probe was not killed: {ran:?}");
+    }
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let test = "handler_exec::stopping::the_child_dies_with_the_daemon";
+    let mut daemon = own_process(test, ORPHAN_PROBE, started.as_os_str())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the probe");
+    let child = within(
+        WAIT,
+        "the probe's child to start",
+        tokio::fs::read_to_string(&started),
+    )
+    .await
+    .expect("read the gate");
+    daemon.start_kill().expect("SIGKILL the probe");
+    within(WAIT, "the probe to die", daemon.wait())
+        .await
+        .expect("wait for the probe");
+    wait_gone(&pids_in(&child)).await;
+}
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .count()
+}
+
+/// Every way a run ends, 50 times, and not one descriptor more at the end.
+async fn count_descriptors_over_many_runs() {
+    let dir = TempDir::new();
+    let pid_file = dir.path("pid");
+    let payload = vec![b'p'; 300_000];
+    let mut flood = spec(argv(&["yes"]));
+    flood.max_output = 10_000;
+    let mut slow = spec(sh("sleep 1000", &[]));
+    slow.timeout = Duration::from_millis(1);
+    let runs = [
+        spec(argv(&["wc", "-c"])),
+        spec(sh("echo ok; exit 3", &[])),
+        spec(sh("echo never reads", &[])),
+        spec(sh(r#"sleep 1000 & echo $! > "$1""#, &[&pid_file])),
+        spec(argv(&["/nonexistent/pgtaskd-handler"])),
+        flood,
+        slow,
+    ];
+    // The runtime's own descriptors (the SIGCHLD pipe...) are opened by the first run.
+    exec(&runs[0], &payload).await;
+    let before = open_descriptors();
+    for i in 0..50 {
+        let ran = exec(&runs[i % runs.len()], &payload).await;
+        if i % runs.len() == 0 {
+            assert_eq!(
+                ran,
+                Ran::Succeeded {
+                    output: "300000\n".into()
+                }
+            );
+        }
+    }
+    let canceled = CancellationToken::new();
+    canceled.cancel();
+    run(&runs[0], &job(), &payload, &canceled).await;
+    assert_eq!(
+        open_descriptors(),
+        before,
+        "descriptors leaked over 50 runs"
+    );
+}
