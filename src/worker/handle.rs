@@ -15,7 +15,7 @@ use super::lanes::LaneHandler;
 use super::Worker;
 use crate::completer::{Action, Claim};
 use crate::config::HandlerConfig;
-use crate::handler::{exec, Job, Ran, Retry};
+use crate::handler::{exec, Failure, FailureKind, Job, Ran, Retry};
 use crate::queue::{Outcome, Payload};
 
 impl Worker {
@@ -62,7 +62,7 @@ impl Worker {
         };
         let seconds = started.elapsed().as_secs_f64();
         let metrics = &self.inner.metrics;
-        match ran {
+        match storable(ran) {
             Ran::Succeeded { output } => {
                 metrics.handler_ran(&queue.name, seconds, None);
                 Action::Finish(Outcome::Output(output))
@@ -83,5 +83,56 @@ impl Worker {
             Ran::Canceled if self.inner.abort.is_cancelled() => Action::Release,
             Ran::Canceled => Action::Finish(Outcome::Canceled),
         }
+    }
+}
+
+/// What a handler answered, as the task's row can hold it: PostgreSQL's `text` holds no NUL
+/// character, and one in an output or an error would fail the whole batch of finishes it is
+/// written with. An output with one fails the attempt; an error's are shown as `\0`.
+fn storable(ran: Ran) -> Ran {
+    match ran {
+        Ran::Succeeded { output } if output.contains('\0') => Ran::Failed(Failure {
+            message: "the output holds a NUL character, which a PostgreSQL text cannot store"
+                .to_string(),
+            retry: Retry::Later { after: None },
+            kind: FailureKind::Output,
+        }),
+        Ran::Failed(mut failure) if failure.message.contains('\0') => {
+            failure.message = failure.message.replace('\0', "\\0");
+            Ran::Failed(failure)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nul_never_reaches_the_row() {
+        let ran = storable(Ran::Succeeded {
+            output: "a\0b".into(),
+        });
+        assert!(matches!(
+            ran,
+            Ran::Failed(Failure {
+                kind: FailureKind::Output,
+                ..
+            })
+        ));
+        let ran = storable(Ran::Failed(Failure {
+            message: "stderr: x\0y".into(),
+            retry: Retry::Never,
+            kind: FailureKind::Exit,
+        }));
+        let Ran::Failed(failure) = ran else {
+            panic!("still a failure")
+        };
+        assert_eq!(failure.message, "stderr: x\\0y");
+        let ok = Ran::Succeeded {
+            output: "fine".into(),
+        };
+        assert_eq!(storable(ok.clone()), ok);
     }
 }

@@ -322,6 +322,9 @@ async fn a_pool_of_two_serves_concurrency_sixteen_with_at_most_three_sessions() 
         "[database]\npool_size = 2\n[worker]\nconcurrency = 16\n",
         &[],
     );
+    // From the listener on: the start-up's own sessions (the schema check, the check that the
+    // LISTEN session reaches PostgreSQL) are closed by then.
+    daemon.wait_for_log("listening for notifications").await;
     let mut most = 0;
     let mut names = std::collections::HashSet::new();
     loop {

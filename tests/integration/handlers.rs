@@ -592,3 +592,48 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
         "both tasks given back, the stopped attempt not counted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    // "nul": a NUL in stdout; "err": a NUL in stderr and exit 65; else "ok".
+    let handler = scratch.script(
+        "nul.sh",
+        "case \"$(cat)\" in\n  nul) printf 'a\\000b' ;;\n  err) printf 'bad\\000input' >&2; exit 65 ;;\n  *) echo ok ;;\nesac",
+    );
+    let config = config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"10ms\"\nmax_backoff = \"20ms\"\n",
+        handler.display()
+    ));
+    let nul = enqueue(&client, "nul", 2).await;
+    let err = enqueue(&client, "err", 2).await;
+    let mut fine = Vec::new();
+    for _ in 0..20 {
+        fine.push(enqueue(&client, "fine", 2).await);
+    }
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    wait_status(&client, nul, "FAILED").await;
+    wait_status(&client, err, "FAILED").await;
+    for id in fine {
+        wait_status(&client, id, "SUCCEEDED").await;
+    }
+    let row = client
+        .query_one(
+            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            &[&nul],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    assert!(row.get::<_, String>(1).contains("NUL"));
+    let error: String = client
+        .query_one("SELECT error FROM pgtaskd.tasks WHERE id = $1", &[&err])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(error.contains("bad\\0input"), "{error}");
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success());
+}
