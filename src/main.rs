@@ -6,18 +6,17 @@ use std::process::ExitCode;
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use pgtaskd::cli::{Cli, Command};
 use pgtaskd::commands::{self, EXIT_CONFIG};
 use pgtaskd::config::{Config, LogFormat, Overlay};
 
 fn main() -> ExitCode {
     quiet_on_closed_output();
-    let cli = Cli::parse();
+    let cli = pgtaskd::cli::parse();
     // Neither needs the configuration: a broken file must not stop them.
     match cli.command {
         Command::Completions { shell } => return commands::completions(shell),
-        Command::Man => return commands::man(),
+        Command::Man { dir } => return commands::man(dir.as_deref()),
         _ => {}
     }
     let overlay = Overlay::from_env(&flags(&cli));

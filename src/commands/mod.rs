@@ -215,7 +215,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             .await
         }
         Command::Completions { shell } => Ok(completions(shell)),
-        Command::Man => Ok(man()),
+        Command::Man { dir } => Ok(man(dir.as_deref())),
         Command::CheckConfig { connect, .. } => service::check_config(&config, connect).await,
         Command::Pause { queue } => queues::pause(&config, &queue).await,
         Command::Resume { queue } => queues::resume(&config, &queue).await,

@@ -39,6 +39,7 @@ mod leases;
 mod list_and_stats;
 mod locks;
 mod log_pipe;
+mod man_pages;
 mod migrate;
 mod notifications;
 mod outages;
