@@ -186,6 +186,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the daemons running: instance, version, queues served, start, last heartbeat
+    /// ("stale" when it stopped beating)
+    Daemons {
+        /// Print one JSON object per daemon, one per line
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The configuration keys `run` and `check-config` take as flags; each wins over its

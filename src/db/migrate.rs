@@ -116,6 +116,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0019_handlers",
         sql: include_str!("../../sql/0019_handlers.sql"),
     },
+    Migration {
+        version: 20,
+        name: "0020_daemons",
+        sql: include_str!("../../sql/0020_daemons.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.
