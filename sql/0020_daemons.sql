@@ -29,30 +29,32 @@ COMMENT ON TABLE pgtaskd.daemons IS
     'pgtaskd: the daemons running, their queues and heartbeats; stale after 3 heartbeat periods';
 
 -- Every role that reads the tasks reads the daemons; the daemon role (it deletes tasks)
--- writes them.
+-- writes them. Every name and operator is pg_catalog's: nothing resolves through the
+-- migrating role's search_path.
 DO $$
 DECLARE
     grantee oid;
 BEGIN
     FOR grantee IN
         SELECT DISTINCT a.grantee
-          FROM pg_class AS t, aclexplode(t.relacl) AS a
-         WHERE t.oid = 'pgtaskd.tasks'::regclass
-           AND a.privilege_type = 'SELECT'
-           AND a.grantee <> t.relowner
-           AND a.grantee <> 0
+          FROM pg_catalog.pg_class AS t, pg_catalog.aclexplode(t.relacl) AS a
+         WHERE t.oid OPERATOR(pg_catalog.=) 'pgtaskd.tasks'::pg_catalog.regclass::pg_catalog.oid
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+           AND a.grantee OPERATOR(pg_catalog.<>) t.relowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
     LOOP
-        EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %s', grantee::regrole);
+        EXECUTE pg_catalog.format('GRANT SELECT ON pgtaskd.daemons TO %s', grantee::pg_catalog.regrole);
     END LOOP;
     FOR grantee IN
         SELECT DISTINCT a.grantee
-          FROM pg_class AS t, aclexplode(t.relacl) AS a
-         WHERE t.oid = 'pgtaskd.tasks'::regclass
-           AND a.privilege_type = 'DELETE'
-           AND a.grantee <> t.relowner
-           AND a.grantee <> 0
+          FROM pg_catalog.pg_class AS t, pg_catalog.aclexplode(t.relacl) AS a
+         WHERE t.oid OPERATOR(pg_catalog.=) 'pgtaskd.tasks'::pg_catalog.regclass::pg_catalog.oid
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'DELETE'
+           AND a.grantee OPERATOR(pg_catalog.<>) t.relowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
     LOOP
-        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON pgtaskd.daemons TO %s', grantee::regrole);
+        EXECUTE pg_catalog.format('GRANT INSERT, UPDATE, DELETE ON pgtaskd.daemons TO %s',
+                               grantee::pg_catalog.regrole);
     END LOOP;
 END
 $$;

@@ -64,10 +64,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
 /// until one does. One read of `pgtaskd.daemons`; its failure (a role that may not read it, a
 /// timeout) is never the command's, and says nothing.
 async fn warn_if_unserved(client: &tokio_postgres::Client, queue_name: &str) {
-    let read = tokio::time::timeout(
-        UNSERVED_CHECK,
-        queue::daemons::serves(client, queue_name),
-    );
+    let read = tokio::time::timeout(UNSERVED_CHECK, queue::daemons::serves(client, queue_name));
     if let Ok(Ok(false)) = read.await {
         eprintln!(
             "warning: no connected daemon serves queue \"{}\"; the task waits until one does (pgtaskd daemons lists them)",

@@ -90,7 +90,9 @@ impl Presence {
         };
         match removed.await {
             Ok(()) => tracing::debug!("removed from pgtaskd.daemons"),
-            Err(err) => tracing::warn!(error = %err, "could not remove this daemon from pgtaskd.daemons; its row turns stale"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not remove this daemon from pgtaskd.daemons; its row turns stale")
+            }
         }
     }
 }
@@ -119,7 +121,10 @@ async fn heartbeat(pool: Pool, row: Row, mut up: bool, stop: CancellationToken) 
                     tracing::info!("recorded in pgtaskd.daemons again");
                 }
                 if forgotten > 0 {
-                    tracing::info!(forgotten, "rows of daemons gone for an hour deleted from pgtaskd.daemons");
+                    tracing::info!(
+                        forgotten,
+                        "rows of daemons gone for an hour deleted from pgtaskd.daemons"
+                    );
                 }
                 up = true;
             }
@@ -127,7 +132,9 @@ async fn heartbeat(pool: Pool, row: Row, mut up: bool, stop: CancellationToken) 
                 tracing::warn!(error = %err, "could not renew this daemon's heartbeat in pgtaskd.daemons; it waits for the database");
                 up = false;
             }
-            (Err(err), false) => tracing::debug!(error = %err, "heartbeat of pgtaskd.daemons failed again"),
+            (Err(err), false) => {
+                tracing::debug!(error = %err, "heartbeat of pgtaskd.daemons failed again")
+            }
         }
     }
 }

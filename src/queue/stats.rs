@@ -179,7 +179,9 @@ SELECT n.queue,
        coalesce(q.due, 0) AS due,
        extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
        coalesce(r.running, 0) AS running,
-       ", served!(), "
+       ",
+    served!(),
+    "
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
