@@ -409,8 +409,8 @@ mod tests {
         assert!(!queues.contains("q52"), "the shortest backlogs go unlisted");
         assert_eq!(
             series_of(&text, "q150"),
-            5,
-            "all five series of a listed queue"
+            6,
+            "all six series of a listed queue"
         );
         assert!(
             text.lines()
@@ -437,14 +437,14 @@ mod tests {
             0,
             "emptied, and no room left for it"
         );
-        assert_eq!(series_of(&text, "r120"), 5);
+        assert_eq!(series_of(&text, "r120"), 6);
         assert_eq!(
             series_of(&text, "r22"),
-            5,
+            6,
             "the 99 longest after the daemon's own"
         );
         assert_eq!(series_of(&text, "r21"), 0);
-        assert_eq!(series_of(&text, "default"), 5);
+        assert_eq!(series_of(&text, "default"), 6);
         assert!(text
             .lines()
             .any(|line| line == "pgtaskd_queues_unlisted 22"));
