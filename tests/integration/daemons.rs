@@ -2,7 +2,8 @@
 //! each records itself in `pgtaskd.daemons` with its queues (every lane's, once) and version,
 //! `pgtaskd daemons` lists it, a clean stop deletes it, a SIGKILL leaves it stale and any
 //! daemon forgets rows gone for an hour; a queue with due tasks that no live daemon serves is
-//! unserved in `stats`, `GET /stats` and `/metrics`, and `enqueue` to it warns (exit 0).
+//! unserved in `stats`, `GET /stats` and `/metrics`, and `enqueue` to it warns (exit 0);
+//! roles granted before schema 20 and after get the table's rights their grant says.
 
 use serde_json::Value;
 use tokio_postgres::Client;
@@ -233,4 +234,87 @@ async fn a_queue_no_daemon_serves_is_unserved_in_stats_and_metrics_and_enqueue_w
 
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+}
+
+/// Roles granted at schema 19 get the table's rights from the migration, as roles granted at
+/// schema 20 get them from the grant functions: the daemon writes it, producers and operators
+/// read it, and a role with nothing gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_granted_before_schema_20_and_after_get_the_daemons_table_as_their_grant_says() {
+    let db = TestDb::empty().await;
+    let mut owner = db.client().await;
+    within(
+        WAIT,
+        "migrating to 19",
+        pgtaskd::db::migrate::migrate_to(&mut owner, 19),
+    )
+    .await
+    .unwrap();
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let role = |kind: &str| format!("dm_{kind}_{tag}");
+    let grant = |kind: &str, function: &str| {
+        format!(
+            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
+            role(kind)
+        )
+    };
+    exec(
+        &owner,
+        &[
+            grant("old_daemon", "grant_daemon"),
+            grant("old_ops", "grant_operator"),
+            grant("old_app", "grant_producer"),
+            format!("CREATE ROLE {};", role("stranger")),
+        ]
+        .concat(),
+    )
+    .await;
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    exec(
+        &owner,
+        &[
+            grant("new_daemon", "grant_daemon"),
+            grant("new_ops", "grant_operator"),
+            grant("new_app", "grant_producer"),
+        ]
+        .concat(),
+    )
+    .await;
+    let may = |kind: &str, right: &str| {
+        let sql = format!(
+            "SELECT has_table_privilege('{}', 'pgtaskd.daemons', '{right}')",
+            role(kind)
+        );
+        let owner = &owner;
+        async move { owner.query_one(&sql, &[]).await.unwrap().get::<_, bool>(0) }
+    };
+    for kind in ["old_daemon", "new_daemon"] {
+        for right in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
+            assert!(may(kind, right).await, "{kind} {right}");
+        }
+    }
+    for kind in ["old_ops", "new_ops", "old_app", "new_app"] {
+        assert!(may(kind, "SELECT").await, "{kind} reads");
+        for right in ["INSERT", "UPDATE", "DELETE"] {
+            assert!(!may(kind, right).await, "{kind} may not {right}");
+        }
+    }
+    assert!(!may("stranger", "SELECT").await);
+    for kind in [
+        "old_daemon",
+        "old_ops",
+        "old_app",
+        "new_daemon",
+        "new_ops",
+        "new_app",
+        "stranger",
+    ] {
+        exec(
+            &owner,
+            &format!("DROP OWNED BY {0}; DROP ROLE {0};", role(kind)),
+        )
+        .await;
+    }
 }
