@@ -8,7 +8,8 @@
 //! Every statement is bounded by the pool's deadline; an outage is logged once and waited
 //! out, the next heartbeat after it writes the row again (an upsert: a row deleted meanwhile
 //! comes back). Nothing here holds a session the worker needs for longer than one statement.
-//! [`Presence::stop`] ends the task and deletes the row, at a clean stop.
+//! [`Presence::stop`] ends the task and deletes the row, at a clean stop, waiting at most
+//! `STOP_WAIT` (a database that does not answer leaves the row to turn stale).
 
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub fn period(poll_interval: Duration) -> Duration {
     (poll_interval * 5).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
+
+/// The longest a stop waits to delete the row, a session included.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// What the row says.
 #[derive(Debug, Clone)]
@@ -88,11 +92,17 @@ impl Presence {
                 .bounded(queue::daemons::remove(&client, &self.row.instance))
                 .await
         };
-        match removed.await {
-            Ok(()) => tracing::debug!("removed from pgtaskd.daemons"),
-            Err(err) => {
-                tracing::warn!(error = %err, "could not remove this daemon from pgtaskd.daemons; its row turns stale")
-            }
+        // A database that does not answer does not hold the stop: the row turns stale.
+        match tokio::time::timeout(STOP_WAIT, removed).await {
+            Ok(Ok(())) => tracing::debug!("removed from pgtaskd.daemons"),
+            Ok(Err(err)) => tracing::warn!(
+                error = %err,
+                "could not remove this daemon from pgtaskd.daemons; its row turns stale"
+            ),
+            Err(_) => tracing::warn!(
+                wait = ?STOP_WAIT,
+                "the database did not answer the removal from pgtaskd.daemons; its row turns stale"
+            ),
         }
     }
 }
