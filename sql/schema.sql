@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0020_list_indexes.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0021_daemons.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -146,6 +146,24 @@ CREATE UNLOGGED TABLE pgtaskd.idle_daemons (
 
 COMMENT ON TABLE pgtaskd.idle_daemons IS
     'pgtaskd: daemons waiting for work; inserts send NOTIFY pgtaskd_tasks only while one is live';
+
+-- The daemons running: one row per daemon, its version, the queues it serves and its
+-- heartbeat, written by the daemon; stale after three heartbeat periods, deleted by any
+-- daemon an hour after its last heartbeat ("Daemons connected").
+CREATE TABLE pgtaskd.daemons (
+    instance        text        PRIMARY KEY,
+    version         text        NOT NULL,
+    queues          text[]      NOT NULL,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at    timestamptz NOT NULL DEFAULT now(),
+    heartbeat_every interval    NOT NULL,
+
+    CONSTRAINT daemons_heartbeat_every_positive
+        CHECK (heartbeat_every OPERATOR(pg_catalog.>) interval '0')
+);
+
+COMMENT ON TABLE pgtaskd.daemons IS
+    'pgtaskd: the daemons running, their queues and heartbeats; stale after 3 heartbeat periods';
 
 -- ---------------------------------------------------------------------------------------
 -- Indexes (the primary keys aside)
@@ -847,6 +865,8 @@ BEGIN
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
+    -- Which daemons serve which queues (version 21).
+    EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
 END
 $$;
 
@@ -866,6 +886,9 @@ BEGIN
                    role_name);
     -- Each daemon flags itself idle (version 7).
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskd.idle_daemons TO %I',
+                   role_name);
+    -- Each daemon records itself, and forgets the long gone (version 21).
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON pgtaskd.daemons TO %I',
                    role_name);
     -- Each claim takes a token (version 16).
     EXECUTE format('GRANT USAGE ON SEQUENCE pgtaskd.claim_tokens TO %I', role_name);
@@ -893,6 +916,8 @@ BEGIN
                    'pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint), '
                    'pgtaskd.vacuum_health() TO %I', role_name);
+    -- Which daemons serve which queues (version 21).
+    EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
 END
 $$;
 

@@ -47,7 +47,7 @@ pub const SUBCOMMAND_GROUPS: &[(&str, &[&str])] = &[
         "Tasks",
         &["enqueue", "status", "wait", "cancel", "retry", "list"],
     ),
-    ("Queues", &["stats", "pause", "resume"]),
+    ("Queues", &["stats", "pause", "resume", "daemons"]),
     ("Tools", &["analyze", "bench", "completions", "man", "help"]),
 ];
 
@@ -289,6 +289,13 @@ pub enum Command {
         /// Give up after this long (exit 69)
         #[arg(long, default_value = "5s", value_parser = parse_timeout)]
         timeout: Duration,
+    },
+    /// Print the daemons running: instance, version, queues served, start, last heartbeat
+    /// ("stale" when it stopped beating)
+    Daemons {
+        /// Print one JSON object per daemon, one per line
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -7,12 +7,14 @@
 //! error, exit 78); check the database encoding and schema (or migrate, with `--migrate`);
 //! check that the LISTEN session (`database.listen_url`) reaches PostgreSQL itself and, behind
 //! a transaction pooler, that the role gives the transaction defaults pgtaskd relies on
-//! (`db::pooler`; exit 78 otherwise); start the listener and the worker. Once running, a
+//! (`db::pooler`; exit 78 otherwise); record the daemon in `pgtaskd.daemons`
+//! (`maintenance::presence`); start the listener and the worker. Once running, a
 //! refused session (a rotated password) is retried with backoff like an outage, and
 //! readiness, `STATUS=` and the log say why.
 //!
 //! Stop, when the [`Shutdown`] fires: stop claiming, let running tasks finish within the
-//! grace, stop the analyzers that still run, commit or release every claim, then return.
+//! grace, stop the analyzers that still run, commit or release every claim, delete the
+//! daemon's row in `pgtaskd.daemons`, then return.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -184,6 +186,14 @@ pub async fn run(
 
     let worker = Workers::new(config, &pool, &analyzer, &instance, &metrics)
         .map_err(DaemonError::HttpClient)?;
+    // Listed in `pgtaskd.daemons` before it is ready: every lane's queues, once.
+    let presence = maintenance::presence::Presence::start(
+        &pool,
+        &instance,
+        &config.worker.queues,
+        config.worker.poll_interval,
+    )
+    .await;
     let listener = tokio::spawn(listen::run(
         direct.clone(),
         DaemonEvents {
@@ -230,6 +240,7 @@ pub async fn run(
     let unsettled = worker
         .shutdown(config.shutdown.grace, shutdown.hurrying())
         .await;
+    presence.stop().await;
     background.cancel();
     let _ = listener.await;
     if unsettled > 0 {

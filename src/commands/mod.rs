@@ -10,8 +10,8 @@
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
-//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `analyze.rs`, `bench.rs`, and
-//! `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
+//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `daemons.rs` (`daemons`),
+//! `analyze.rs`, `bench.rs`, `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -26,6 +26,7 @@ use crate::queue::TaskStatus;
 
 mod analyze;
 mod bench;
+mod daemons;
 mod generate;
 mod probe;
 mod queues;
@@ -223,6 +224,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::List(args) => queues::list(&config, &args).await,
         Command::Stats { json } => queues::stats(&config, json).await,
         Command::Probe { ready, timeout } => probe::probe(&config, ready, timeout).await,
+        Command::Daemons { json } => daemons::daemons(&config, json).await,
     }
 }
 
@@ -234,7 +236,7 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError
 }
 
 /// One session for a one-shot command (`enqueue`, `status`, `cancel`, `retry`, `list`,
-/// `stats`, `pause`, `resume`), on a schema checked to be this binary's, as `run` checks it:
+/// `stats`, `daemons`, `pause`, `resume`), on a schema checked to be this binary's, as `run` checks it:
 /// a statement of another version's schema can succeed and mean something else (a function
 /// whose arguments changed, a column added since), so the check comes first, not after a
 /// failure. A missing, older or newer schema is a configuration error (78) with the hint.

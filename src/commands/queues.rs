@@ -129,10 +129,22 @@ fn describe_list(tasks: &[Listed]) -> String {
     text
 }
 
+/// A queue's STATE in `stats`: paused, else unserved (due tasks and no live daemon serving
+/// it), else active.
+fn state(queue: &queue::QueueStats) -> &'static str {
+    if queue.paused {
+        "paused"
+    } else if queue.unserved {
+        "unserved"
+    } else {
+        "active"
+    }
+}
+
 /// The human form of `stats`: one line per queue, then the daemons.
 fn describe_stats(stats: &Stats) -> String {
     let mut text = format!(
-        "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}\n",
+        "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}\n",
         "QUEUE",
         "STATE",
         "QUEUED",
@@ -149,9 +161,9 @@ fn describe_stats(stats: &Stats) -> String {
         let window = |f: &queue::Finished| format!("{}/{}/{}", f.succeeded, f.failed, f.canceled);
         let _ = writeln!(
             text,
-            "{:<12} {:<7} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
+            "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
             printable(&queue.queue),
-            if queue.paused { "paused" } else { "active" },
+            state(queue),
             queue.queued,
             queue.due,
             oldest,

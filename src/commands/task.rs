@@ -46,6 +46,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
             None => checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
         };
         let id = enqueued(args, outcome)?;
+        warn_if_unserved(&waiter.client, &task.queue).await;
         return waiter.wait(config, &[id], args.timeout, args.json).await;
     }
     let mut client = session(config).await?;
@@ -55,8 +56,25 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
     };
     let id = enqueued(args, outcome)?;
     println!("{id}");
+    warn_if_unserved(&client, &task.queue).await;
     Ok(ExitCode::SUCCESS)
 }
+
+/// Say on stderr when no live daemon serves `queue_name`: the task was enqueued, but waits
+/// until one does. One read of `pgtaskd.daemons`; its failure (a role that may not read it, a
+/// timeout) is never the command's, and says nothing.
+async fn warn_if_unserved(client: &tokio_postgres::Client, queue_name: &str) {
+    let read = tokio::time::timeout(UNSERVED_CHECK, queue::daemons::serves(client, queue_name));
+    if let Ok(Ok(false)) = read.await {
+        eprintln!(
+            "warning: no connected daemon serves queue \"{}\"; the task waits until one does (pgtaskd daemons lists them)",
+            super::queues::printable(queue_name)
+        );
+    }
+}
+
+/// The longest `warn_if_unserved` waits for its read.
+const UNSERVED_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Enqueue `task` with the `len` bytes of the regular file at `path` as its payload, streamed.
 async fn enqueue_file(

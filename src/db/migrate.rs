@@ -121,6 +121,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0020_list_indexes",
         sql: include_str!("../../sql/0020_list_indexes.sql"),
     },
+    Migration {
+        version: 21,
+        name: "0021_daemons",
+        sql: include_str!("../../sql/0021_daemons.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -6,8 +6,10 @@
 //! | [`rescuer`] | taking back the tasks of other daemons' expired leases (docs/design.md, "Nothing lost", "Settle before rescuing") |
 //! | [`retention`] | deleting finished rows older than `retention.finished_after`, when set |
 //! | [`vacuum`] | the daemon's own `VACUUM` of the task table, after retention's deletes or while autovacuum leaves the table alone |
+//! | [`presence`] | the daemon's row in `pgtaskd.daemons`: its queues, version and heartbeat; forgetting the long gone |
 //! | `vacuum_health` | watching the table's bloat and a held xmin horizon, for `/metrics`, `/readyz` and the log |
 
+pub mod presence;
 pub mod rescuer;
 pub mod retention;
 pub mod vacuum;

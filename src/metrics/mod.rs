@@ -187,6 +187,7 @@ mod tests {
             due: 1,
             oldest_due_age_s: Some(2.0),
             running: 0,
+            served: true,
         }]);
         metrics.observe_queues(&[Backlog {
             queue: "default".into(),
@@ -195,6 +196,7 @@ mod tests {
             due: 5,
             oldest_due_age_s: Some(1.5),
             running: 2,
+            served: false,
         }]);
         let text = metrics.encode();
         for line in [
@@ -211,9 +213,11 @@ mod tests {
             "pgtaskd_queue_due_tasks{queue=\"default\"} 5",
             "pgtaskd_queue_oldest_due_seconds{queue=\"default\"} 1.5",
             "pgtaskd_queue_paused{queue=\"default\"} 1",
+            "pgtaskd_queue_unserved{queue=\"default\"} 1",
             "pgtaskd_queue_tasks{queue=\"gone\",status=\"QUEUED\"} 0",
             "pgtaskd_queue_due_tasks{queue=\"gone\"} 0",
             "pgtaskd_queue_paused{queue=\"gone\"} 0",
+            "pgtaskd_queue_unserved{queue=\"gone\"} 0",
             "pgtaskd_claim_to_finish_seconds_count 3",
             "pgtaskd_enqueue_to_start_seconds_count 1",
         ] {

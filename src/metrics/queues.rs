@@ -1,6 +1,7 @@
 //! Per-queue series, set at each scrape by the `GET /metrics` handler from `queue::backlog`:
-//! QUEUED, due and RUNNING tasks, the age of the oldest due task and whether the queue is
-//! paused, each labelled with the queue.
+//! QUEUED, due and RUNNING tasks, the age of the oldest due task, whether the queue is
+//! paused, and whether it is unserved (due tasks, and no live daemon of `pgtaskd.daemons`
+//! serves it), each labelled with the queue.
 //!
 //! Any producer can name a new queue with each row it inserts, so at most [`QUEUE_SERIES`]
 //! queues have series; [`choose`], a pure function, picks them: the daemon's own first, then
@@ -40,6 +41,7 @@ pub(super) struct QueueMetrics {
     due: Family<QueueLabel, Gauge>,
     oldest_due: Family<QueueLabel, Gauge<f64, AtomicU64>>,
     paused: Family<QueueLabel, Gauge>,
+    unserved: Family<QueueLabel, Gauge>,
     unlisted: Gauge,
     /// The queues with series now (at most [`QUEUE_SERIES`]): those absent from a scrape
     /// keep theirs, at zero, while there is room.
@@ -72,6 +74,7 @@ pub(super) fn choose(
         due: 0,
         oldest_due_age_s: None,
         running: 0,
+        served: false,
     };
     let is_own = |queue: &str| own.iter().any(|q| q == queue);
     let in_backlog: HashSet<&str> = backlog.iter().map(|b| b.queue.as_str()).collect();
@@ -137,6 +140,12 @@ impl QueueMetrics {
             "1 while a queue is paused (pgtaskd pause), else 0",
             paused.clone(),
         );
+        let unserved = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_unserved",
+            "1 while a queue has due tasks and no live daemon serves it (pgtaskd daemons), else 0",
+            unserved.clone(),
+        );
         let unlisted = Gauge::default();
         registry.register(
             "queues_unlisted",
@@ -148,6 +157,7 @@ impl QueueMetrics {
             due,
             oldest_due,
             paused,
+            unserved,
             unlisted,
             seen: Mutex::new(BTreeSet::new()),
             own: own.to_vec(),
@@ -173,6 +183,7 @@ impl QueueMetrics {
             self.due.remove(&queue);
             self.oldest_due.remove(&queue);
             self.paused.remove(&queue);
+            self.unserved.remove(&queue);
         }
         seen.clear();
         for figures in &shown {
@@ -197,6 +208,9 @@ impl QueueMetrics {
             self.paused
                 .get_or_create(&queue)
                 .set(i64::from(figures.paused));
+            self.unserved
+                .get_or_create(&queue)
+                .set(i64::from(figures.unserved()));
             seen.insert(figures.queue.clone());
         }
         self.unlisted.set(unlisted);
@@ -328,6 +342,7 @@ mod tests {
                     due: queued,
                     oldest_due_age_s: Some(1.0),
                     running,
+                    served: true,
                 })
                 .collect();
             let chosen = choose(&own, &seen, &backlog, case.limit);
@@ -356,6 +371,7 @@ mod tests {
             due: queued,
             oldest_due_age_s: Some(1.0),
             running: 0,
+            served: true,
         }
     }
 
@@ -393,8 +409,8 @@ mod tests {
         assert!(!queues.contains("q52"), "the shortest backlogs go unlisted");
         assert_eq!(
             series_of(&text, "q150"),
-            5,
-            "all five series of a listed queue"
+            6,
+            "all six series of a listed queue"
         );
         assert!(
             text.lines()
@@ -421,14 +437,14 @@ mod tests {
             0,
             "emptied, and no room left for it"
         );
-        assert_eq!(series_of(&text, "r120"), 5);
+        assert_eq!(series_of(&text, "r120"), 6);
         assert_eq!(
             series_of(&text, "r22"),
-            5,
+            6,
             "the 99 longest after the daemon's own"
         );
         assert_eq!(series_of(&text, "r21"), 0);
-        assert_eq!(series_of(&text, "default"), 5);
+        assert_eq!(series_of(&text, "default"), 6);
         assert!(text
             .lines()
             .any(|line| line == "pgtaskd_queues_unlisted 22"));

@@ -12,6 +12,7 @@
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
 //! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
 //! | [`mod@prune`] | deleting old finished rows (retention) |
+//! | [`mod@daemons`] | each daemon's row in `pgtaskd.daemons`: its queues, version and heartbeat |
 //! | [`mod@idle`] | the daemon's idle flag, which the insert trigger reads before it notifies |
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
@@ -24,6 +25,7 @@
 
 pub mod cancel;
 pub mod claim;
+pub mod daemons;
 pub mod enqueue;
 pub mod enqueue_file;
 pub mod finish;

@@ -7,11 +7,13 @@
 //! - finished in the last minute and hour, by status: a range of `tasks_finished_idx` (on
 //!   `finished_at`) reaching one hour back, so the cost follows the last hour's throughput;
 //! - paused: `pgtaskd.paused_queues`;
+//! - served: whether a live daemon of `pgtaskd.daemons` lists the queue (`queue::daemons`); a
+//!   queue with due tasks that none serves is unserved: its tasks wait until one does;
 //! - the daemons connected: the sessions of `pg_stat_activity` named `pgtaskd/<instance>`
 //!   (every daemon session carries its instance id; the one-shot commands are `pgtaskd/cli`).
 //!
 //! [`backlog`] is the part `/metrics` reads at every scrape: the QUEUED and RUNNING figures
-//! and the pauses, without the finished rows.
+//! the pauses and whether a daemon serves each, without the finished rows.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -41,6 +43,10 @@ pub struct QueueStats {
     /// Seconds the oldest due task has waited since it became due; `None` when none is due.
     pub oldest_due_age_s: Option<f64>,
     pub running: i64,
+    /// A live daemon (`pgtaskd daemons`) serves the queue.
+    pub served: bool,
+    /// Due tasks, and no live daemon serves the queue: they wait until one does.
+    pub unserved: bool,
     pub finished_last_minute: Finished,
     pub finished_last_hour: Finished,
 }
@@ -84,6 +90,17 @@ WITH queued AS (
     };
 }
 
+/// The column `served` of the statistics statements: a live daemon lists the queue `n.queue`.
+macro_rules! served {
+    () => {
+        concat!(
+            "EXISTS (SELECT 1 FROM pgtaskd.daemons AS d WHERE n.queue = ANY (d.queues) AND ",
+            crate::queue::daemons::live!(),
+            ") AS served"
+        )
+    };
+}
+
 const QUEUES: &str = concat!(
     queued_and_running!(),
     ", finished AS (
@@ -110,7 +127,8 @@ SELECT n.queue,
        extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
        coalesce(r.running, 0) AS running,
        coalesce(f.s_m, 0) AS s_m, coalesce(f.f_m, 0) AS f_m, coalesce(f.c_m, 0) AS c_m,
-       coalesce(f.s_h, 0) AS s_h, coalesce(f.f_h, 0) AS f_h, coalesce(f.c_h, 0) AS c_h
+       coalesce(f.s_h, 0) AS s_h, coalesce(f.f_h, 0) AS f_h, coalesce(f.c_h, 0) AS c_h,
+       ", served!(), "
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
@@ -137,6 +155,15 @@ pub struct Backlog {
     pub due: i64,
     pub oldest_due_age_s: Option<f64>,
     pub running: i64,
+    /// A live daemon serves the queue.
+    pub served: bool,
+}
+
+impl Backlog {
+    /// Due tasks, and no live daemon serves the queue.
+    pub fn unserved(&self) -> bool {
+        self.due > 0 && !self.served
+    }
 }
 
 const BACKLOG: &str = concat!(
@@ -151,7 +178,10 @@ SELECT n.queue,
        coalesce(q.queued, 0) AS queued,
        coalesce(q.due, 0) AS due,
        extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
-       coalesce(r.running, 0) AS running
+       coalesce(r.running, 0) AS running,
+       ",
+    served!(),
+    "
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
@@ -176,6 +206,7 @@ pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
             due: row.get("due"),
             oldest_due_age_s: row.get("oldest_due_age_s"),
             running: row.get("running"),
+            served: row.get("served"),
         })
         .collect())
 }
@@ -191,14 +222,18 @@ pub async fn stats(client: &Client) -> Result<Stats, DbError> {
         .iter()
         .map(|row| {
             let paused_at: Option<DateTime<Utc>> = row.get("paused_at");
+            let due: i64 = row.get("due");
+            let served: bool = row.get("served");
             QueueStats {
                 queue: row.get("queue"),
                 paused: paused_at.is_some(),
                 paused_at,
                 queued: row.get("queued"),
-                due: row.get("due"),
+                due,
                 oldest_due_age_s: row.get("oldest_due_age_s"),
                 running: row.get("running"),
+                served,
+                unserved: due > 0 && !served,
                 finished_last_minute: Finished {
                     succeeded: row.get("s_m"),
                     failed: row.get("f_m"),

@@ -15,6 +15,7 @@ mod claim_bytes;
 mod cli;
 mod config_and_connection;
 mod credentials;
+mod daemons;
 mod database_defaults;
 mod doc_links;
 mod end_to_end;

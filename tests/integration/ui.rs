@@ -85,7 +85,7 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     let db = TestDb::new().await;
     let client = db.client().await;
     // Three queues the daemon does not serve (it claims from "elsewhere" only), so their
-    // figures hold still: mail has 3 QUEUED; reports 2 SUCCEEDED and 1 FAILED in the last
+    // figures hold still: mail has 3 QUEUED (unserved); reports 2 SUCCEEDED and 1 FAILED in the last
     // minute; thumbnails 1 QUEUED, paused.
     let statements = format!(
         "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('mail', 'a'), ('mail', 'b'), ('mail', 'c'), ('thumbnails', 'd');
@@ -179,8 +179,11 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     let dom = browse(&url, &["--dump-dom"]).await;
 
     let mail = queue_row(&dom, "mail");
+    // Due tasks, and no daemon serves mail: "unserved", in the warning colour.
     assert!(
-        mail.contains(">active<") && mail.contains("<td class=\"n\">4</td>"),
+        mail.contains("<td class=\"unserved\"")
+            && mail.contains(">unserved<")
+            && mail.contains("<td class=\"n\">4</td>"),
         "{mail}"
     );
     let thumbnails = queue_row(&dom, "thumbnails");

@@ -1,0 +1,174 @@
+//! The daemons connected: each running daemon's row in `pgtaskd.daemons` (docs/design.md,
+//! "Daemons connected"), and what readers make of them.
+//!
+//! A daemon writes its row with [`register`] at its start and at every heartbeat (an upsert:
+//! a row deleted meanwhile, by an operator or by another daemon's [`forget`] after a long
+//! outage, comes back), and deletes it with [`remove`] at a clean stop. A row whose
+//! heartbeat is older than [`STALE_PERIODS`] of its own periods counts as gone; [`forget`]
+//! deletes those older than [`FORGET_AFTER`]. [`list`] is `pgtaskd daemons`; [`serves`] is
+//! the one read `pgtaskd enqueue` makes before warning about a queue nobody serves.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Client;
+
+use crate::db::DbError;
+
+/// A row is stale when its heartbeat is older than this many of its periods.
+pub const STALE_PERIODS: u32 = 3;
+/// A row whose heartbeat is older than this is deleted by any daemon.
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// The SQL condition "this row (alias `d`) is live", shared by every reader: its heartbeat
+/// is younger than [`STALE_PERIODS`] (3) of its periods.
+macro_rules! live {
+    () => {
+        "d.heartbeat_at >= now() - 3 * d.heartbeat_every"
+    };
+}
+pub(crate) use live;
+
+/// Insert or renew `instance`'s row; `started_at` is kept from the first insert.
+const REGISTER: &str = "
+INSERT INTO pgtaskd.daemons AS d (instance, version, queues, heartbeat_every)
+VALUES ($1, $2, $3, $4 * interval '1 millisecond')
+ON CONFLICT (instance) DO UPDATE
+   SET version = excluded.version,
+       queues = excluded.queues,
+       heartbeat_every = excluded.heartbeat_every,
+       heartbeat_at = now()";
+
+/// Delete `instance`'s row.
+const REMOVE: &str = "DELETE FROM pgtaskd.daemons WHERE instance = $1";
+
+/// Delete the rows whose heartbeat is older than `$1` milliseconds.
+const FORGET: &str = "
+WITH gone AS (
+    DELETE FROM pgtaskd.daemons WHERE heartbeat_at < now() - $1 * interval '1 millisecond'
+    RETURNING 1
+)
+SELECT count(*) FROM gone";
+
+const LIST: &str = concat!(
+    "
+SELECT d.instance, d.version, d.queues, d.started_at, d.heartbeat_at,
+       extract(epoch FROM d.heartbeat_every)::float8 AS heartbeat_every_s,
+       extract(epoch FROM now() - d.heartbeat_at)::float8 AS heartbeat_age_s,
+       NOT (",
+    live!(),
+    ") AS stale
+  FROM pgtaskd.daemons AS d
+ ORDER BY d.started_at, d.instance"
+);
+
+const SERVES: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM pgtaskd.daemons AS d WHERE $1 = ANY (d.queues) AND ",
+    live!(),
+    ")"
+);
+
+/// One row of `pgtaskd.daemons`, as `pgtaskd daemons --json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Registered {
+    /// Its instance id (`host:pid:random`), as it logs it and as its leases name it.
+    pub instance: String,
+    /// The version of its binary.
+    pub version: String,
+    /// The queues it serves (`worker.queues`, every lane's).
+    pub queues: Vec<String>,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// How often it renews `heartbeat_at`, in seconds.
+    pub heartbeat_every_s: f64,
+    /// Seconds since its last heartbeat, by the database clock.
+    pub heartbeat_age_s: f64,
+    /// No heartbeat for [`STALE_PERIODS`] periods: it counts as gone (killed, or cut off).
+    pub stale: bool,
+}
+
+/// Insert or renew `instance`'s row: this binary's `version`, the `queues` it serves, a
+/// heartbeat every `every`.
+///
+/// # Errors
+///
+/// Database failures; the row is then as it was.
+pub async fn register(
+    client: &Client,
+    instance: &str,
+    version: &str,
+    queues: &[String],
+    every: Duration,
+) -> Result<(), DbError> {
+    let every_ms = every.as_millis() as f64;
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&instance, Type::TEXT),
+        (&version, Type::TEXT),
+        (&queues, Type::TEXT_ARRAY),
+        (&every_ms, Type::FLOAT8),
+    ];
+    client.query_typed(REGISTER, &params).await?;
+    Ok(())
+}
+
+/// Delete `instance`'s row, at a clean stop.
+///
+/// # Errors
+///
+/// Database failures; the row then turns stale, and is forgotten after [`FORGET_AFTER`].
+pub async fn remove(client: &Client, instance: &str) -> Result<(), DbError> {
+    client
+        .query_typed(REMOVE, &[(&instance, Type::TEXT)])
+        .await?;
+    Ok(())
+}
+
+/// Delete the rows whose heartbeat is older than `after`; returns how many.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn forget(client: &Client, after: Duration) -> Result<u64, DbError> {
+    let after_ms = after.as_millis() as f64;
+    let row = client
+        .query_typed_one(FORGET, &[(&after_ms, Type::FLOAT8)])
+        .await?;
+    let deleted: i64 = row.get(0);
+    Ok(deleted as u64)
+}
+
+/// Every row, oldest start first, stale ones included.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn list(client: &Client) -> Result<Vec<Registered>, DbError> {
+    let rows = client.query_typed(LIST, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| Registered {
+            instance: row.get("instance"),
+            version: row.get("version"),
+            queues: row.get("queues"),
+            started_at: row.get("started_at"),
+            heartbeat_at: row.get("heartbeat_at"),
+            heartbeat_every_s: row.get("heartbeat_every_s"),
+            heartbeat_age_s: row.get("heartbeat_age_s"),
+            stale: row.get("stale"),
+        })
+        .collect())
+}
+
+/// Whether a live daemon serves `queue`.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn serves(client: &Client, queue: &str) -> Result<bool, DbError> {
+    let row = client
+        .query_typed_one(SERVES, &[(&queue, Type::TEXT)])
+        .await?;
+    Ok(row.get(0))
+}

@@ -1,0 +1,320 @@
+//! The daemons connected (docs/design.md, "Daemons connected"), with real daemon processes:
+//! each records itself in `pgtaskd.daemons` with its queues (every lane's, once) and version,
+//! `pgtaskd daemons` lists it, a clean stop deletes it, a SIGKILL leaves it stale and any
+//! daemon forgets rows gone for an hour; a queue with due tasks that no live daemon serves is
+//! unserved in `stats`, `GET /stats` and `/metrics`, and `enqueue` to it warns (exit 0);
+//! roles granted before schema 20 and after get the table's rights their grant says.
+
+use serde_json::Value;
+use tokio_postgres::Client;
+
+use crate::support::daemon::pgtaskd;
+use crate::support::{eventually, free_port, within, DaemonProcess, TestDb, WAIT};
+
+/// A daemon serving `default` and, in a lane of its own, `jobs`; its heartbeat every second
+/// (five poll intervals, at least a second), so stale after three.
+fn config(port: Option<u16>) -> String {
+    let http = port
+        .map(|port| format!("[http]\nlisten = \"127.0.0.1:{port}\"\n\n"))
+        .unwrap_or_default();
+    format!(
+        "{http}[worker]\nqueues = [\"default\", \"jobs\"]\npoll_interval = \"200ms\"\n\n[queues.jobs]\nhandler = \"text-stats\"\nconcurrency = 1\n"
+    )
+}
+
+/// `pgtaskd daemons --json`: one object per daemon.
+async fn daemons(url: &str) -> Vec<Value> {
+    let (status, stdout, stderr) = pgtaskd(Some(url), &["daemons", "--json"]).await;
+    assert!(status.success(), "pgtaskd daemons --json: {stderr}");
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// Wait until `pgtaskd daemons` lists `n` daemons, `stale` of them stale; returns them.
+async fn wait_listed(url: &str, n: usize, stale: usize) -> Vec<Value> {
+    eventually(
+        WAIT,
+        &format!("pgtaskd daemons to list {n} daemon(s), {stale} stale"),
+        || async move {
+            let rows = daemons(url).await;
+            let stales = rows.iter().filter(|r| r["stale"] == true).count();
+            (rows.len() == n && stales == stale).then_some(rows)
+        },
+    )
+    .await
+}
+
+async fn exec(client: &Client, sql: &str) {
+    client.batch_execute(sql).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_daemon_is_listed_with_its_queues_and_version_and_gone_after_a_clean_stop() {
+    let db = TestDb::new().await;
+    let mut daemon = DaemonProcess::start(&db, &config(None), &[]);
+    let rows = wait_listed(&db.url, 1, 0).await;
+    let row = &rows[0];
+    assert_eq!(
+        row["queues"],
+        serde_json::json!(["default", "jobs"]),
+        "every lane's queues, once: {row}"
+    );
+    assert_eq!(row["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(row["heartbeat_every_s"], 1.0);
+    let instance = row["instance"].as_str().unwrap().to_string();
+    assert!(
+        instance.contains(&format!(":{}:", daemon.pid())),
+        "the instance id names the daemon's pid: {instance}"
+    );
+    assert!(row["started_at"].is_string() && row["heartbeat_at"].is_string());
+
+    // The heartbeat moves while the daemon runs.
+    let first = row["heartbeat_at"].clone();
+    eventually(WAIT, "a second heartbeat", || {
+        let url = &db.url;
+        let first = &first;
+        async move {
+            let rows = daemons(url).await;
+            (rows.len() == 1 && &rows[0]["heartbeat_at"] != first).then_some(())
+        }
+    })
+    .await;
+
+    let (status, stdout, _) = pgtaskd(Some(&db.url), &["daemons"]).await;
+    assert!(status.success());
+    assert!(stdout.starts_with("INSTANCE"), "{stdout}");
+    assert!(
+        stdout.contains(&instance) && stdout.contains("default,jobs") && stdout.contains(" ago"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("stale"), "{stdout}");
+
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+    assert!(
+        daemons(&db.url).await.is_empty(),
+        "a clean stop deletes the row"
+    );
+    let (status, stdout, _) = pgtaskd(Some(&db.url), &["daemons"]).await;
+    assert!(status.success());
+    assert_eq!(stdout, "no daemon connected\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_daemon_turns_stale_and_rows_gone_for_an_hour_are_forgotten() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut killed = DaemonProcess::start(&db, &config(None), &[]);
+    wait_listed(&db.url, 1, 0).await;
+    killed.signal(libc::SIGKILL);
+    killed.wait().await;
+    // Three heartbeat periods (3 s) after its last one.
+    let rows = wait_listed(&db.url, 1, 1).await;
+    assert!(
+        rows[0]["heartbeat_age_s"].as_f64().unwrap() >= 3.0,
+        "{rows:?}"
+    );
+    let (_, stdout, _) = pgtaskd(Some(&db.url), &["daemons"]).await;
+    assert!(stdout.contains("(stale)"), "{stdout}");
+    // A stale daemon serves nothing.
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["enqueue", "x"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no connected daemon serves queue \"default\""),
+        "{stderr}"
+    );
+
+    // A row whose heartbeat is two hours old is deleted by the next daemon's heartbeat; the
+    // stale one (seconds old) stays.
+    exec(
+        &client,
+        "INSERT INTO pgtaskd.daemons (instance, version, queues, started_at, heartbeat_at, heartbeat_every)
+         VALUES ('gone:1:000000', '0.0.1', '{default}', now() - interval '3 hours',
+                 now() - interval '2 hours', interval '10 seconds')",
+    )
+    .await;
+    let mut daemon = DaemonProcess::start(&db, &config(None), &[]);
+    let rows = wait_listed(&db.url, 2, 1).await;
+    assert!(
+        rows.iter().all(|r| r["instance"] != "gone:1:000000"),
+        "{rows:?}"
+    );
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_no_daemon_serves_is_unserved_in_stats_and_metrics_and_enqueue_warns() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let mut daemon = DaemonProcess::start(&db, &config(Some(port)), &[]);
+    wait_listed(&db.url, 1, 0).await;
+
+    let (status, stdout, stderr) =
+        pgtaskd(Some(&db.url), &["enqueue", "--queue", "nosuchqueue", "x"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.trim().parse::<i64>().is_ok(), "the id: {stdout}");
+    assert_eq!(
+        stderr,
+        "warning: no connected daemon serves queue \"nosuchqueue\"; the task waits until one does (pgtaskd daemons lists them)\n"
+    );
+    // A served queue: no warning. Paused, so that its task stays due.
+    let (status, _, _) = pgtaskd(Some(&db.url), &["pause", "jobs"]).await;
+    assert!(status.success());
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["enqueue", "--queue", "jobs", "y"]).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stderr, "", "no warning for a served queue");
+
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["stats", "--json"]).await;
+    assert!(status.success(), "{stderr}");
+    let stats: Value = serde_json::from_str(&stdout).unwrap();
+    let queue = |stats: &Value, name: &str| -> Value {
+        stats["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue"] == name)
+            .unwrap_or_else(|| panic!("no queue {name} in {stats}"))
+            .clone()
+    };
+    let unserved = queue(&stats, "nosuchqueue");
+    assert_eq!(unserved["due"], 1);
+    assert_eq!(
+        (&unserved["served"], &unserved["unserved"]),
+        (&Value::Bool(false), &Value::Bool(true))
+    );
+    let served = queue(&stats, "jobs");
+    assert_eq!(served["due"], 1);
+    assert_eq!(
+        (&served["served"], &served["unserved"]),
+        (&Value::Bool(true), &Value::Bool(false))
+    );
+
+    let (_, stdout, _) = pgtaskd(Some(&db.url), &["stats"]).await;
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+            .to_string()
+    };
+    assert!(line("nosuchqueue").contains(" unserved "), "{stdout}");
+    assert!(line("jobs").contains(" paused "), "{stdout}");
+
+    // What the dashboard reads, and the gauge.
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let request = http.get(format!("http://127.0.0.1:{port}{path}")).send();
+        async move {
+            let response = within(WAIT, "an HTTP response", request).await.unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            within(WAIT, "an HTTP body", response.text()).await.unwrap()
+        }
+    };
+    let body: Value = serde_json::from_str(&get("/stats").await).unwrap();
+    assert_eq!(queue(&body, "nosuchqueue")["unserved"], true);
+    assert_eq!(queue(&body, "jobs")["unserved"], false);
+    let metrics = get("/metrics").await;
+    for line in [
+        "pgtaskd_queue_unserved{queue=\"nosuchqueue\"} 1",
+        "pgtaskd_queue_unserved{queue=\"jobs\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in\n{metrics}"
+        );
+    }
+    let page = get("/ui").await;
+    assert!(
+        page.contains("\"unserved\""),
+        "the dashboard names the state"
+    );
+
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+}
+
+/// Roles granted at schema 19 get the table's rights from the migration, as roles granted at
+/// schema 20 get them from the grant functions: the daemon writes it, producers and operators
+/// read it, and a role with nothing gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_granted_before_schema_20_and_after_get_the_daemons_table_as_their_grant_says() {
+    let db = TestDb::empty().await;
+    let mut owner = db.client().await;
+    within(
+        WAIT,
+        "migrating to 19",
+        pgtaskd::db::migrate::migrate_to(&mut owner, 19),
+    )
+    .await
+    .unwrap();
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let role = |kind: &str| format!("dm_{kind}_{tag}");
+    let grant = |kind: &str, function: &str| {
+        format!(
+            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
+            role(kind)
+        )
+    };
+    exec(
+        &owner,
+        &[
+            grant("old_daemon", "grant_daemon"),
+            grant("old_ops", "grant_operator"),
+            grant("old_app", "grant_producer"),
+            format!("CREATE ROLE {};", role("stranger")),
+        ]
+        .concat(),
+    )
+    .await;
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    exec(
+        &owner,
+        &[
+            grant("new_daemon", "grant_daemon"),
+            grant("new_ops", "grant_operator"),
+            grant("new_app", "grant_producer"),
+        ]
+        .concat(),
+    )
+    .await;
+    let may = |kind: &str, right: &str| {
+        let sql = format!(
+            "SELECT has_table_privilege('{}', 'pgtaskd.daemons', '{right}')",
+            role(kind)
+        );
+        let owner = &owner;
+        async move { owner.query_one(&sql, &[]).await.unwrap().get::<_, bool>(0) }
+    };
+    for kind in ["old_daemon", "new_daemon"] {
+        for right in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
+            assert!(may(kind, right).await, "{kind} {right}");
+        }
+    }
+    for kind in ["old_ops", "new_ops", "old_app", "new_app"] {
+        assert!(may(kind, "SELECT").await, "{kind} reads");
+        for right in ["INSERT", "UPDATE", "DELETE"] {
+            assert!(!may(kind, right).await, "{kind} may not {right}");
+        }
+    }
+    assert!(!may("stranger", "SELECT").await);
+    for kind in [
+        "old_daemon",
+        "old_ops",
+        "old_app",
+        "new_daemon",
+        "new_ops",
+        "new_app",
+        "stranger",
+    ] {
+        exec(
+            &owner,
+            &format!("DROP OWNED BY {0}; DROP ROLE {0};", role(kind)),
+        )
+        .await;
+    }
+}
