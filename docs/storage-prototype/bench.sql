@@ -1,0 +1,115 @@
+-- One drain of the storage prototype (docs/storage.md, "The prototype"), for one layout:
+-- insert :tasks tasks of 1 KiB in statements of :per_stmt rows, claim them all in batches of
+-- :batch, finish them all in batches of :batch, each statement its own transaction; WAL
+-- (pg_current_wal_insert_lsn) and time of each phase; then the dead tuples the layout's tables
+-- hold (pgstattuple). Run by run.sh after schema.sql, with or without a snapshot held open by
+-- another session; psql variables: layout (today|proposed), hold (0|1), tasks, per_stmt, batch.
+\set ON_ERROR_STOP on
+SET client_min_messages = warning;
+
+CREATE UNLOGGED TABLE IF NOT EXISTS public.results (
+    layout text, hold int, metric text, value numeric, at timestamptz DEFAULT now());
+
+-- The bench's own bookkeeping: a temporary table writes no WAL.
+CREATE TEMP TABLE claimed (n bigserial, id bigint, token bigint);
+
+CREATE OR REPLACE PROCEDURE pg_temp.bench_insert(layout text, tasks int, per_stmt int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i int := 0;
+BEGIN
+    WHILE i < tasks LOOP
+        EXECUTE format('INSERT INTO %I.tasks (payload, queue, priority, run_at, max_attempts, '
+                       'idempotency_key) '
+                       'SELECT repeat(md5(g::text), 32), ''default'', 0, now(), 3, NULL '
+                       'FROM generate_series($1 + 1, $1 + $2) AS g', layout)
+            USING i, per_stmt;
+        COMMIT;
+        i := i + per_stmt;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE pg_temp.bench_claim(layout text, batch int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    got bigint;
+BEGIN
+    LOOP
+        EXECUTE format('INSERT INTO pg_temp.claimed (id, token) '
+                       'SELECT c.task_id, c.task_token FROM %I.claim($1, ''bench'') AS c '
+                       'WHERE c.task_payload IS NOT NULL', layout)
+            USING batch;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        COMMIT;
+        EXIT WHEN got = 0;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE PROCEDURE pg_temp.bench_finish(layout text, batch int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    lo bigint := 0;
+    hi bigint;
+    ids bigint[];
+    tokens bigint[];
+    written bigint;
+BEGIN
+    SELECT max(n) INTO hi FROM pg_temp.claimed;
+    WHILE lo < hi LOOP
+        SELECT array_agg(c.id ORDER BY c.n), array_agg(c.token ORDER BY c.n) INTO ids, tokens
+          FROM pg_temp.claimed AS c WHERE c.n > lo AND c.n <= lo + batch;
+        EXECUTE format('SELECT count(*) FROM %I.finish($1, $2)', layout)
+            INTO written USING ids, tokens;
+        IF written <> cardinality(ids) THEN
+            RAISE EXCEPTION 'finish wrote % of % tasks', written, cardinality(ids);
+        END IF;
+        IF layout = 'proposed' THEN
+            PERFORM proposed.sweep(ARRAY(SELECT DISTINCT t / 1024 FROM unnest(tokens) AS t));
+        END IF;
+        COMMIT;
+        lo := lo + batch;
+    END LOOP;
+END
+$$;
+
+CHECKPOINT;
+SELECT pg_current_wal_insert_lsn() AS l0, clock_timestamp() AS t0 \gset
+CALL pg_temp.bench_insert(:'layout', :tasks, :per_stmt);
+SELECT pg_current_wal_insert_lsn() AS l1, clock_timestamp() AS t1 \gset
+CALL pg_temp.bench_claim(:'layout', :batch);
+SELECT pg_current_wal_insert_lsn() AS l2, clock_timestamp() AS t2 \gset
+CALL pg_temp.bench_finish(:'layout', :batch);
+SELECT pg_current_wal_insert_lsn() AS l3, clock_timestamp() AS t3 \gset
+
+SELECT count(*) AS finished FROM pg_temp.claimed \gset
+
+-- Dead tuples left in the layout's heaps (TOAST included: none here, the payloads stay inline).
+CREATE TEMP TABLE dead AS
+SELECT c.relname, s.dead_tuple_count, s.dead_tuple_len, s.table_len
+  FROM pg_class AS c
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+ CROSS JOIN LATERAL pgstattuple(c.oid) AS s
+ WHERE n.nspname = :'layout' AND c.relkind = 'r';
+
+INSERT INTO public.results (layout, hold, metric, value)
+VALUES (:'layout', :hold, 'tasks', :finished),
+       (:'layout', :hold, 'wal_insert_per_task', pg_wal_lsn_diff(:'l1', :'l0') / :finished),
+       (:'layout', :hold, 'wal_claim_per_task', pg_wal_lsn_diff(:'l2', :'l1') / :finished),
+       (:'layout', :hold, 'wal_finish_per_task', pg_wal_lsn_diff(:'l3', :'l2') / :finished),
+       (:'layout', :hold, 'wal_total_per_task', pg_wal_lsn_diff(:'l3', :'l0') / :finished),
+       (:'layout', :hold, 'insert_s', extract(epoch FROM :'t1'::timestamptz - :'t0'::timestamptz)),
+       (:'layout', :hold, 'claim_s', extract(epoch FROM :'t2'::timestamptz - :'t1'::timestamptz)),
+       (:'layout', :hold, 'finish_s', extract(epoch FROM :'t3'::timestamptz - :'t2'::timestamptz));
+INSERT INTO public.results (layout, hold, metric, value)
+SELECT :'layout', :hold, 'dead_tuples', sum(dead_tuple_count) FROM dead
+UNION ALL
+SELECT :'layout', :hold, 'dead_bytes_per_task', sum(dead_tuple_len)::numeric / :finished FROM dead
+UNION ALL
+SELECT :'layout', :hold, 'heap_bytes', sum(table_len) FROM dead
+UNION ALL
+SELECT :'layout', :hold, 'relation_bytes_with_indexes',
+       sum(pg_total_relation_size(format('%I.%I', :'layout', relname)::regclass)) FROM dead;
+
+SELECT relname, dead_tuple_count, dead_tuple_len, table_len FROM dead ORDER BY relname;
