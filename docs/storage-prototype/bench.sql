@@ -113,3 +113,25 @@ SELECT :'layout', :hold, 'relation_bytes_with_indexes',
        sum(pg_total_relation_size(format('%I.%I', :'layout', relname)::regclass)) FROM dead;
 
 SELECT relname, dead_tuple_count, dead_tuple_len, table_len FROM dead ORDER BY relname;
+
+-- Where each phase's WAL went, by record type (pg_walinspect, PostgreSQL 15+; skipped when it
+-- cannot be created).
+CREATE UNLOGGED TABLE IF NOT EXISTS public.results_wal (
+    layout text, hold int, phase text, record_type text, records bigint, bytes_per_task numeric);
+DO $$
+BEGIN
+    CREATE EXTENSION IF NOT EXISTS pg_walinspect;
+EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE 'pg_walinspect: %', SQLERRM;
+END
+$$;
+SELECT count(*) = 1 AS walinspect FROM pg_extension WHERE extname = 'pg_walinspect' \gset
+\if :walinspect
+INSERT INTO public.results_wal
+SELECT :'layout', :hold, p.phase, s."resource_manager/record_type", s.count,
+       round(s.combined_size::numeric / :finished, 1)
+  FROM (VALUES ('insert', :'l0'::pg_lsn, :'l1'::pg_lsn), ('claim', :'l1', :'l2'),
+               ('finish', :'l2', :'l3')) AS p(phase, a, b)
+ CROSS JOIN LATERAL pg_get_wal_stats(p.a, p.b, true) AS s
+ WHERE s.count > 0;
+\endif

@@ -90,6 +90,19 @@ SELECT format('WAL per task over the INSERT''s alone: today %s, proposed %s (ove
            / max(value) FILTER (WHERE layout = 'proposed' AND hold = 1 AND metric = 'wal_insert_per_task'), 2))
   FROM results"
 
+echo "== where the WAL went (bytes per task by record type, no hold; pg_walinspect)"
+q -P pager=off -c "
+SELECT phase, record_type,
+       max(bytes_per_task) FILTER (WHERE layout = 'today') AS today,
+       max(bytes_per_task) FILTER (WHERE layout = 'proposed') AS proposed
+  FROM results_wal WHERE hold = 0
+ GROUP BY phase, record_type
+HAVING coalesce(max(bytes_per_task), 0) >= 1
+ ORDER BY min(CASE phase WHEN 'insert' THEN 1 WHEN 'claim' THEN 2 ELSE 3 END),
+          coalesce(max(bytes_per_task) FILTER (WHERE layout = 'today'), 0)
+          + coalesce(max(bytes_per_task) FILTER (WHERE layout = 'proposed'), 0) DESC" 2>/dev/null \
+  || echo "(pg_walinspect not available)"
+
 echo "== contract checks (proposed layout)"
 q -f "$here/schema.sql"
 q -P pager=off -f "$here/checks.sql"
@@ -100,4 +113,4 @@ q -v layout=proposed -v hold=-1 -v tasks="$tasks" -v per_stmt=100 -v batch="$bat
 q -c "DELETE FROM results WHERE hold = -1"
 q -P pager=off -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON)
 SELECT status, words, bytes, runes, output, error FROM proposed.task_view WHERE id = $((tasks / 2))" \
-  | grep -E 'Execution Time|^ +Buffers' | head -2
+  | grep -E 'Execution Time|^ +Buffers' | sed -n '1p;$p'

@@ -148,7 +148,8 @@ CREATE UNIQUE INDEX tasks_idempotency_key_idx ON proposed.tasks (queue, idempote
     WHERE idempotency_key IS NOT NULL;
 
 -- A task that may be claimed: one narrow row, no primary key (found through its claim-order
--- key, which the task row gives: queue, priority, id). `attempt`: claims so far; `error`: the
+-- key, which the task row gives: queue, priority, id; unique, so that a task is never ready
+-- twice). `attempt`: claims so far; `error`: the
 -- last failed attempt's, for a task put back to wait for its retry.
 CREATE TABLE proposed.ready (
     queue    text        NOT NULL,
@@ -159,7 +160,7 @@ CREATE TABLE proposed.ready (
     error    text
 ) WITH (autovacuum_enabled = false, vacuum_truncate = true);
 
-CREATE INDEX ready_claim_idx ON proposed.ready (queue, priority DESC, id);
+CREATE UNIQUE INDEX ready_claim_idx ON proposed.ready (queue, priority DESC, id);
 
 -- One row per claim statement: the claimed ids and their attempts; the k-th task's claim token
 -- is claim * 1024 + k (a claim takes at most 1,000). `ended`: the k of every token that has
