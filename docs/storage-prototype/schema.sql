@@ -86,7 +86,13 @@ CREATE TRIGGER tasks_notify AFTER INSERT ON today.tasks FOR EACH STATEMENT
 -- The claim's statement, as pgtaskd.claim writes it (one queue, no position, no byte budget).
 CREATE FUNCTION today.claim(max_tasks int, owner text)
 RETURNS TABLE (task_id bigint, task_token bigint, task_attempt int, task_payload text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- As pgtaskd.claim and pgtaskd.finish: plans that stay index scans under empty-table statistics.
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
     UPDATE today.tasks AS t
        SET status = 'RUNNING', attempt = t.attempt + 1,
            claim_token = nextval('today.claim_tokens'),
@@ -105,7 +111,13 @@ $$;
 -- The finish's statement, as pgtaskd.finish writes it for SUCCEEDED outcomes.
 CREATE FUNCTION today.finish(ids bigint[], tokens bigint[])
 RETURNS TABLE (task_id bigint, written text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- As pgtaskd.claim and pgtaskd.finish: plans that stay index scans under empty-table statistics.
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
     UPDATE today.tasks AS t
        SET status = CASE WHEN t.cancel_requested THEN 'CANCELED' ELSE 'SUCCEEDED' END,
            words = CASE WHEN t.cancel_requested THEN 0 ELSE 150 END,
@@ -231,7 +243,13 @@ CREATE TRIGGER tasks_notify AFTER INSERT ON proposed.tasks FOR EACH STATEMENT
 -- finds each row still there or nothing), append one `claims` row, read the payloads by key.
 CREATE FUNCTION proposed.claim(max_tasks int, owner text)
 RETURNS TABLE (task_id bigint, task_token bigint, task_attempt int, task_payload text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- As pgtaskd.claim and pgtaskd.finish: plans that stay index scans under empty-table statistics.
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
     WITH taken AS (
         DELETE FROM proposed.ready AS r
          WHERE r.ctid = ANY (ARRAY(SELECT k.ctid FROM proposed.ready AS k
@@ -265,7 +283,13 @@ $$;
 -- recorded cancel request makes the outcome CANCELED.
 CREATE FUNCTION proposed.finish(ids bigint[], tokens bigint[])
 RETURNS TABLE (task_id bigint, written text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- As pgtaskd.claim and pgtaskd.finish: plans that stay index scans under empty-table statistics.
+SET enable_seqscan = off
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
     WITH locked AS MATERIALIZED (
         SELECT c.claim, c.ids, c.attempts, c.ended, c.started_at
           FROM proposed.claims AS c
