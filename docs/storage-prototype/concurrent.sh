@@ -6,7 +6,7 @@
 # Each combination runs twice: claims always from the start of the queue, and claims after a
 # position (POSITIONS=0 or 1 to run one of them only). Prints the tasks drained, tasks per second
 # (first cycle's start to last cycle's end) and the cycle's p50 and p99. Same database and
-# settings as run.sh; needs pgbench.
+# settings as run.sh (KEEP_DB=1 keeps the database); needs pgbench.
 #
 #   docs/storage-prototype/concurrent.sh
 #   CLIENTS=8 SECONDS_RUN=15 BACKLOG=150000 BATCH=50 docs/storage-prototype/concurrent.sh
@@ -75,3 +75,5 @@ SELECT CASE WHEN $positioned = 1 THEN 'position' ELSE 'start' END, '$layout', $h
     done
 done
 done
+
+[ "${KEEP_DB:-0}" = 1 ] || psql -X -q -d postgres -c "DROP DATABASE $db"

@@ -6,8 +6,8 @@
 #   PGUSER=root docs/storage-prototype/run.sh
 #   TASKS=20000 BATCH=100 ROUNDS=5 docs/storage-prototype/run.sh
 #
-# It creates the database pgtaskd_storage_proto (dropped first if it exists; DB=... to name
-# another), and for each layout, without and then with a snapshot held open by another session
+# It creates the database pgtaskd_storage_proto (dropped first if it exists, and at the end
+# unless KEEP_DB=1; DB=... to name another), and for each layout, without and then with a snapshot held open by another session
 # (BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; kept open through the drain), loads
 # schema.sql, drains TASKS tasks of 1 KiB (bench.sql: insert in statements of 100 rows, claim
 # and finish in batches of BATCH), ends the hold, vacuums (vacuum.sql); then times a
@@ -114,3 +114,5 @@ q -c "DELETE FROM results WHERE hold = -1"
 q -P pager=off -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON)
 SELECT status, words, bytes, runes, output, error FROM proposed.task_view WHERE id = $((tasks / 2))" \
   | grep -E 'Execution Time|^ +Buffers' | sed -n '1p;$p'
+
+[ "${KEEP_DB:-0}" = 1 ] || psql -X -q -d postgres -c "DROP DATABASE $db"
