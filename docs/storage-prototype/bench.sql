@@ -74,14 +74,60 @@ BEGIN
 END
 $$;
 
+-- Where each phase's WAL went, record by record (pg_walinspect, PostgreSQL 15+): read right
+-- after each phase, before a checkpoint may recycle the segments, up to the WAL flushed (the
+-- phase's last commit is); a record that names a block
+-- of another database's relation is another session's and is left out of this database's
+-- figures (the server-wide LSN difference is kept too). Skipped when the extension cannot be
+-- created.
+DO $$
+BEGIN
+    CREATE EXTENSION IF NOT EXISTS pg_walinspect;
+EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE 'pg_walinspect: %', SQLERRM;
+END
+$$;
+SELECT count(*) = 1 AS walinspect FROM pg_extension WHERE extname = 'pg_walinspect' \gset
+CREATE TEMP TABLE walrec (phase text, record_type text, bytes bigint, ours boolean);
+
 CHECKPOINT;
 SELECT pg_current_wal_insert_lsn() AS l0, clock_timestamp() AS t0 \gset
 CALL pg_temp.bench_insert(:'layout', :tasks, :per_stmt);
 SELECT pg_current_wal_insert_lsn() AS l1, clock_timestamp() AS t1 \gset
+\if :walinspect
+\set ON_ERROR_STOP off
+INSERT INTO pg_temp.walrec
+SELECT 'insert', r.resource_manager || '/' || r.record_type, r.record_length,
+       NOT EXISTS (SELECT 1 FROM regexp_matches(coalesce(r.block_ref, ''), 'rel \d+/(\d+)/', 'g') AS m
+                    WHERE m[1]::oid <> (SELECT d.oid FROM pg_database AS d
+                                         WHERE d.datname = current_database()))
+  FROM pg_get_wal_records_info(:'l0', least(:'l1'::pg_lsn, pg_current_wal_flush_lsn())) AS r;
+\set ON_ERROR_STOP on
+\endif
 CALL pg_temp.bench_claim(:'layout', :batch);
 SELECT pg_current_wal_insert_lsn() AS l2, clock_timestamp() AS t2 \gset
+\if :walinspect
+\set ON_ERROR_STOP off
+INSERT INTO pg_temp.walrec
+SELECT 'claim', r.resource_manager || '/' || r.record_type, r.record_length,
+       NOT EXISTS (SELECT 1 FROM regexp_matches(coalesce(r.block_ref, ''), 'rel \d+/(\d+)/', 'g') AS m
+                    WHERE m[1]::oid <> (SELECT d.oid FROM pg_database AS d
+                                         WHERE d.datname = current_database()))
+  FROM pg_get_wal_records_info(:'l1', least(:'l2'::pg_lsn, pg_current_wal_flush_lsn())) AS r;
+\set ON_ERROR_STOP on
+\endif
 CALL pg_temp.bench_finish(:'layout', :batch);
 SELECT pg_current_wal_insert_lsn() AS l3, clock_timestamp() AS t3 \gset
+\if :walinspect
+\set ON_ERROR_STOP off
+INSERT INTO pg_temp.walrec
+SELECT 'finish', r.resource_manager || '/' || r.record_type, r.record_length,
+       NOT EXISTS (SELECT 1 FROM regexp_matches(coalesce(r.block_ref, ''), 'rel \d+/(\d+)/', 'g') AS m
+                    WHERE m[1]::oid <> (SELECT d.oid FROM pg_database AS d
+                                         WHERE d.datname = current_database()))
+  FROM pg_get_wal_records_info(:'l2', least(:'l3'::pg_lsn, pg_current_wal_flush_lsn())) AS r;
+\set ON_ERROR_STOP on
+\endif
 
 SELECT count(*) AS finished FROM pg_temp.claimed \gset
 
@@ -93,15 +139,30 @@ SELECT c.relname, s.dead_tuple_count, s.dead_tuple_len, s.table_len
  CROSS JOIN LATERAL pgstattuple(c.oid) AS s
  WHERE n.nspname = :'layout' AND c.relkind = 'r';
 
+-- WAL per phase: this database's records where pg_walinspect read them, else the server's
+-- LSN difference.
+CREATE TEMP TABLE phases AS
+SELECT p.phase, pg_wal_lsn_diff(p.b, p.a) AS server_bytes,
+       (SELECT sum(w.bytes) FROM pg_temp.walrec AS w WHERE w.phase = p.phase AND w.ours) AS own_bytes
+  FROM (VALUES ('insert', :'l0'::pg_lsn, :'l1'::pg_lsn), ('claim', :'l1', :'l2'),
+               ('finish', :'l2', :'l3')) AS p(phase, a, b);
+
 INSERT INTO public.results (layout, hold, metric, value)
 VALUES (:'layout', :hold, 'tasks', :finished),
-       (:'layout', :hold, 'wal_insert_per_task', pg_wal_lsn_diff(:'l1', :'l0') / :finished),
-       (:'layout', :hold, 'wal_claim_per_task', pg_wal_lsn_diff(:'l2', :'l1') / :finished),
-       (:'layout', :hold, 'wal_finish_per_task', pg_wal_lsn_diff(:'l3', :'l2') / :finished),
-       (:'layout', :hold, 'wal_total_per_task', pg_wal_lsn_diff(:'l3', :'l0') / :finished),
        (:'layout', :hold, 'insert_s', extract(epoch FROM :'t1'::timestamptz - :'t0'::timestamptz)),
        (:'layout', :hold, 'claim_s', extract(epoch FROM :'t2'::timestamptz - :'t1'::timestamptz)),
        (:'layout', :hold, 'finish_s', extract(epoch FROM :'t3'::timestamptz - :'t2'::timestamptz));
+INSERT INTO public.results (layout, hold, metric, value)
+SELECT :'layout', :hold, 'wal_' || p.phase || '_per_task',
+       coalesce(p.own_bytes, p.server_bytes) / :finished
+  FROM pg_temp.phases AS p
+UNION ALL
+SELECT :'layout', :hold, 'wal_total_per_task',
+       sum(coalesce(p.own_bytes, p.server_bytes)) / :finished
+  FROM pg_temp.phases AS p
+UNION ALL
+SELECT :'layout', :hold, 'wal_total_per_task_server_wide', sum(p.server_bytes) / :finished
+  FROM pg_temp.phases AS p;
 INSERT INTO public.results (layout, hold, metric, value)
 SELECT :'layout', :hold, 'dead_tuples', sum(dead_tuple_count) FROM dead
 UNION ALL
@@ -114,24 +175,10 @@ SELECT :'layout', :hold, 'relation_bytes_with_indexes',
 
 SELECT relname, dead_tuple_count, dead_tuple_len, table_len FROM dead ORDER BY relname;
 
--- Where each phase's WAL went, by record type (pg_walinspect, PostgreSQL 15+; skipped when it
--- cannot be created).
+-- Where this database's WAL went, by record type.
 CREATE UNLOGGED TABLE IF NOT EXISTS public.results_wal (
     layout text, hold int, phase text, record_type text, records bigint, bytes_per_task numeric);
-DO $$
-BEGIN
-    CREATE EXTENSION IF NOT EXISTS pg_walinspect;
-EXCEPTION WHEN OTHERS THEN
-    RAISE NOTICE 'pg_walinspect: %', SQLERRM;
-END
-$$;
-SELECT count(*) = 1 AS walinspect FROM pg_extension WHERE extname = 'pg_walinspect' \gset
-\if :walinspect
 INSERT INTO public.results_wal
-SELECT :'layout', :hold, p.phase, s."resource_manager/record_type", s.count,
-       round(s.combined_size::numeric / :finished, 1)
-  FROM (VALUES ('insert', :'l0'::pg_lsn, :'l1'::pg_lsn), ('claim', :'l1', :'l2'),
-               ('finish', :'l2', :'l3')) AS p(phase, a, b)
- CROSS JOIN LATERAL pg_get_wal_stats(p.a, p.b, true) AS s
- WHERE s.count > 0;
-\endif
+SELECT :'layout', :hold, w.phase, w.record_type, count(*), round(sum(w.bytes)::numeric / :finished, 1)
+  FROM pg_temp.walrec AS w WHERE w.ours
+ GROUP BY w.phase, w.record_type;

@@ -7,8 +7,9 @@
 #   TASKS=20000 BATCH=100 ROUNDS=5 docs/storage-prototype/run.sh
 #
 # It creates the database pgtaskd_storage_proto (dropped first if it exists, and at the end
-# unless KEEP_DB=1; DB=... to name another), and for each layout, without and then with a snapshot held open by another session
-# (BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; kept open through the drain), loads
+# unless KEEP_DB=1; DB=... to name another), and for each layout, without and then with a
+# snapshot held open by another session (BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1;
+# kept open through the drain), loads
 # schema.sql, drains TASKS tasks of 1 KiB (bench.sql: insert in statements of 100 rows, claim
 # and finish in batches of BATCH), ends the hold, vacuums (vacuum.sql); then times a
 # 10,000-row INSERT ... SELECT in both layouts (insert_time.sql) and runs the contract checks
