@@ -8,8 +8,11 @@
 //!   autovacuum visits a database at most once per `autovacuum_naptime`, and between two visits
 //!   a busy queue with retention writes a minute of dead rows into new pages;
 //! - while autovacuum leaves the table alone (off in the server, or `autovacuum_enabled =
-//!   false` on the table; read again every minute), two per claim: the claim's update
-//!   leaves the QUEUED version behind, the finish's the RUNNING one. Without a vacuum those
+//!   false` on the table; read again every minute), two per claim once it is settled: the
+//!   claim's update left the QUEUED version behind, the finish's (or release's) the RUNNING
+//!   one. Counted at the finish, not at the claim: a burst claimed ahead all at once would
+//!   otherwise start a vacuum before any of its versions were dead, and the next would wait
+//!   for as many claims again. Without a vacuum those
 //!   versions stay for good, and the claims' index of QUEUED rows keeps an entry for each, which
 //!   every later claim walks past: the claim's cost would grow with every task ever run.
 //!
@@ -80,7 +83,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut allowed: Option<bool> = None;
-    let mut claims_at_vacuum = metrics.claims();
+    let mut claims_at_vacuum = metrics.settled();
     let mut autovacuum_off: Option<(bool, Instant)> = None;
     let mut held = Held::default();
     loop {
@@ -101,7 +104,7 @@ pub async fn run(
         }
         let off = autovacuum_off.is_some_and(|(off, _)| off);
         let seen = pruned.load(Ordering::Relaxed);
-        let claims = metrics.claims();
+        let claims = metrics.settled();
         let by_claims = if off {
             2 * claims.saturating_sub(claims_at_vacuum)
         } else {

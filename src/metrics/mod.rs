@@ -104,6 +104,11 @@ impl Metrics {
         self.worker.claims()
     }
 
+    /// Claims settled since the daemon started: finished, or given back to QUEUED.
+    pub fn settled(&self) -> u64 {
+        self.worker.settled()
+    }
+
     pub fn claimed(&self, waited_seconds: f64) {
         self.worker.claimed(waited_seconds);
     }

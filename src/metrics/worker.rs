@@ -15,6 +15,8 @@ pub(super) struct WorkerMetrics {
     claimed: Counter,
     finished: Family<StatusLabel, Counter>,
     released: Counter,
+    /// Claims settled (finished or given back), for the daemon's own vacuum; not exposed.
+    settled: std::sync::atomic::AtomicU64,
     claim_to_finish: Histogram,
     enqueue_to_start: Histogram,
 }
@@ -55,6 +57,7 @@ impl WorkerMetrics {
             claimed,
             finished,
             released,
+            settled: std::sync::atomic::AtomicU64::new(0),
             claim_to_finish,
             enqueue_to_start,
         }
@@ -64,6 +67,10 @@ impl WorkerMetrics {
         self.claimed.get()
     }
 
+    pub(super) fn settled(&self) -> u64 {
+        self.settled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(super) fn claimed(&self, waited_seconds: f64) {
         self.claimed.inc();
         self.enqueue_to_start.observe(waited_seconds.max(0.0));
@@ -71,6 +78,8 @@ impl WorkerMetrics {
 
     /// A finish committed; [`TaskStatus::Queued`] is a claim given back, not a finish.
     pub(super) fn finished(&self, status: TaskStatus, claim_to_finish_seconds: f64) {
+        self.settled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if status == TaskStatus::Queued {
             self.released.inc();
             return;
