@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::held::Held;
@@ -43,15 +44,7 @@ impl Worker {
             self.record_outcome(claim, started, &action, result);
             return;
         };
-        let permit = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => None,
-            _ = inner.draining.cancelled() => None,
-            permit = Arc::clone(&inner.permits).acquire_owned() => {
-                Some(permit.expect("the worker's semaphore is never closed"))
-            }
-        };
-        let Some(permit) = permit else {
+        let Some((permit, shared)) = self.permits(&cancel).await else {
             // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
             drop(payload);
             held.free_intake();
@@ -65,31 +58,6 @@ impl Worker {
             return;
         };
         held.hold_permit(permit);
-        // With several lanes, one of the daemon's `worker.concurrency` permits too.
-        let shared = match &inner.all {
-            None => None,
-            Some(all) => tokio::select! {
-                biased;
-                _ = cancel.cancelled() => None,
-                _ = inner.draining.cancelled() => None,
-                permit = Arc::clone(all).acquire_owned() => {
-                    Some(permit.expect("the daemon's semaphore is never closed"))
-                }
-            },
-        };
-        if inner.all.is_some() && shared.is_none() {
-            drop(payload);
-            held.free_intake();
-            held.free_permit();
-            let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
-                Action::Finish(Outcome::Canceled)
-            } else {
-                Action::Release
-            };
-            let result = inner.completer.write(claim, &action).await;
-            self.record_outcome(claim, started, &action, result);
-            return;
-        }
         let analysis = inner.intake.analysis();
         // The analyzer (or the handler) takes the payload and lets go of it when it returns.
         let action = match &inner.handler {
@@ -119,6 +87,22 @@ impl Worker {
             }
         };
         self.record_outcome(claim, started, &action, result);
+    }
+
+    /// Wait for one of this lane's permits and, with several lanes, one of the daemon's
+    /// `worker.concurrency` permits too; `None` when a cancel or the start of a shutdown comes
+    /// first (a permit already taken goes back with it).
+    async fn permits(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)> {
+        let draining = &self.inner.draining;
+        let own = acquire(&self.inner.permits, cancel, draining).await?;
+        let shared = match &self.inner.all {
+            None => None,
+            Some(all) => Some(acquire(all, cancel, draining).await?),
+        };
+        Some((own, shared))
     }
 
     /// Run the analyzer on `payload`, and say what to do with the claim.
@@ -222,6 +206,22 @@ impl Worker {
             (Err(FinishError::Db(err)), _) => {
                 tracing::error!(id, attempt, error = %err, "finish failed; the lease will expire");
             }
+        }
+    }
+}
+
+/// A permit of `semaphore`, unless `cancel` or `draining` fires first.
+async fn acquire(
+    semaphore: &Arc<Semaphore>,
+    cancel: &CancellationToken,
+    draining: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        _ = draining.cancelled() => None,
+        permit = Arc::clone(semaphore).acquire_owned() => {
+            Some(permit.expect("the worker's semaphores are never closed"))
         }
     }
 }

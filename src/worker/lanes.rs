@@ -78,29 +78,30 @@ impl Workers {
         } else {
             None
         };
-        let mut lanes = Vec::with_capacity(count);
-        if !plain.is_empty() {
+        let lane = |queues: Vec<String>, concurrency: usize, name: String, handler| {
             let mut lane_config = config.worker.clone();
-            lane_config.queues = plain;
+            lane_config.queues = queues;
+            lane_config.concurrency = concurrency;
             lane_config.max_inflight_bytes = bytes;
-            lanes.push(Worker::for_lane(
+            Worker::for_lane(
                 pool.clone(),
                 Arc::clone(analyzer),
                 instance.to_string(),
                 lane_config,
                 Arc::clone(metrics),
                 Lane {
-                    name: String::new(),
-                    handler: None,
+                    name,
+                    handler,
                     all: all.clone(),
                 },
-            ));
+            )
+        };
+        let mut lanes = Vec::with_capacity(count);
+        if !plain.is_empty() {
+            lanes.push(lane(plain, config.worker.concurrency, String::new(), None));
         }
         for queue in sections {
-            let mut lane_config = config.worker.clone();
-            lane_config.queues = vec![queue.name.clone()];
-            lane_config.max_inflight_bytes = bytes;
-            lane_config.concurrency = queue
+            let concurrency = queue
                 .concurrency
                 .unwrap_or(config.worker.concurrency)
                 .min(config.worker.concurrency);
@@ -114,20 +115,14 @@ impl Workers {
             tracing::info!(
                 queue = %queue.name,
                 handler = queue.handler.name(),
-                concurrency = lane_config.concurrency,
+                concurrency,
                 "queue served by its own lane"
             );
-            lanes.push(Worker::for_lane(
-                pool.clone(),
-                Arc::clone(analyzer),
-                instance.to_string(),
-                lane_config,
-                Arc::clone(metrics),
-                Lane {
-                    name: queue.name.clone(),
-                    handler,
-                    all: all.clone(),
-                },
+            lanes.push(lane(
+                vec![queue.name.clone()],
+                concurrency,
+                queue.name.clone(),
+                handler,
             ));
         }
         Ok(Workers { lanes })

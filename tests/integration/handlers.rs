@@ -44,6 +44,15 @@ impl Scratch {
         path
     }
 
+    /// The process ids the handlers wrote to file `name`, once there are `n`.
+    pub(crate) async fn pids(&self, name: &str, n: usize) -> Vec<i32> {
+        eventually(WAIT, &format!("{n} children to start"), || async move {
+            let pids = self.lines(name);
+            (pids.len() >= n).then(|| pids.iter().map(|p| p.parse().unwrap()).collect())
+        })
+        .await
+    }
+
     /// Lines of file `name`, none when it does not exist yet.
     pub(crate) fn lines(&self, name: &str) -> Vec<String> {
         std::fs::read_to_string(self.path(name))
@@ -63,6 +72,14 @@ fn config_with(section: &str) -> String {
     format!(
         "[worker]\nqueues = [\"default\", \"jobs\"]\npoll_interval = \"200ms\"\n\n[queues.jobs]\n{section}\n"
     )
+}
+
+/// [`config_with`] for an `exec` handler running `handler`, with the section's `extra` keys.
+fn exec_config(handler: &Path, extra: &str) -> String {
+    config_with(&format!(
+        "handler = \"exec\"\ncommand = [\"{}\"]\n{extra}",
+        handler.display()
+    ))
 }
 
 async fn enqueue(client: &Client, payload: &str, max_attempts: i32) -> i64 {
@@ -123,10 +140,7 @@ async fn an_exec_handler_gets_the_payload_and_the_task_and_its_stdout_becomes_th
          \"${TRACEPARENT-none}\" \"${PGPASSWORD-unset}\" \"${PGTASKD_DATABASE_URL-unset}\"\n\
          tr a-z A-Z",
     );
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\n",
-        handler.display()
-    ));
+    let config = exec_config(&handler, "");
     let mut daemon =
         DaemonProcess::start_with_env(&db.url, &config, &[], &[("PGPASSWORD", "secret-pw")]);
     daemon.wait_for_log("listening for notifications").await;
@@ -195,10 +209,10 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
             runs.display()
         ),
     );
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
-        handler.display()
-    ));
+    let config = exec_config(
+        &handler,
+        "retry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
+    );
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("listening for notifications").await;
 
@@ -232,10 +246,7 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
     // Exit 65 (EX_DATAERR) is not worth another attempt.
     let refused = scratch.script("refuse.sh", "echo 'bad input' >&2\nexit 65");
     drop(daemon);
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"20ms\"\n",
-        refused.display()
-    ));
+    let config = exec_config(&refused, "retry_backoff = \"20ms\"\n");
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("listening for notifications").await;
     let id = enqueue(&client, "y", 3).await;
@@ -255,10 +266,7 @@ async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at()
     let scratch = Scratch::new();
     let handler = scratch.script("fail.sh", "echo 'try later' >&2\nexit 1");
     // A backoff far longer than the test: the task waits QUEUED with its error.
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"1h\"\nmax_backoff = \"1h\"\n",
-        handler.display()
-    ));
+    let config = exec_config(&handler, "retry_backoff = \"1h\"\nmax_backoff = \"1h\"\n");
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("listening for notifications").await;
     let id = enqueue(&client, "z", 3).await;
@@ -311,10 +319,7 @@ async fn a_cancel_stops_a_child_that_ignores_sigterm_and_the_task_ends_canceled(
             pidfile.display()
         ),
     );
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nkill_after = \"1s\"\n",
-        handler.display()
-    ));
+    let config = exec_config(&handler, "kill_after = \"1s\"\n");
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("listening for notifications").await;
     let id = enqueue(&client, "z", 3).await;
@@ -338,10 +343,7 @@ async fn slow_slots_hold_few_claims_and_a_sigkill_of_the_daemon_kills_its_childr
         "slow.sh",
         &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
     );
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nconcurrency = 2\n",
-        handler.display()
-    ));
+    let config = exec_config(&handler, "concurrency = 2\n");
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'slow ' || g FROM generate_series(1, 500) g",
@@ -350,14 +352,7 @@ async fn slow_slots_hold_few_claims_and_a_sigkill_of_the_daemon_kills_its_childr
         .await
         .unwrap();
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
-    let pids: Vec<i32> = eventually(WAIT, "two children to start", || {
-        let scratch = &scratch;
-        async move {
-            let pids = scratch.lines("started");
-            (pids.len() >= 2).then(|| pids.iter().map(|p| p.parse().unwrap()).collect())
-        }
-    })
-    .await;
+    let pids = scratch.pids("started", 2).await;
     // Let the lane claim what it will while its two slots are busy: a few more scans.
     daemon.wait_for_log("queue served by its own lane").await;
     for _ in 0..3 {
@@ -528,10 +523,7 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     );
     let config = format!(
         "[shutdown]\ngrace = \"500ms\"\n[http]\nlisten = \"127.0.0.1:0\"\n{}",
-        config_with(&format!(
-            "handler = \"exec\"\ncommand = [\"{}\"]\nconcurrency = 2\nkill_after = \"1s\"\n",
-            handler.display()
-        ))
+        exec_config(&handler, "concurrency = 2\nkill_after = \"1s\"\n")
     );
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("HTTP server listening").await;
@@ -540,23 +532,9 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     for _ in 0..2 {
         enqueue(&client, "slow", 3).await;
     }
-    let pids: Vec<i32> = eventually(WAIT, "two children to start", || {
-        let scratch = &scratch;
-        async move {
-            let pids = scratch.lines("started");
-            (pids.len() >= 2).then(|| pids.iter().map(|p| p.parse().unwrap()).collect())
-        }
-    })
-    .await;
+    let pids = scratch.pids("started", 2).await;
     // The quick run is in the handler's metrics.
-    let log = daemon.log_text();
-    let addr = log
-        .lines()
-        .find(|l| l.contains("HTTP server listening"))
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no addr= in the listening line:\n{log}"))
-        .to_string();
+    let addr = daemon.http_addr().await;
     let metrics = crate::support::within(
         WAIT,
         "GET /metrics",
@@ -603,10 +581,10 @@ async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
         "nul.sh",
         "case \"$(cat)\" in\n  nul) printf 'a\\000b' ;;\n  err) printf 'bad\\000input' >&2; exit 65 ;;\n  *) echo ok ;;\nesac",
     );
-    let config = config_with(&format!(
-        "handler = \"exec\"\ncommand = [\"{}\"]\nretry_backoff = \"10ms\"\nmax_backoff = \"20ms\"\n",
-        handler.display()
-    ));
+    let config = exec_config(
+        &handler,
+        "retry_backoff = \"10ms\"\nmax_backoff = \"20ms\"\n",
+    );
     let nul = enqueue(&client, "nul", 2).await;
     let err = enqueue(&client, "err", 2).await;
     let mut fine = Vec::new();

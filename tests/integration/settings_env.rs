@@ -221,15 +221,8 @@ async fn run_without_a_file_serves_healthz_on_the_address_of_the_flag() {
             ("PGTASKD_SHUTDOWN_GRACE", "2s"),
         ],
     );
-    daemon.wait_for_log("HTTP server listening").await;
+    let addr = daemon.http_addr().await;
     let log = daemon.log_text();
-    let addr = log
-        .lines()
-        .find(|l| l.contains("HTTP server listening"))
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no addr= in the listening line:\n{log}"))
-        .to_string();
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     assert!(
         log.contains("concurrency=5") && log.contains("queues=[\"default\", \"mail\"]"),

@@ -194,6 +194,18 @@ impl DaemonProcess {
         );
     }
 
+    /// The address the HTTP server bound (`http.listen` may name port 0), once it logged it.
+    pub async fn http_addr(&mut self) -> String {
+        self.wait_for_log("HTTP server listening").await;
+        let log = self.log_text();
+        log.lines()
+            .find(|l| l.contains("HTTP server listening"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no addr= in the listening line:\n{log}"))
+            .to_string()
+    }
+
     /// Everything logged so far.
     pub fn log_text(&self) -> String {
         self.child.log_lines().join("\n")
