@@ -9,6 +9,10 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, ValueHint};
 
 use crate::queue::{RunAt, TaskStatus};
 
+mod help;
+
+pub use help::SUBCOMMAND_GROUPS;
+
 /// The environment variables and exit codes, after every `--help`.
 const AFTER_HELP: &str = "\
 Environment:
@@ -37,28 +41,11 @@ Exit codes:
   78  configuration error: the file, the connection settings, settings the database refuses,
       or a schema to migrate";
 
-/// The subcommands of `pgtaskd --help` (and `pgtaskd help`), in groups, in this order. clap
-/// lists subcommands under one heading only, so [`command`] writes this list into the help
-/// template instead. A new subcommand belongs in one of these groups (`probe` would join
-/// "Daemon"); one left out is listed under "Other", never hidden, and the tests fail on it.
-pub const SUBCOMMAND_GROUPS: &[(&str, &[&str])] = &[
-    ("Daemon", &["run", "migrate", "check-config", "probe"]),
-    (
-        "Tasks",
-        &["enqueue", "status", "wait", "cancel", "retry", "list"],
-    ),
-    ("Queues", &["stats", "pause", "resume", "daemons"]),
-    ("Tools", &["analyze", "bench", "completions", "man", "help"]),
-];
-
-/// What clap says of its own `help` subcommand, which exists only once the command is built.
-const HELP_ABOUT: &str = "Print this message or the help of the given subcommand(s)";
-
 /// The command line as `main` parses it and as the completions and manual pages describe it:
 /// [`Cli`]'s, with the subcommands grouped in its help.
 pub fn command() -> clap::Command {
     let cmd = Cli::command();
-    let template = help_template(&cmd);
+    let template = help::template(&cmd);
     cmd.help_template(template)
 }
 
@@ -68,57 +55,6 @@ pub fn parse() -> Cli {
     use clap::FromArgMatches as _;
     let mut matches = command().get_matches();
     Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|err| err.format(&mut command()).exit())
-}
-
-/// clap's default template with the one "Commands:" section replaced by the groups of
-/// [`SUBCOMMAND_GROUPS`], each a heading and its subcommands' one-line descriptions, aligned.
-fn help_template(cmd: &clap::Command) -> String {
-    let styles = cmd.get_styles();
-    let (header, literal) = (styles.get_header(), styles.get_literal());
-    let about_of = |name: &str| -> Option<String> {
-        if name == "help" {
-            return Some(HELP_ABOUT.to_string());
-        }
-        let sub = cmd.find_subcommand(name)?;
-        Some(sub.get_about().map(ToString::to_string).unwrap_or_default())
-    };
-    let mut groups: Vec<(&str, Vec<&str>)> = SUBCOMMAND_GROUPS
-        .iter()
-        .map(|(heading, names)| (*heading, names.to_vec()))
-        .collect();
-    let other: Vec<&str> = cmd
-        .get_subcommands()
-        .map(clap::Command::get_name)
-        .filter(|name| {
-            !SUBCOMMAND_GROUPS
-                .iter()
-                .any(|(_, names)| names.contains(name))
-        })
-        .collect();
-    if !other.is_empty() {
-        groups.push(("Other", other));
-    }
-    let width = groups
-        .iter()
-        .flat_map(|(_, names)| names.iter().map(|name| name.len()))
-        .max()
-        .unwrap_or(0);
-    let mut text = String::from("{before-help}{about-with-newline}\n{usage-heading} {usage}\n\n");
-    for (heading, names) in groups {
-        text.push_str(&format!("{header}{heading}:{header:#}\n"));
-        for name in names {
-            let Some(about) = about_of(name) else {
-                continue;
-            };
-            let pad = " ".repeat(width - name.len() + 2);
-            text.push_str(&format!("  {literal}{name}{literal:#}{pad}{about}\n"));
-        }
-        text.push('\n');
-    }
-    text.push_str(&format!(
-        "{header}Options:{header:#}\n{{options}}{{after-help}}"
-    ));
-    text
 }
 
 #[derive(Debug, Parser)]
@@ -489,32 +425,4 @@ fn parse_max_attempts(text: &str) -> Result<i32, String> {
         .parse::<i64>()
         .map_err(|_| crate::queue::enqueue::BadInput::MaxAttempts.to_string())?;
     crate::queue::enqueue::check_max_attempts(number).map_err(|err| err.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_subcommand_has_one_group_and_every_grouped_name_is_a_subcommand() {
-        let cmd = Cli::command();
-        let grouped: Vec<&str> = SUBCOMMAND_GROUPS
-            .iter()
-            .flat_map(|(_, names)| names.iter().copied())
-            .collect();
-        for sub in cmd.get_subcommands() {
-            let times = grouped
-                .iter()
-                .filter(|name| **name == sub.get_name())
-                .count();
-            assert_eq!(times, 1, "{} is in {times} groups", sub.get_name());
-        }
-        for name in grouped {
-            assert!(
-                name == "help" || cmd.find_subcommand(name).is_some(),
-                "{name} is grouped but no subcommand"
-            );
-        }
-        assert!(!help_template(&cmd).contains("Other:"));
-    }
 }
