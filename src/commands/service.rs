@@ -363,7 +363,7 @@ fn describe_queue(out: &mut String, queue: &crate::config::QueueConfig, served: 
             );
         }
         HandlerConfig::Http(spec) => {
-            let _ = writeln!(out, "url = {}", spec.url);
+            let _ = writeln!(out, "url = {}", crate::handler::http::shown_url(&spec.url));
             let _ = writeln!(out, "timeout = {}", duration(spec.timeout));
             let _ = writeln!(
                 out,

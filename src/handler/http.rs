@@ -186,8 +186,10 @@ fn headers(job: &Job) -> HeaderMap {
     headers
 }
 
-/// `url` as messages show it: without its user name and password.
-fn shown_url(url: &str) -> String {
+/// `url` as messages show it (in a task's error, which every reader of the table sees, and in
+/// the log): without its user name, password, query and fragment, where an endpoint's key
+/// often rides (`?key=...`); a dropped query shows as `?...`.
+pub fn shown_url(url: &str) -> String {
     match Url::parse(url) {
         Ok(mut parsed) => {
             if !parsed.username().is_empty() || parsed.password().is_some() {
@@ -195,16 +197,26 @@ fn shown_url(url: &str) -> String {
                 let _ = parsed.set_username("");
                 let _ = parsed.set_password(None);
             }
-            parsed.to_string()
+            let had_query = parsed.query().is_some_and(|query| !query.is_empty());
+            parsed.set_query(None);
+            parsed.set_fragment(None);
+            let mut shown = parsed.to_string();
+            if had_query {
+                shown.push_str("?...");
+            }
+            shown
         }
-        // Not a URL: show what is before any '@' no more than the rest.
-        Err(_) => match url.rsplit_once('@') {
-            Some((before, after)) => match before.split_once("://") {
-                Some((scheme, _)) => format!("{scheme}://{after}"),
-                None => after.to_string(),
-            },
-            None => url.to_string(),
-        },
+        // Not a URL: show what is before any '@', '?' or '#' no more than the rest.
+        Err(_) => {
+            let url = url.split(['?', '#']).next().unwrap_or_default();
+            match url.rsplit_once('@') {
+                Some((before, after)) => match before.split_once("://") {
+                    Some((scheme, _)) => format!("{scheme}://{after}"),
+                    None => after.to_string(),
+                },
+                None => url.to_string(),
+            }
+        }
     }
 }
 
@@ -263,16 +275,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shown_urls_lose_their_credentials() {
+    fn shown_urls_lose_their_credentials_and_query() {
         assert_eq!(
-            shown_url("https://user:secret@example.com:8443/run?x=1"),
-            "https://example.com:8443/run?x=1"
+            shown_url("https://user:secret@example.com:8443/run?key=secret#frag"),
+            "https://example.com:8443/run?..."
+        );
+        assert_eq!(
+            shown_url("http://example.com/run?"),
+            "http://example.com/run"
         );
         assert_eq!(
             shown_url("http://example.com/run"),
             "http://example.com/run"
         );
         assert_eq!(shown_url("http://user:se cret@[bad/x"), "http://[bad/x");
+        assert_eq!(shown_url("http://[bad/x?key=secret"), "http://[bad/x");
     }
 
     #[test]

@@ -63,7 +63,7 @@ async fn check_config_prints_the_sections_and_warns_of_one_no_served_queue_uses(
     let (code, stdout, stderr) = check(
         "[worker]\nqueues = [\"default\", \"thumbs\"]\n\
          [queues.thumbs]\nhandler = \"exec\"\ncommand = [\"sh\", \"-c\", \"cat\"]\nconcurrency = 2\n\
-         [queues.hooks]\nhandler = \"http\"\nurl = \"http://127.0.0.1:8080/jobs\"\n",
+         [queues.hooks]\nhandler = \"http\"\nurl = \"http://app:pw@127.0.0.1:8080/jobs?key=secret\"\n",
     )
     .await;
     assert_eq!(code, Some(0), "{stderr}");
@@ -76,9 +76,13 @@ async fn check_config_prints_the_sections_and_warns_of_one_no_served_queue_uses(
     assert!(stdout.contains("concurrency = 2"), "{stdout}");
     assert!(
         stdout.contains(
-            "[queues.hooks]\nhandler = http\nurl = http://127.0.0.1:8080/jobs\ntimeout = 30s"
+            "[queues.hooks]\nhandler = http\nurl = http://127.0.0.1:8080/jobs?...\ntimeout = 30s"
         ),
         "{stdout}"
+    );
+    assert!(
+        !stdout.contains("secret") && !stdout.contains("pw@"),
+        "the URL's password and key are printed: {stdout}"
     );
     assert!(stdout.contains("# not served"), "{stdout}");
     assert!(
