@@ -124,7 +124,9 @@ impl Metrics {
     }
 
     /// A failed attempt of queue `queue`'s handler was put back for another try.
+    /// It is not counted as finished nor as released (`pgtaskd_tasks_released`).
     pub fn handler_retried(&self, queue: &str) {
+        self.worker.retried();
         self.handlers.retried(queue);
     }
 

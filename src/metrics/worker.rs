@@ -76,6 +76,13 @@ impl WorkerMetrics {
         self.enqueue_to_start.observe(waited_seconds.max(0.0));
     }
 
+    /// A failed attempt was committed back to QUEUED for a later try: a settled claim, counted
+    /// by `pgtaskd_handler_retries`, neither a finish nor a release.
+    pub(super) fn retried(&self) {
+        self.settled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A finish committed; [`TaskStatus::Queued`] is a claim given back, not a finish.
     pub(super) fn finished(&self, status: TaskStatus, claim_to_finish_seconds: f64) {
         self.settled

@@ -159,10 +159,21 @@ impl Worker {
     ) {
         let Claim { id, attempt, .. } = claim;
         let duration = started.elapsed();
-        if let Ok(status) = &result {
+        // A failed attempt put back QUEUED for a retry is counted as such below, not as a
+        // release.
+        let retried = matches!(
+            (&result, action),
+            (
+                Ok(TaskStatus::Queued),
+                Action::Finish(Outcome::Retry { .. })
+            )
+        );
+        if let (Ok(status), false) = (&result, retried) {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
         }
-        self.inner.summary.settled(result.as_ref().ok().copied());
+        self.inner
+            .summary
+            .settled(result.as_ref().ok().copied(), retried);
         match (result, action) {
             (Ok(status), Action::Finish(Outcome::Succeeded(counts)))
                 if status == TaskStatus::Succeeded =>

@@ -1,6 +1,6 @@
 //! The worker's periodic summary: at info level, one line a minute with what its tasks came
-//! to (claimed, finished by status, given back, results dropped, and the rate), silent while
-//! idle, and one last line at the stop. Each task's own lines are at debug level, so that a
+//! to (claimed, finished by status, given back, failed attempts queued for a retry, results
+//! dropped, and the rate), silent while idle, and one last line at the stop. Each task's own lines are at debug level, so that a
 //! busy daemon's log grows by a line a minute, not two lines a task (docs/design.md, "Logs").
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +20,7 @@ pub(super) struct Summary {
     failed: AtomicU64,
     canceled: AtomicU64,
     released: AtomicU64,
+    retried: AtomicU64,
     dropped: AtomicU64,
 }
 
@@ -31,6 +32,7 @@ pub(super) struct Figures {
     pub failed: u64,
     pub canceled: u64,
     pub released: u64,
+    pub retried: u64,
     pub dropped: u64,
 }
 
@@ -45,9 +47,11 @@ impl Summary {
         self.claimed.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// A claim was settled with `status` written (`None`: its result was dropped).
-    pub(super) fn settled(&self, status: Option<TaskStatus>) {
+    /// A claim was settled with `status` written (`None`: its result was dropped); `retried`:
+    /// a failed attempt written back QUEUED for a later try, not a release.
+    pub(super) fn settled(&self, status: Option<TaskStatus>, retried: bool) {
         let counter = match status {
+            Some(TaskStatus::Queued) if retried => &self.retried,
             Some(TaskStatus::Succeeded) => &self.succeeded,
             Some(TaskStatus::Failed) => &self.failed,
             Some(TaskStatus::Canceled) => &self.canceled,
@@ -66,6 +70,7 @@ impl Summary {
             failed: take(&self.failed),
             canceled: take(&self.canceled),
             released: take(&self.released),
+            retried: take(&self.retried),
             dropped: take(&self.dropped),
         }
     }
@@ -85,6 +90,7 @@ impl Summary {
             failed,
             canceled,
             released,
+            retried,
             dropped,
         } = figures;
         let message = if last {
@@ -98,6 +104,7 @@ impl Summary {
             failed,
             canceled,
             released,
+            attempts_failed_to_retry = retried,
             results_dropped = dropped,
             per_second,
             "{message}"
@@ -132,15 +139,17 @@ mod tests {
     fn each_settled_claim_counts_once_under_its_status_and_a_take_starts_again() {
         let summary = Summary::default();
         summary.claimed(5);
-        for status in [
-            Some(TaskStatus::Succeeded),
-            Some(TaskStatus::Succeeded),
-            Some(TaskStatus::Failed),
-            Some(TaskStatus::Canceled),
-            Some(TaskStatus::Queued),
-            None,
+        for (status, retried) in [
+            (Some(TaskStatus::Succeeded), false),
+            (Some(TaskStatus::Succeeded), false),
+            (Some(TaskStatus::Failed), false),
+            (Some(TaskStatus::Canceled), false),
+            (Some(TaskStatus::Queued), false),
+            (Some(TaskStatus::Queued), true),
+            (Some(TaskStatus::Queued), true),
+            (None, false),
         ] {
-            summary.settled(status);
+            summary.settled(status, retried);
         }
         assert_eq!(
             summary.take(),
@@ -150,6 +159,7 @@ mod tests {
                 failed: 1,
                 canceled: 1,
                 released: 1,
+                retried: 2,
                 dropped: 1,
             }
         );

@@ -209,15 +209,37 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
             runs.display()
         ),
     );
-    let config = exec_config(
-        &handler,
-        "retry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
+    let config = format!(
+        "[http]\nlisten = \"127.0.0.1:0\"\n{}",
+        exec_config(
+            &handler,
+            "retry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
+        )
     );
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
-    daemon.wait_for_log("listening for notifications").await;
+    daemon.wait_for_log("HTTP server listening").await;
 
     let id = enqueue(&client, "x", 3).await;
     wait_status(&client, id, "FAILED").await;
+    // Two attempts queued again, one failure: retries are neither finishes nor releases.
+    let addr = daemon.http_addr().await;
+    let metrics = crate::support::within(
+        WAIT,
+        "GET /metrics",
+        reqwest::get(format!("http://{addr}/metrics")),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    for line in [
+        "pgtaskd_handler_retries_total{queue=\"jobs\"} 2",
+        "pgtaskd_tasks_released_total 0",
+        "pgtaskd_tasks_finished_total{status=\"FAILED\"} 1",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
+    }
     let row = client
         .query_one(
             "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
@@ -243,9 +265,17 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
         "each attempt is a claim of its own: {runs:?}"
     );
 
+    // The summary at the stop says the same.
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("released=0") && log.contains("attempts_failed_to_retry=2"),
+        "{log}"
+    );
+
     // Exit 65 (EX_DATAERR) is not worth another attempt.
     let refused = scratch.script("refuse.sh", "echo 'bad input' >&2\nexit 65");
-    drop(daemon);
     let config = exec_config(&refused, "retry_backoff = \"20ms\"\n");
     let mut daemon = DaemonProcess::start(&db, &config, &[]);
     daemon.wait_for_log("listening for notifications").await;
