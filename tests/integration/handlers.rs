@@ -82,6 +82,20 @@ fn exec_config(handler: &Path, extra: &str) -> String {
     ))
 }
 
+/// The daemon's `/metrics` text.
+async fn metrics(addr: &str) -> String {
+    let response = crate::support::within(
+        WAIT,
+        "GET /metrics",
+        reqwest::get(format!("http://{addr}/metrics")),
+    )
+    .await
+    .expect("GET /metrics answers");
+    crate::support::within(WAIT, "the /metrics body", response.text())
+        .await
+        .expect("the /metrics body is read")
+}
+
 async fn enqueue(client: &Client, payload: &str, max_attempts: i32) -> i64 {
     client
         .query_one(
@@ -223,16 +237,7 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
     wait_status(&client, id, "FAILED").await;
     // Two attempts queued again, one failure: retries are neither finishes nor releases.
     let addr = daemon.http_addr().await;
-    let metrics = crate::support::within(
-        WAIT,
-        "GET /metrics",
-        reqwest::get(format!("http://{addr}/metrics")),
-    )
-    .await
-    .unwrap()
-    .text()
-    .await
-    .unwrap();
+    let metrics = metrics(&addr).await;
     for line in [
         "pgtaskd_handler_retries_total{queue=\"jobs\"} 2",
         "pgtaskd_tasks_released_total 0",
@@ -565,16 +570,7 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     let pids = scratch.pids("started", 2).await;
     // The quick run is in the handler's metrics.
     let addr = daemon.http_addr().await;
-    let metrics = crate::support::within(
-        WAIT,
-        "GET /metrics",
-        reqwest::get(format!("http://{addr}/metrics")),
-    )
-    .await
-    .unwrap()
-    .text()
-    .await
-    .unwrap();
+    let metrics = metrics(&addr).await;
     assert!(
         metrics.contains("pgtaskd_handler_duration_seconds_count{queue=\"jobs\"} 1"),
         "{metrics}"
