@@ -640,15 +640,19 @@ BEGIN
 END
 $$;
 
--- At most `max_rows` FAILED tasks of a queue back to QUEUED, as `pgtaskd.retry` does; one
--- batch per call, called until it returns 0 ("States").
-CREATE FUNCTION pgtaskd.retry_failed(queue text, max_rows integer DEFAULT 10000) RETURNS bigint
+-- At most `max_rows` FAILED tasks of a queue above `after_id` back to QUEUED, as
+-- `pgtaskd.retry` does; one batch per call, called until `retried` is 0 ("States").
+CREATE FUNCTION pgtaskd.retry_failed(
+    queue    text,
+    max_rows integer DEFAULT 10000,
+    after_id bigint DEFAULT 0,
+    OUT retried bigint,
+    OUT last_id bigint
+)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    retried bigint;
 BEGIN
     IF max_rows IS NULL OR max_rows < 1 THEN
         RAISE EXCEPTION 'pgtaskd.retry_failed: max_rows must be at least 1, not %', max_rows
@@ -659,32 +663,36 @@ BEGIN
           FROM pgtaskd.tasks AS t
          WHERE t.queue = retry_failed.queue
            AND t.status = 'FAILED'
+           AND t.id > coalesce(retry_failed.after_id, 0)
          ORDER BY t.id
          LIMIT retry_failed.max_rows
            FOR UPDATE SKIP LOCKED
+    ), done AS (
+        UPDATE pgtaskd.tasks AS t
+           SET status = 'QUEUED',
+               attempt = 0,
+               cancel_requested = false,
+               words = 0,
+               bytes = 0,
+               runes = 0,
+               output = NULL,
+               error = NULL,
+               lease_owner = NULL,
+               lease_expires_at = NULL,
+               started_at = NULL,
+               finished_at = NULL,
+               run_at = now()
+          FROM batch
+         WHERE t.id = batch.id
+           AND t.status = 'FAILED'
+        RETURNING t.id
     )
-    UPDATE pgtaskd.tasks AS t
-       SET status = 'QUEUED',
-           attempt = 0,
-           cancel_requested = false,
-           words = 0,
-           bytes = 0,
-           runes = 0,
-           output = NULL,
-           error = NULL,
-           lease_owner = NULL,
-           lease_expires_at = NULL,
-           started_at = NULL,
-           finished_at = NULL,
-           run_at = now()
-      FROM batch
-     WHERE t.id = batch.id
-       AND t.status = 'FAILED';
-    GET DIAGNOSTICS retried = ROW_COUNT;
+    SELECT count(*), coalesce(max(done.id), coalesce(retry_failed.after_id, 0))
+      INTO retried, last_id
+      FROM done;
     IF retried > 0 THEN
         PERFORM pg_notify('pgtaskd_tasks', '');
     END IF;
-    RETURN retried;
 END
 $$;
 
@@ -949,7 +957,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint), '
                    'pgtaskd.pause_queue(text), pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
-                   'pgtaskd.retry_failed(text, integer) '
+                   'pgtaskd.retry_failed(text, integer, bigint) '
                    'TO %I', role_name);
 END
 $$;
@@ -963,7 +971,7 @@ BEGIN
                    'pgtaskd.schema_migrations TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.pause_queue(text), '
                    'pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
-                   'pgtaskd.retry_failed(text, integer), '
+                   'pgtaskd.retry_failed(text, integer, bigint), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint), '
                    'pgtaskd.vacuum_health() TO %I', role_name);
     -- Which daemons serve which queues (version 21).
@@ -987,7 +995,7 @@ REVOKE ALL ON FUNCTION pgtaskd.prune(float8, bigint, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.pause_queue(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.resume_queue(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.retry(bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgtaskd.retry_failed(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.retry_failed(text, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.vacuum_health() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.idle_flags_until() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.take_idle_turn() FROM PUBLIC;

@@ -53,15 +53,16 @@ pub(super) async fn retry_failed(
     queue_name: &str,
 ) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;
-    let mut retried = 0;
+    let (mut retried, mut after) = (0, 0);
     loop {
         let batch = checked(
             &client,
-            queue::retry_failed(&client, queue_name, queue::RETRY_FAILED_BATCH),
+            queue::retry_failed(&client, queue_name, queue::RETRY_FAILED_BATCH, after),
         )
         .await?;
-        retried += batch;
-        if batch == 0 {
+        retried += batch.retried;
+        after = batch.last_id;
+        if batch.retried == 0 {
             break;
         }
     }

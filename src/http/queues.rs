@@ -5,7 +5,7 @@
 //! `POST /queues/{queue}/retry-failed` puts the queue's FAILED tasks back to QUEUED as
 //! `POST /tasks/{id}/retry` does each, through `pgtaskd.retry_failed` as `pgtaskd retry
 //! --queue Q --failed` does: [`queue::RETRY_FAILED_BATCH`] rows per statement and
-//! transaction, batch after batch until none is left or [`RETRY_FAILED_BUDGET`] has passed,
+//! transaction, each batch above the last one's highest id, until none is left or [`RETRY_FAILED_BUDGET`] has passed,
 //! and says how many it retried and how many FAILED ones remain (another request retries
 //! those).
 
@@ -92,17 +92,19 @@ pub(super) async fn retry_failed(
     Db(session): Db,
 ) -> Result<Json<RetriedFailed>, ApiError> {
     let until = tokio::time::Instant::now() + RETRY_FAILED_BUDGET;
-    let mut retried = 0;
+    let (mut retried, mut after) = (0, 0);
     loop {
         let batch = session
             .bounded(queue::retry_failed(
                 &session,
                 &name,
                 queue::RETRY_FAILED_BATCH,
+                after,
             ))
             .await?;
-        retried += batch;
-        if batch == 0 || tokio::time::Instant::now() >= until {
+        retried += batch.retried;
+        after = batch.last_id;
+        if batch.retried == 0 || tokio::time::Instant::now() >= until {
             break;
         }
     }

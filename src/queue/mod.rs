@@ -55,7 +55,9 @@ pub use list::{list, page, ListFilter, Listed, Page};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
-pub use retry::{failed_count, queue_known, retry, retry_failed, RetryOutcome, RETRY_FAILED_BATCH};
+pub use retry::{
+    failed_count, queue_known, retry, retry_failed, RetriedBatch, RetryOutcome, RETRY_FAILED_BATCH,
+};
 pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,
 };

@@ -3,7 +3,8 @@
 //! Called by `pgtaskd retry`.
 //!
 //! The FAILED tasks of a whole queue go back the same way through
-//! `pgtaskd.retry_failed(queue, max_rows)` (schema 22), a batch per statement: called by
+//! `pgtaskd.retry_failed(queue, max_rows, after_id)` (schema 22), a batch per statement, each
+//! starting above the last one's highest id: called by
 //! `pgtaskd retry --queue Q --failed` and `POST /queues/{queue}/retry-failed`.
 
 use tokio_postgres::types::Type;
@@ -46,22 +47,43 @@ pub async fn retry(client: &Client, id: i64) -> Result<RetryOutcome, DbError> {
 /// statement's work, so that a million failed rows never make one giant transaction.
 pub const RETRY_FAILED_BATCH: i32 = 10_000;
 
-/// Put at most `max_rows` FAILED tasks of `queue`, oldest first, back to QUEUED as [`retry`]
-/// does, in one statement (`pgtaskd.retry_failed`); how many it retried. The caller calls it
-/// again until it returns 0, each call its own transaction; rows another transaction holds
-/// locked are left for a later call.
+/// One batch of [`retry_failed`]: how many FAILED tasks it put back to QUEUED, and the
+/// highest id among them (the `after` of the next batch; `after` itself when none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetriedBatch {
+    pub retried: i64,
+    pub last_id: i64,
+}
+
+/// Put at most `max_rows` FAILED tasks of `queue` with an id over `after`, lowest first, back
+/// to QUEUED as [`retry`] does, in one statement (`pgtaskd.retry_failed`). The caller calls it
+/// again with the batch's `last_id` as `after` until a batch retries none, each call its own
+/// transaction; rows another transaction holds locked are skipped (a later pass from 0 finds
+/// them).
 ///
 /// # Errors
 ///
 /// Database failures, among them a role without EXECUTE on the function.
-pub async fn retry_failed(client: &Client, queue: &str, max_rows: i32) -> Result<i64, DbError> {
+pub async fn retry_failed(
+    client: &Client,
+    queue: &str,
+    max_rows: i32,
+    after: i64,
+) -> Result<RetriedBatch, DbError> {
     let row = client
         .query_typed_one(
-            "SELECT pgtaskd.retry_failed($1, $2)",
-            &[(&queue, Type::TEXT), (&max_rows, Type::INT4)],
+            "SELECT retried, last_id FROM pgtaskd.retry_failed($1, $2, $3)",
+            &[
+                (&queue, Type::TEXT),
+                (&max_rows, Type::INT4),
+                (&after, Type::INT8),
+            ],
         )
         .await?;
-    Ok(row.get(0))
+    Ok(RetriedBatch {
+        retried: row.get(0),
+        last_id: row.get(1),
+    })
 }
 
 /// How many tasks of `queue` are FAILED (read from `tasks_list_queue_idx`).

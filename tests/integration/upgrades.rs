@@ -353,7 +353,7 @@ async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
         ("stranger", false),
     ] {
         let sql = format!(
-            "SELECT has_function_privilege('{}', 'pgtaskd.retry_failed(text, integer)', 'EXECUTE')",
+            "SELECT has_function_privilege('{}', 'pgtaskd.retry_failed(text, integer, bigint)', 'EXECUTE')",
             role(kind)
         );
         let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))

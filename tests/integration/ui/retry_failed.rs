@@ -1,7 +1,7 @@
 //! `POST /queues/{queue}/retry-failed`: every FAILED task of one queue back to QUEUED as
 //! `pgtaskd.retry` puts each, other queues and statuses untouched; 404 for a queue nobody
 //! knows, 400 for a name that is not one, 401 without the token, 405 for GET. Under it,
-//! `pgtaskd.retry_failed(queue, max_rows)` works a batch per call and is the operator's and
+//! `pgtaskd.retry_failed(queue, max_rows, after_id)` works a batch per call and is the operator's and
 //! the daemon's, not PUBLIC's; above it, `pgtaskd retry --queue Q --failed`.
 
 use reqwest::StatusCode;
@@ -134,21 +134,48 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
     .unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
 
-    // The SQL function: a batch per call, at most max_rows, 0 when none is left.
-    for (max_rows, retried) in [(2, 2), (2, 1), (2, 0)] {
+    // The SQL function: a batch per call, at most max_rows, lowest ids first, each call from
+    // the last one's highest id; 0 when none is left.
+    let failed_ids: Vec<i64> = within(
+        WAIT,
+        "reports' ids",
+        client.query(
+            "SELECT id FROM pgtaskd.tasks WHERE queue = 'reports' ORDER BY id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
+    let mut after = 0_i64;
+    for (max_rows, retried, last) in [
+        (2, 2, failed_ids[1]),
+        (2, 1, failed_ids[2]),
+        (2, 0, failed_ids[2]),
+    ] {
         let row = within(
             WAIT,
             "pgtaskd.retry_failed",
-            client.query_one("SELECT pgtaskd.retry_failed('reports', $1)", &[&max_rows]),
+            client.query_one(
+                "SELECT retried, last_id FROM pgtaskd.retry_failed('reports', $1, $2)",
+                &[&max_rows, &after],
+            ),
         )
         .await
         .unwrap();
-        assert_eq!(row.get::<_, i64>(0), retried, "max_rows {max_rows}");
+        assert_eq!(
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+            (retried, last),
+            "max_rows {max_rows} after {after}"
+        );
+        after = last;
     }
     let err = within(
         WAIT,
         "max_rows 0",
-        client.query_one("SELECT pgtaskd.retry_failed('reports', 0)", &[]),
+        client.query_one("SELECT * FROM pgtaskd.retry_failed('reports', 0)", &[]),
     )
     .await
     .expect_err("max_rows 0 is refused");
@@ -174,8 +201,8 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "the rights",
         client.query_one(
-            "SELECT has_function_privilege('ui_retry_operator', 'pgtaskd.retry_failed(text, integer)', 'EXECUTE'),
-                    has_function_privilege('ui_retry_nobody', 'pgtaskd.retry_failed(text, integer)', 'EXECUTE')",
+            "SELECT has_function_privilege('ui_retry_operator', 'pgtaskd.retry_failed(text, integer, bigint)', 'EXECUTE'),
+                    has_function_privilege('ui_retry_nobody', 'pgtaskd.retry_failed(text, integer, bigint)', 'EXECUTE')",
             &[],
         ),
     )
