@@ -1,6 +1,7 @@
 //! The console in Chromium, clicked through chromedriver: the task list filtered and paged by
 //! its cursor, a task's page (payload escaped and cut, output, error), its Retry and Cancel
-//! buttons with the row checked in the database after each, a queue's "Retry failed" button,
+//! buttons with the row checked in the database after each and a refusal shown as such, a
+//! queue's "Retry failed" button,
 //! the chart's y labels for a minute of 214,182 finished rows, and the page's width at 800 px
 //! (with a screenshot, target/dashboard-800.png).
 
@@ -356,6 +357,29 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         column(&client, page_task, "status").await.as_deref(),
         Some("CANCELED")
     );
+    // A refusal is shown too: the task is retried behind the page's back, then the page's
+    // Retry (still offered for the CANCELED task it shows) gets the API's 409 and says so.
+    within(
+        WAIT,
+        "a retry elsewhere",
+        client.execute("SELECT pgtaskd.retry($1)", &[&page_task]),
+    )
+    .await
+    .expect("retried");
+    browser.click("#task-retry").await;
+    browser
+        .wait_for(
+            "the refusal",
+            "return document.getElementById('task-answer').textContent === 'retry refused: task is QUEUED: only a FAILED or CANCELED task can be retried' && document.getElementById('task-view').dataset.status === 'QUEUED'",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("return document.getElementById('task-answer').className")
+            .await,
+        "bad"
+    );
+
     // The queue's "Retry failed" button, after its confirmation: reports' 40 FAILED tasks are
     // QUEUED, mail's 120 untouched.
     browser.goto(&served.console("")).await;
