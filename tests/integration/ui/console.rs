@@ -396,7 +396,7 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
     browser
         .wait_for(
             "the retry of reports' failures",
-            "return document.getElementById('status').textContent === 'queue reports: 40 failed tasks retried'",
+            "return document.getElementById('queue-answer').textContent === 'queue reports: 40 failed tasks retried'",
         )
         .await;
     let counts = ids(
