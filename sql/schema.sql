@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0021_daemons.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0022_retry_failed.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -640,6 +640,62 @@ BEGIN
 END
 $$;
 
+-- At most `max_rows` FAILED tasks of a queue above `after_id` back to QUEUED, as
+-- `pgtaskd.retry` does; one batch per call, called until `retried` is 0 ("States").
+CREATE FUNCTION pgtaskd.retry_failed(
+    queue    text,
+    max_rows integer DEFAULT 10000,
+    after_id bigint DEFAULT 0,
+    OUT retried bigint,
+    OUT last_id bigint
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 THEN
+        RAISE EXCEPTION 'pgtaskd.retry_failed: max_rows must be at least 1, not %', max_rows
+            USING ERRCODE = '22023';
+    END IF;
+    WITH batch AS (
+        SELECT t.id
+          FROM pgtaskd.tasks AS t
+         WHERE t.queue = retry_failed.queue
+           AND t.status = 'FAILED'
+           AND t.id > coalesce(retry_failed.after_id, 0)
+         ORDER BY t.id
+         LIMIT retry_failed.max_rows
+           FOR UPDATE SKIP LOCKED
+    ), done AS (
+        UPDATE pgtaskd.tasks AS t
+           SET status = 'QUEUED',
+               attempt = 0,
+               cancel_requested = false,
+               words = 0,
+               bytes = 0,
+               runes = 0,
+               output = NULL,
+               error = NULL,
+               lease_owner = NULL,
+               lease_expires_at = NULL,
+               started_at = NULL,
+               finished_at = NULL,
+               run_at = now()
+          FROM batch
+         WHERE t.id = batch.id
+           AND t.status = 'FAILED'
+        RETURNING t.id
+    )
+    SELECT count(*), coalesce(max(done.id), coalesce(retry_failed.after_id, 0))
+      INTO retried, last_id
+      FROM done;
+    IF retried > 0 THEN
+        PERFORM pg_notify('pgtaskd_tasks', '');
+    END IF;
+END
+$$;
+
 -- One row: the table's bloat and the oldest xmin horizon holding back its vacuum, with its
 -- owner's rights and never a query's text ("Vacuum health").
 CREATE FUNCTION pgtaskd.vacuum_health(
@@ -900,7 +956,8 @@ BEGIN
                    'TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint), '
-                   'pgtaskd.pause_queue(text), pgtaskd.resume_queue(text), pgtaskd.retry(bigint) '
+                   'pgtaskd.pause_queue(text), pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
+                   'pgtaskd.retry_failed(text, integer, bigint) '
                    'TO %I', role_name);
 END
 $$;
@@ -914,6 +971,7 @@ BEGIN
                    'pgtaskd.schema_migrations TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.pause_queue(text), '
                    'pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
+                   'pgtaskd.retry_failed(text, integer, bigint), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint), '
                    'pgtaskd.vacuum_health() TO %I', role_name);
     -- Which daemons serve which queues (version 21).
@@ -937,6 +995,7 @@ REVOKE ALL ON FUNCTION pgtaskd.prune(float8, bigint, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.pause_queue(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.resume_queue(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.retry(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.retry_failed(text, integer, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.vacuum_health() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.idle_flags_until() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.take_idle_turn() FROM PUBLIC;

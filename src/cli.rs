@@ -201,11 +201,23 @@ pub enum Command {
         queue: String,
     },
     /// Put a FAILED or CANCELED task back to QUEUED, as if new (attempt 0); exit 3 for an
-    /// unknown id, 4 for a task that is not FAILED or CANCELED
+    /// unknown id, 4 for a task that is not FAILED or CANCELED. With --queue Q --failed instead
+    /// of an id: every FAILED task of queue Q, 10,000 per transaction; exit 3 for a queue
+    /// without any task that is not paused either
     Retry {
         /// Task id
-        #[arg(value_hint = ValueHint::Other)]
-        id: i64,
+        #[arg(
+            value_hint = ValueHint::Other,
+            required_unless_present = "queue",
+            conflicts_with = "queue"
+        )]
+        id: Option<i64>,
+        /// Retry the FAILED tasks of this queue (with --failed)
+        #[arg(long, value_hint = ValueHint::Other, value_parser = parse_queue, requires = "failed")]
+        queue: Option<String>,
+        /// With --queue: retry every FAILED task of the queue
+        #[arg(long, requires = "queue")]
+        failed: bool,
     },
     /// Print the latest tasks, newest first
     List(ListArgs),

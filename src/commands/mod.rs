@@ -52,6 +52,9 @@ pub enum CommandError {
     Usage(String),
     #[error("no such task: {0}")]
     NotFound(i64),
+    /// `retry --queue Q --failed` of a queue without any task that is not paused either: 3.
+    #[error("no such queue: {0} has no task and is not paused")]
+    NoSuchQueue(String),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
     #[error(
@@ -101,7 +104,7 @@ impl CommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Usage(_) => EXIT_USAGE,
-            CommandError::NotFound(_) => EXIT_NOT_FOUND,
+            CommandError::NotFound(_) | CommandError::NoSuchQueue(_) => EXIT_NOT_FOUND,
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
             CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
@@ -220,7 +223,13 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::CheckConfig { connect, .. } => service::check_config(&config, connect).await,
         Command::Pause { queue } => queues::pause(&config, &queue).await,
         Command::Resume { queue } => queues::resume(&config, &queue).await,
-        Command::Retry { id } => queues::retry(&config, id).await,
+        Command::Retry { id: Some(id), .. } => queues::retry(&config, id).await,
+        Command::Retry {
+            queue: Some(queue_name),
+            ..
+        } => queues::retry_failed(&config, &queue_name).await,
+        // clap asks for an id or --queue.
+        Command::Retry { .. } => unreachable!("retry without an id or a queue"),
         Command::List(args) => queues::list(&config, &args).await,
         Command::Stats { json } => queues::stats(&config, json).await,
         Command::Probe { ready, timeout } => probe::probe(&config, ready, timeout).await,

@@ -46,6 +46,34 @@ pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandE
     Ok(ExitCode::SUCCESS)
 }
 
+/// Put every FAILED task of `queue_name` back to QUEUED, a batch per transaction, and say how
+/// many; exit 3 for a queue without any task that is not paused either.
+pub(super) async fn retry_failed(
+    config: &Config,
+    queue_name: &str,
+) -> Result<ExitCode, CommandError> {
+    let client = session(config).await?;
+    let (mut retried, mut after) = (0, 0);
+    loop {
+        let batch = checked(
+            &client,
+            queue::retry_failed(&client, queue_name, queue::RETRY_FAILED_BATCH, after),
+        )
+        .await?;
+        retried += batch.retried;
+        after = batch.last_id;
+        if batch.retried == 0 {
+            break;
+        }
+    }
+    if retried == 0 && !checked(&client, queue::queue_known(&client, queue_name)).await? {
+        return Err(CommandError::NoSuchQueue(queue_name.to_string()));
+    }
+    let remaining = checked(&client, queue::failed_count(&client, queue_name)).await?;
+    println!("queue {queue_name}: {retried} FAILED tasks QUEUED again, {remaining} FAILED left");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Print the latest tasks `args` select, newest first.
 pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;

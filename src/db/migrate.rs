@@ -126,6 +126,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0021_daemons",
         sql: include_str!("../../sql/0021_daemons.sql"),
     },
+    Migration {
+        version: 22,
+        name: "0022_retry_failed",
+        sql: include_str!("../../sql/0022_retry_failed.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel`, `POST /tasks/{id}/retry` | `tasks.rs` |
 //! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
-//! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume` | `queues.rs` |
+//! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume`, `POST /queues/{queue}/retry-failed` | `queues.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
 //! | `GET /stats`, `GET /stats/throughput` | `stats.rs` |
 //! | `GET /tasks?queue=&status=&limit=&after=`, a page of tasks | `list.rs` |
@@ -119,6 +119,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/tasks/{id}/retry", post(tasks::retry))
         .route("/queues/{queue}/pause", post(queues::pause))
         .route("/queues/{queue}/resume", post(queues::resume))
+        .route("/queues/{queue}/retry-failed", post(queues::retry_failed))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))

@@ -1,6 +1,15 @@
 //! The queue routes: `POST /queues/{queue}/pause` and `POST /queues/{queue}/resume`, through
 //! the same SQL functions as `pgtaskd pause`/`resume`. A pause takes effect at the daemons'
 //! next claim; a resume wakes them at once (`NOTIFY pgtaskd_tasks`).
+//!
+//! `POST /queues/{queue}/retry-failed` puts the queue's FAILED tasks back to QUEUED as
+//! `POST /tasks/{id}/retry` does each, through `pgtaskd.retry_failed` as `pgtaskd retry
+//! --queue Q --failed` does: [`queue::RETRY_FAILED_BATCH`] rows per statement and
+//! transaction, each batch above the last one's highest id, until none is left or [`RETRY_FAILED_BUDGET`] has passed,
+//! and says how many it retried and how many FAILED ones remain (another request retries
+//! those).
+
+use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
@@ -10,6 +19,10 @@ use serde::Serialize;
 use super::error::ApiError;
 use super::extract::Db;
 use crate::queue;
+
+/// How long `POST /queues/{queue}/retry-failed` starts new batches: well within the request's
+/// deadline (`REQUEST_TIMEOUT`), so that it answers with its counts rather than 408.
+pub(super) const RETRY_FAILED_BUDGET: Duration = Duration::from_secs(15);
 
 /// The `{queue}` of a queue route: 400 when it is not UTF-8 or not a queue name
 /// ([`queue::enqueue::check_queue_name`]: empty, too long, or with a NUL character).
@@ -59,5 +72,54 @@ pub(super) async fn resume(
         queue: name,
         paused: false,
         changed,
+    }))
+}
+
+/// The answer of `POST /queues/{queue}/retry-failed`.
+#[derive(Debug, Serialize)]
+pub(super) struct RetriedFailed {
+    queue: String,
+    /// The FAILED tasks put back to QUEUED.
+    retried: i64,
+    /// The FAILED tasks still there: left by the budget, or locked by another transaction.
+    remaining: i64,
+}
+
+/// `POST /queues/{queue}/retry-failed`: 200 with the counts, 0 retried when none is FAILED; 404
+/// for a queue without any task that is not paused either.
+pub(super) async fn retry_failed(
+    QueueName(name): QueueName,
+    Db(session): Db,
+) -> Result<Json<RetriedFailed>, ApiError> {
+    let until = tokio::time::Instant::now() + RETRY_FAILED_BUDGET;
+    let (mut retried, mut after) = (0, 0);
+    loop {
+        let batch = session
+            .bounded(queue::retry_failed(
+                &session,
+                &name,
+                queue::RETRY_FAILED_BATCH,
+                after,
+            ))
+            .await?;
+        retried += batch.retried;
+        after = batch.last_id;
+        if batch.retried == 0 || tokio::time::Instant::now() >= until {
+            break;
+        }
+    }
+    let remaining = session
+        .bounded(queue::failed_count(&session, &name))
+        .await?;
+    if retried == 0
+        && remaining == 0
+        && !session.bounded(queue::queue_known(&session, &name)).await?
+    {
+        return Err(ApiError::NoSuchQueue);
+    }
+    Ok(Json(RetriedFailed {
+        queue: name,
+        retried,
+        remaining,
     }))
 }

@@ -1,11 +1,13 @@
-//! `GET /ui`: the read-only dashboard, one self-contained page (`ui.html`, inline CSS and
-//! script, nothing fetched from elsewhere) compiled into the binary.
+//! `GET /ui`: the dashboard, an operator's console in one self-contained page (`ui.html`,
+//! inline CSS and script, nothing fetched from elsewhere) compiled into the binary: the
+//! overview of the queues, the task list filtered and paged by its cursor, a task's page.
 //!
 //! The page holds no data, so it is served without the token; its script asks for the token
 //! once (or takes it from the URL fragment `#token=...`), keeps it in `sessionStorage`, and
-//! sends it as `Authorization: Bearer` to the JSON routes it reads: `GET /stats`,
-//! `GET /stats/throughput`, `GET /tasks`, `GET /tasks/{id}`, and the pause and resume routes.
-//! Every text from the database is set with `textContent`, never parsed as HTML.
+//! sends it as `Authorization: Bearer` to the routes it calls: `GET /stats`,
+//! `GET /stats/throughput`, `GET /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/retry` and
+//! `/cancel`, and the queues' pause, resume and retry-failed routes. Every text from the
+//! database is set with `textContent`, never parsed as HTML.
 
 use axum::http::header;
 use axum::response::IntoResponse;

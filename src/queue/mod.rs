@@ -17,7 +17,7 @@
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
 //! | [`mod@pause`] | pausing and resuming a queue |
-//! | [`mod@retry`] | FAILED / CANCELED -> QUEUED, as if new |
+//! | [`mod@retry`] | FAILED / CANCELED -> QUEUED, as if new; a queue's FAILED tasks, a batch at a time |
 //! | [`mod@list`] | the latest tasks, newest first, a page at a time |
 //! | [`mod@stats`] | per-queue figures from indexes and bounded ranges; the daemons connected |
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
@@ -55,7 +55,9 @@ pub use list::{list, page, ListFilter, Listed, Page};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
-pub use retry::{retry, RetryOutcome};
+pub use retry::{
+    failed_count, queue_known, retry, retry_failed, RetriedBatch, RetryOutcome, RETRY_FAILED_BATCH,
+};
 pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,
 };

@@ -1,7 +1,18 @@
 //! The dashboard (`GET /ui`) in a real browser: headless Chromium (Debian's `chromium`)
 //! against a daemon process with tasks in three queues. The page must show the queues and
 //! their counts, the latest failure's error as text (a `<script>` or `<b>` in it stays text),
-//! a looked-up task's payload as text; a second run saves the README's screenshot.
+//! a task's payload as text on its page; a second run saves the README's screenshot.
+//!
+//! The console's clicks need a driver (`--dump-dom` cannot click): `browser` drives Chromium
+//! through chromedriver. `console` pages the task list, opens a task, retries and cancels it,
+//! reads the chart's labels and the page's width at 800 px; `retry_failed` tests `POST
+//! /queues/{queue}/retry-failed`, its SQL function and its CLI form; `million` pages the list
+//! of a table of 1,000,000 finished rows.
+
+mod browser;
+mod console;
+mod million;
+mod retry_failed;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,12 +22,12 @@ use serde_json::Value;
 use crate::support::daemon::tempfile_path::TempPath;
 use crate::support::{free_port, within, DaemonProcess, TestDb, WAIT};
 
-const TOKEN: &str = "ui-test-token";
+pub const TOKEN: &str = "ui-test-token";
 const ERROR: &str = "<script>document.title='pwned'</script>parse error near <b>x</b>";
 const PAYLOAD: &str = "<script>document.title='pwned'</script>hello <i>world</i>";
 
 /// The `chromium` command, or a failure saying how to install it.
-fn chromium() -> PathBuf {
+pub fn chromium() -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join("chromium"))
@@ -78,6 +89,44 @@ fn queue_row<'a>(dom: &'a str, name: &str) -> &'a str {
     &dom[start..end]
 }
 
+/// A daemon process with its HTTP server on a free port and the token [`TOKEN`], claiming
+/// from the queue "elsewhere" only, so that the tests' tasks hold still.
+pub struct Served {
+    /// Held: the process is stopped when this is dropped.
+    _daemon: DaemonProcess,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    _token: TempPath,
+}
+
+impl Served {
+    /// Start it on `db` and wait until it listens.
+    pub async fn start(db: &TestDb) -> Served {
+        let token = TempPath::write(TOKEN);
+        let port = free_port();
+        let mut daemon = DaemonProcess::start(
+            db,
+            &format!(
+                "[http]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n\
+                 [worker]\nqueues = [\"elsewhere\"]\n",
+                token.path().display()
+            ),
+            &[],
+        );
+        daemon.wait_for_log("HTTP server listening").await;
+        Served {
+            _daemon: daemon,
+            base: format!("http://127.0.0.1:{port}"),
+            _token: token,
+        }
+    }
+
+    /// The console's address with the token in the fragment, then `fragment` (`&task=7`).
+    pub fn console(&self, fragment: &str) -> String {
+        format!("{}/ui#token={TOKEN}{fragment}", self.base)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     // Before anything else: without the browser the test fails here, saying how to get it.
@@ -112,22 +161,11 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     .unwrap()
     .get(0);
 
-    let token = TempPath::write(TOKEN);
-    let port = free_port();
-    let mut daemon = DaemonProcess::start(
-        &db,
-        &format!(
-            "[http]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = \"{}\"\n\
-             [worker]\nqueues = [\"elsewhere\"]\n",
-            token.path().display()
-        ),
-        &[],
-    );
-    daemon.wait_for_log("HTTP server listening").await;
+    let served = Served::start(&db).await;
+    let base = served.base.clone();
 
     // The page is served without the token; its data is not.
     let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
     let page = within(WAIT, "GET /ui", http.get(format!("{base}/ui")).send())
         .await
         .unwrap();
@@ -222,7 +260,7 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     // a copy of it.
     let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard.png");
     browse(
-        &format!("{base}/ui#token={TOKEN}&task={looked_up}"),
+        &served.console(""),
         &[
             &format!("--screenshot={}", screenshot.display()),
             "--window-size=1280,900",
@@ -231,5 +269,5 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     .await;
     let png = std::fs::read(&screenshot).expect("the screenshot is saved");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
-    drop(daemon);
+    drop(served);
 }

@@ -2,7 +2,8 @@
 //! schema 14 keeps a disabled insert trigger disabled, counts the flags already live, gives
 //! up on a table lock held elsewhere and applies later, and resolves nothing through the
 //! migrating role's search_path; schema 18 refuses to apply over queue names longer than 128
-//! bytes until they are renamed.
+//! bytes until they are renamed; schema 22 grants `pgtaskd.retry_failed` to the roles that may
+//! retry.
 
 use crate::migrate::database_at;
 use crate::support::daemon::pgtaskd;
@@ -304,4 +305,61 @@ async fn schema_18_refuses_to_apply_over_longer_queue_names_until_they_are_renam
         .unwrap()
         .get(0);
     assert_eq!(lock_timeout, "0", "the session's setting is as it was");
+}
+
+/// Schema 22's `pgtaskd.retry_failed` goes to the roles that may run `pgtaskd.retry`, those
+/// granted before it (found by that right) and after it (by the re-created grant functions):
+/// operators and daemons, not producers, not a role with nothing, not PUBLIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
+    let (_db, mut owner) = database_at(21).await;
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let role = |kind: &str| format!("rf_{kind}_{tag}");
+    let grant = |kind: &str, function: &str| {
+        format!(
+            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
+            role(kind)
+        )
+    };
+    let before = [
+        grant("old_daemon", "grant_daemon"),
+        grant("old_ops", "grant_operator"),
+        grant("old_app", "grant_producer"),
+        format!("CREATE ROLE {};", role("stranger")),
+    ]
+    .concat();
+    within(WAIT, "the roles of 21", owner.batch_execute(&before))
+        .await
+        .unwrap();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let after = [
+        grant("new_daemon", "grant_daemon"),
+        grant("new_ops", "grant_operator"),
+        grant("new_app", "grant_producer"),
+    ]
+    .concat();
+    within(WAIT, "the roles of 22", owner.batch_execute(&after))
+        .await
+        .unwrap();
+    for (kind, expected) in [
+        ("old_daemon", true),
+        ("new_daemon", true),
+        ("old_ops", true),
+        ("new_ops", true),
+        ("old_app", false),
+        ("new_app", false),
+        ("stranger", false),
+    ] {
+        let sql = format!(
+            "SELECT has_function_privilege('{}', 'pgtaskd.retry_failed(text, integer, bigint)', 'EXECUTE')",
+            role(kind)
+        );
+        let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(may, expected, "{kind}");
+    }
 }
