@@ -222,7 +222,8 @@ pub async fn run(
         &health,
         &background,
     );
-    // Ready once the listener is up and a scan for work ran after it came up.
+    // Ready once the listener is up and each lane's first claim after it came up was answered
+    // (not once its backlog is drained: a scan claims on while tasks wait).
     let readiness = tokio::spawn({
         let health = Arc::clone(&health);
         let worker = worker.clone();

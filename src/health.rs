@@ -1,7 +1,8 @@
 //! Readiness, and what systemd is told about it (`Type=notify`).
 //!
 //! - `READY=1` once, when the schema was checked, the listener is connected and the first
-//!   scan for work ran.
+//!   claim after it was answered (or the first scan found nothing): a backlog being worked
+//!   through does not hold readiness back.
 //! - `STATUS=` whenever the listener connects or loses the database, and whenever the reason
 //!   it waits changes (the database down at start, a session refused after a password was
 //!   rotated), so that `systemctl status` says why a daemon is waiting. `/readyz` gives the same
@@ -68,7 +69,7 @@ impl Health {
         let _ = rx.wait_for(|up| *up).await;
     }
 
-    /// Whether start-up finished (schema checked, listener up, first scan done).
+    /// Whether start-up finished (schema checked, listener up, first claim answered).
     pub fn is_started(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }

@@ -156,6 +156,8 @@ impl Worker {
                             worker.found_work();
                         }
                         state.record(Some(&report));
+                        // The database answers claims: ready, whatever the backlog.
+                        worker.inner.scans.send_modify(|n| *n += 1);
                     }
                     Err(err) => {
                         state.record(None);

@@ -153,7 +153,8 @@ impl Workers {
         self.lanes.iter().map(Worker::running).sum()
     }
 
-    /// Wait until every lane completed a scan for work that started after this call.
+    /// Wait until every lane had a claim answered, or completed a scan for work, after this
+    /// call.
     pub async fn scanned(&self) {
         for lane in &self.lanes {
             let mut scans = lane.scans();

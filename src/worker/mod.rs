@@ -98,7 +98,9 @@ struct Inner {
     completer: Completer,
     /// Claims, finishes and their durations, for the Prometheus endpoint.
     metrics: Arc<Metrics>,
-    /// How many scans for work the producer loop has completed (the first ends the start-up).
+    /// How many claim statements have answered plus scans for work completed: the first after
+    /// the listener is up ends the start-up. A claim's answer counts alone, because a scan
+    /// with a backlog goes on claiming as room frees, until the backlog is drained.
     scans: watch::Sender<u64>,
     /// What a claimed task's payload is run through, unless the lane has a handler.
     analyzer: Arc<dyn Analyzer>,
@@ -227,7 +229,8 @@ impl Worker {
         self.inner.relisten.store(true, Ordering::Release);
     }
 
-    /// Counts the scans for work completed so far; the first one ends the start-up.
+    /// Counts the claim statements answered and the scans for work completed so far; the
+    /// first one ends the start-up.
     pub fn scans(&self) -> watch::Receiver<u64> {
         self.inner.scans.subscribe()
     }

@@ -95,3 +95,82 @@ async fn json_logs_carry_the_task_id_and_attempt_on_every_task_line() {
     }
     assert!(task_lines >= 3, "claimed, analyzer run, finished:\n{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_is_ready_while_it_works_through_a_backlog() {
+    // One slot, held by a child that does not end until the test says so: the backlog cannot
+    // drain, so readiness can only come from the claims' answers.
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = crate::handlers::Scratch::new();
+    let gate = scratch.path("gate");
+    let handler = scratch.script(
+        "wait.sh",
+        &format!(
+            "while [ ! -e {} ]; do sleep 0.05; done\necho done",
+            gate.display()
+        ),
+    );
+    within(
+        WAIT,
+        "the backlog",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, 5)",
+        ),
+    )
+    .await
+    .unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "pgtaskd-notify-{}-{}.sock",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    let socket = UnixDatagram::bind(&path).unwrap();
+    let notify_socket = path.to_string_lossy().to_string();
+    let config = format!(
+        "[worker]\nqueues = [\"jobs\"]\n[http]\nlisten = \"127.0.0.1:0\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\nconcurrency = 1\n",
+        handler.display()
+    );
+    let mut daemon =
+        DaemonProcess::start_with_env(&db.url, &config, &[], &[("NOTIFY_SOCKET", &notify_socket)]);
+    let mut seen = Vec::new();
+    receive_until(&socket, "READY=1", &mut seen).await;
+    let addr = daemon.http_addr().await;
+    let response = within(
+        WAIT,
+        "GET /readyz",
+        reqwest::get(format!("http://{addr}/readyz")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let queued: i64 = within(
+        WAIT,
+        "the backlog's count",
+        client.query_one(
+            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert!(
+        queued >= 4,
+        "ready only once the backlog was worked through: {queued} left"
+    );
+
+    // The backlog then drains as usual.
+    std::fs::write(&gate, "").unwrap();
+    crate::support::wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        5,
+        "the backlog to drain",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    let _ = std::fs::remove_file(&path);
+}
