@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0022_retry_failed.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0023_daemon_handlers.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -157,6 +157,8 @@ CREATE TABLE pgtaskd.daemons (
     started_at      timestamptz NOT NULL DEFAULT now(),
     heartbeat_at    timestamptz NOT NULL DEFAULT now(),
     heartbeat_every interval    NOT NULL,
+    -- How it runs each queue, parallel to `queues` (version 23; NULL from older daemons).
+    handlers        text[],
 
     CONSTRAINT daemons_heartbeat_every_positive
         CHECK (heartbeat_every OPERATOR(pg_catalog.>) interval '0')
@@ -164,6 +166,8 @@ CREATE TABLE pgtaskd.daemons (
 
 COMMENT ON TABLE pgtaskd.daemons IS
     'pgtaskd: the daemons running, their queues and heartbeats; stale after 3 heartbeat periods';
+COMMENT ON COLUMN pgtaskd.daemons.handlers IS
+    'pgtaskd: how the daemon runs each of its queues (parallel to queues): text-stats, exec:FINGERPRINT or http:FINGERPRINT';
 
 -- ---------------------------------------------------------------------------------------
 -- Indexes (the primary keys aside)

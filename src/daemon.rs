@@ -69,6 +69,10 @@ pub enum DaemonError {
     /// (docs/operations.md, "Behind PgBouncer").
     #[error("configuration error: {0}")]
     Pooler(String),
+    /// Another live daemon runs one of this daemon's queues with a handler, where this one
+    /// would run it with the built-in text-stats.
+    #[error("configuration error: {0}")]
+    HandlerConflict(#[from] maintenance::presence::HandlerConflict),
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -191,9 +195,10 @@ pub async fn run(
         &pool,
         &instance,
         &config.worker.queues,
+        &config.handler_fingerprints(),
         config.worker.poll_interval,
     )
-    .await;
+    .await?;
     let listener = tokio::spawn(listen::run(
         direct.clone(),
         DaemonEvents {

@@ -117,7 +117,8 @@ impl CommandError {
                 | DaemonError::Token(_)
                 | DaemonError::Schema(_)
                 | DaemonError::HttpClient(_)
-                | DaemonError::Pooler(_),
+                | DaemonError::Pooler(_)
+                | DaemonError::HandlerConflict(_),
             ) => EXIT_CONFIG,
             CommandError::Daemon(DaemonError::Bind(_))
             | CommandError::Bench(_)

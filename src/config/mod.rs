@@ -287,6 +287,23 @@ impl ConfigError {
 }
 
 impl Config {
+    /// How this daemon runs each queue of `worker.queues`, in that order
+    /// ([`HandlerConfig::fingerprint`]; `text-stats` for a queue without a section).
+    pub fn handler_fingerprints(&self) -> Vec<String> {
+        self.worker
+            .queues
+            .iter()
+            .map(|name| {
+                self.queues
+                    .iter()
+                    .find(|queue| &queue.name == name)
+                    .map_or(HandlerConfig::TextStats.fingerprint(), |queue| {
+                        queue.handler.fingerprint()
+                    })
+            })
+            .collect()
+    }
+
     /// [`Config::load_with`] the environment and no flags.
     ///
     /// # Errors

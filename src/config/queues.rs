@@ -50,6 +50,32 @@ impl HandlerConfig {
             HandlerConfig::Http(_) => "http",
         }
     }
+
+    /// How this daemon runs the queue, as `pgtaskd.daemons.handlers` records it: `text-stats`,
+    /// or `exec:` / `http:` and eight hex digits of a hash of the command or the URL (the URL
+    /// may hold a key: only its hash is written). Two daemons with the same section give the
+    /// same text; the hash is FNV-1a, the same in every build.
+    pub fn fingerprint(&self) -> String {
+        let hash = |parts: &[&str]| {
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for (i, part) in parts.iter().enumerate() {
+                let separator: &[u8] = if i == 0 { b"" } else { b"\0" };
+                for byte in separator.iter().chain(part.as_bytes()) {
+                    hash ^= u64::from(*byte);
+                    hash = hash.wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+            format!("{:08x}", (hash >> 32) as u32 ^ hash as u32)
+        };
+        match self {
+            HandlerConfig::TextStats => self.name().to_string(),
+            HandlerConfig::Exec(spec) => {
+                let parts: Vec<&str> = spec.command.iter().map(String::as_str).collect();
+                format!("exec:{}", hash(&parts))
+            }
+            HandlerConfig::Http(spec) => format!("http:{}", hash(&[spec.url.as_str()])),
+        }
+    }
 }
 
 /// One `[queues.NAME]` section, validated.
@@ -371,6 +397,30 @@ mod tests {
             q.backoff(1, Some(Duration::from_secs(70))),
             Duration::from_secs(10)
         );
+    }
+
+    #[test]
+    fn fingerprints_name_the_handler_and_hash_its_command_or_url() {
+        let exec = |command: &[&str]| {
+            HandlerConfig::Exec(ExecSpec {
+                command: command.iter().map(|part| part.to_string()).collect(),
+                timeout: Duration::from_secs(1),
+                kill_after: Duration::from_secs(1),
+                max_output: 1,
+            })
+            .fingerprint()
+        };
+        assert_eq!(HandlerConfig::TextStats.fingerprint(), "text-stats");
+        let cat = exec(&["cat"]);
+        assert!(cat.starts_with("exec:") && cat.len() == 13, "{cat}");
+        assert_eq!(cat, exec(&["cat"]), "the same section, the same text");
+        assert_ne!(
+            exec(&["wc", "-c"]),
+            exec(&["wc -c"]),
+            "arguments are kept apart"
+        );
+        // Fixed across builds and versions: 64-bit FNV-1a of "cat", its halves xored.
+        assert_eq!(cat, "exec:f907a43e");
     }
 
     #[test]

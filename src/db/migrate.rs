@@ -131,6 +131,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0022_retry_failed",
         sql: include_str!("../../sql/0022_retry_failed.sql"),
     },
+    Migration {
+        version: 23,
+        name: "0023_daemon_handlers",
+        sql: include_str!("../../sql/0023_daemon_handlers.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -10,13 +10,24 @@
 //! comes back). Nothing here holds a session the worker needs for longer than one statement.
 //! [`Presence::stop`] ends the task and deletes the row, at a clean stop, waiting at most
 //! `STOP_WAIT` (a database that does not answer leaves the row to turn stale).
+//!
+//! The row also says how the daemon runs each queue (`handlers`, schema 23), and each daemon
+//! compares its own with the other live daemons' (`Differences`): at the start, a daemon
+//! that would run a queue with the built-in text-stats (it has no `[queues.NAME]` section)
+//! while another runs it with a handler refuses to start ([`HandlerConflict`]): it would mark
+//! the queue's tasks SUCCEEDED with word counts and never run their work. Every other
+//! difference (another command, another handler, a daemon without the section that started
+//! first) is logged at ERROR once when first seen, at the start or at a heartbeat: a rolling
+//! change of a queue's handler goes through such a state and must not stop.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::jitter;
+use crate::config::HandlerConfig;
 use crate::db::{DbError, Pool};
 use crate::queue;
 
@@ -38,6 +49,8 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 struct Row {
     instance: String,
     queues: Vec<String>,
+    /// Parallel to `queues`: how this daemon runs each ([`crate::config::HandlerConfig::fingerprint`]).
+    handlers: Vec<String>,
     every: Duration,
 }
 
@@ -50,48 +63,59 @@ pub struct Presence {
 }
 
 impl Presence {
-    /// Write the row of `instance`, serving `queues`, and renew it every [`period`] of
+    /// Write the row of `instance`, serving `queues` with `handlers` (parallel), then compare
+    /// them with the other live daemons', and renew the row every [`period`] of
     /// `poll_interval` until [`Presence::stop`].
+    ///
+    /// # Errors
+    ///
+    /// [`HandlerConflict`]: this daemon would run a queue with text-stats that another live
+    /// daemon runs with a handler; its row is deleted again.
     pub async fn start(
         pool: &Pool,
         instance: &str,
         queues: &[String],
+        handlers: &[String],
         poll_interval: Duration,
-    ) -> Presence {
+    ) -> Result<Presence, HandlerConflict> {
         let row = Row {
             instance: instance.to_string(),
             queues: queues.to_vec(),
+            handlers: handlers.to_vec(),
             every: period(poll_interval),
         };
+        // Written before the comparison: of two daemons starting at once, the second to
+        // compare sees the first.
         let written = register(pool, &row).await;
         if let Err(err) = &written {
             tracing::warn!(error = %err, "could not record this daemon in pgtaskd.daemons; retried at the next heartbeat");
+        }
+        let mut differences = Differences::default();
+        if let Err(conflict) = differences.compare(pool, &row, true).await {
+            let _ = tokio::time::timeout(STOP_WAIT, remove(pool, &row.instance)).await;
+            return Err(conflict);
         }
         let stop = CancellationToken::new();
         let task = tokio::spawn(heartbeat(
             pool.clone(),
             row.clone(),
             written.is_ok(),
+            differences,
             stop.clone(),
         ));
-        Presence {
+        Ok(Presence {
             pool: pool.clone(),
             row,
             stop,
             task,
-        }
+        })
     }
 
     /// Stop the heartbeat and delete the row: the daemon serves nothing any more.
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
-        let removed = async {
-            let client = self.pool.get().await?;
-            client
-                .bounded(queue::daemons::remove(&client, &self.row.instance))
-                .await
-        };
+        let removed = remove(&self.pool, &self.row.instance);
         // A database that does not answer does not hold the stop: the row turns stale.
         match tokio::time::timeout(STOP_WAIT, removed).await {
             Ok(Ok(())) => tracing::debug!("removed from pgtaskd.daemons"),
@@ -109,7 +133,13 @@ impl Presence {
 
 /// Renew the row and forget the long gone on every tick until `stop` fires; `up`: the last
 /// write succeeded.
-async fn heartbeat(pool: Pool, row: Row, mut up: bool, stop: CancellationToken) {
+async fn heartbeat(
+    pool: Pool,
+    row: Row,
+    mut up: bool,
+    mut differences: Differences,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -127,6 +157,8 @@ async fn heartbeat(pool: Pool, row: Row, mut up: bool, stop: CancellationToken) 
         };
         match (result.await, up) {
             (Ok(forgotten), _) => {
+                // Never a conflict after the start: a daemon that runs does not stop for it.
+                let _ = differences.compare(&pool, &row, false).await;
                 if !up {
                     tracing::info!("recorded in pgtaskd.daemons again");
                 }
@@ -158,9 +190,110 @@ async fn register(pool: &Pool, row: &Row) -> Result<(), DbError> {
             &row.instance,
             VERSION,
             &row.queues,
+            &row.handlers,
             row.every,
         ))
         .await
+}
+
+/// Delete `instance`'s row.
+async fn remove(pool: &Pool, instance: &str) -> Result<(), DbError> {
+    let client = pool.get().await?;
+    client
+        .bounded(queue::daemons::remove(&client, instance))
+        .await
+}
+
+/// This daemon would run a queue with the built-in text-stats that another live daemon runs
+/// with a handler of its own.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "queue \"{queue}\" is run by daemon {instance} with its {handler} handler, but this daemon has \
+     no [queues.{queue}] section and would run its tasks through the built-in text-stats, \
+     marking them SUCCEEDED without running their work: give this daemon the same \
+     [queues.{queue}] section, or leave the queue out of its worker.queues"
+)]
+pub struct HandlerConflict {
+    pub queue: String,
+    pub instance: String,
+    /// The other daemon's handler: `exec` or `http`.
+    pub handler: String,
+}
+
+/// The differences between how this daemon and the other live ones run the same queues,
+/// each logged once, when first seen.
+#[derive(Debug, Default)]
+struct Differences {
+    seen: HashSet<queue::daemons::RunElsewhere>,
+}
+
+impl Differences {
+    /// Read how the other live daemons run this daemon's queues and log each new difference
+    /// at ERROR; at the `start`, a queue this daemon would run with text-stats while another
+    /// runs it with a handler is a [`HandlerConflict`] instead. A failed read is no conflict
+    /// (the next heartbeat reads again).
+    async fn compare(
+        &mut self,
+        pool: &Pool,
+        row: &Row,
+        start: bool,
+    ) -> Result<(), HandlerConflict> {
+        let read = async {
+            let client = pool.get().await?;
+            client
+                .bounded(queue::daemons::run_elsewhere(
+                    &client,
+                    &row.instance,
+                    &row.queues,
+                ))
+                .await
+        };
+        let others = match read.await {
+            Ok(others) => others,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not compare handlers with the other daemons");
+                return Ok(());
+            }
+        };
+        for other in others {
+            let Some(ours) = row
+                .queues
+                .iter()
+                .position(|queue| *queue == other.queue)
+                .map(|k| &row.handlers[k])
+            else {
+                continue;
+            };
+            if *ours == other.handler || self.seen.contains(&other) {
+                continue;
+            }
+            let text_stats = HandlerConfig::TextStats.fingerprint();
+            let kind = other
+                .handler
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            if start && *ours == text_stats {
+                return Err(HandlerConflict {
+                    queue: other.queue,
+                    instance: other.instance,
+                    handler: kind,
+                });
+            }
+            tracing::error!(
+                queue = %other.queue,
+                this_daemon = %ours,
+                other_daemon = %other.instance,
+                other_handler = %other.handler,
+                "another daemon runs this queue with another handler or command: each task runs \
+                 with the one of the daemon that claims it; give every daemon serving the queue \
+                 the same [queues.NAME] section"
+            );
+            self.seen.insert(other);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -33,11 +33,12 @@ pub(crate) use live;
 
 /// Insert or renew `instance`'s row; `started_at` is kept from the first insert.
 const REGISTER: &str = "
-INSERT INTO pgtaskd.daemons AS d (instance, version, queues, heartbeat_every)
-VALUES ($1, $2, $3, $4 * interval '1 millisecond')
+INSERT INTO pgtaskd.daemons AS d (instance, version, queues, heartbeat_every, handlers)
+VALUES ($1, $2, $3, $4 * interval '1 millisecond', $5)
 ON CONFLICT (instance) DO UPDATE
    SET version = excluded.version,
        queues = excluded.queues,
+       handlers = excluded.handlers,
        heartbeat_every = excluded.heartbeat_every,
        heartbeat_at = now()";
 
@@ -54,7 +55,7 @@ SELECT count(*) FROM gone";
 
 const LIST: &str = concat!(
     "
-SELECT d.instance, d.version, d.queues, d.started_at, d.heartbeat_at,
+SELECT d.instance, d.version, d.queues, d.handlers, d.started_at, d.heartbeat_at,
        extract(epoch FROM d.heartbeat_every)::float8 AS heartbeat_every_s,
        extract(epoch FROM now() - d.heartbeat_at)::float8 AS heartbeat_age_s,
        NOT (",
@@ -62,6 +63,17 @@ SELECT d.instance, d.version, d.queues, d.started_at, d.heartbeat_at,
     ") AS stale
   FROM pgtaskd.daemons AS d
  ORDER BY d.started_at, d.instance"
+);
+
+/// How the other live daemons run the queues in `$2` (those that said: schema 23 and later).
+const ELSEWHERE: &str = concat!(
+    "
+SELECT d.instance, q.queue, q.handler
+  FROM pgtaskd.daemons AS d, unnest(d.queues, d.handlers) AS q (queue, handler)
+ WHERE d.instance <> $1 AND d.handlers IS NOT NULL AND q.queue = ANY ($2) AND ",
+    live!(),
+    "
+ ORDER BY q.queue, d.instance"
 );
 
 const SERVES: &str = concat!(
@@ -79,6 +91,9 @@ pub struct Registered {
     pub version: String,
     /// The queues it serves (`worker.queues`, every lane's).
     pub queues: Vec<String>,
+    /// How it runs each of them, in the same order: `text-stats`, `exec:HASH` or `http:HASH`
+    /// (`null` from a daemon older than schema 23).
+    pub handlers: Option<Vec<String>>,
     pub started_at: DateTime<Utc>,
     pub heartbeat_at: DateTime<Utc>,
     /// How often it renews `heartbeat_at`, in seconds.
@@ -89,8 +104,8 @@ pub struct Registered {
     pub stale: bool,
 }
 
-/// Insert or renew `instance`'s row: this binary's `version`, the `queues` it serves, a
-/// heartbeat every `every`.
+/// Insert or renew `instance`'s row: this binary's `version`, the `queues` it serves and how
+/// it runs each (`handlers`, parallel to `queues`), a heartbeat every `every`.
 ///
 /// # Errors
 ///
@@ -100,14 +115,16 @@ pub async fn register(
     instance: &str,
     version: &str,
     queues: &[String],
+    handlers: &[String],
     every: Duration,
 ) -> Result<(), DbError> {
     let every_ms = every.as_millis() as f64;
-    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
         (&instance, Type::TEXT),
         (&version, Type::TEXT),
         (&queues, Type::TEXT_ARRAY),
         (&every_ms, Type::FLOAT8),
+        (&handlers, Type::TEXT_ARRAY),
     ];
     client.query_typed(REGISTER, &params).await?;
     Ok(())
@@ -152,6 +169,7 @@ pub async fn list(client: &Client) -> Result<Vec<Registered>, DbError> {
             instance: row.get("instance"),
             version: row.get("version"),
             queues: row.get("queues"),
+            handlers: row.get("handlers"),
             started_at: row.get("started_at"),
             heartbeat_at: row.get("heartbeat_at"),
             heartbeat_every_s: row.get("heartbeat_every_s"),
@@ -171,4 +189,39 @@ pub async fn serves(client: &Client, queue: &str) -> Result<bool, DbError> {
         .query_typed_one(SERVES, &[(&queue, Type::TEXT)])
         .await?;
     Ok(row.get(0))
+}
+
+/// A queue another live daemon runs: which daemon, and how (`text-stats`, `exec:HASH`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunElsewhere {
+    pub instance: String,
+    pub queue: String,
+    pub handler: String,
+}
+
+/// How the live daemons other than `instance` run the queues of `queues` (those of schema 23
+/// and later, which record it), by queue then instance.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn run_elsewhere(
+    client: &Client,
+    instance: &str,
+    queues: &[String],
+) -> Result<Vec<RunElsewhere>, DbError> {
+    let rows = client
+        .query_typed(
+            ELSEWHERE,
+            &[(&instance, Type::TEXT), (&queues, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| RunElsewhere {
+            instance: row.get("instance"),
+            queue: row.get("queue"),
+            handler: row.get("handler"),
+        })
+        .collect())
 }

@@ -318,3 +318,61 @@ async fn roles_granted_before_schema_20_and_after_get_the_daemons_table_as_their
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_without_the_queues_handler_refuses_to_start_and_other_differences_are_logged() {
+    let db = TestDb::new().await;
+    let section = |command: &str| {
+        format!(
+            "[worker]\nqueues = [\"default\", \"jobs\"]\npoll_interval = \"200ms\"\n\n\
+             [queues.jobs]\nhandler = \"exec\"\ncommand = [{command}]\n"
+        )
+    };
+    let mut first = DaemonProcess::start(&db, &section("\"cat\""), &[]);
+    let rows = wait_listed(&db.url, 1, 0).await;
+    let handlers = rows[0]["handlers"].as_array().expect("handlers recorded");
+    assert_eq!(handlers.len(), 2, "{}", rows[0]);
+    assert_eq!(handlers[0], "text-stats");
+    let exec = handlers[1].as_str().unwrap().to_string();
+    assert!(
+        exec.starts_with("exec:") && exec.len() == "exec:".len() + 8,
+        "{exec}"
+    );
+
+    // No [queues.jobs] here: its tasks would be analyzed and marked SUCCEEDED, their command
+    // never run. The daemon refuses to start, and is not left listed.
+    let mut drifted = DaemonProcess::start(&db, "", &["--queues", "jobs"]);
+    assert_eq!(
+        drifted.wait().await.code(),
+        Some(78),
+        "{}",
+        drifted.log_text()
+    );
+    let log = drifted.log_text();
+    assert!(
+        log.contains("queue \"jobs\" is run by daemon")
+            && log.contains("with its exec handler")
+            && log.contains("[queues.jobs]"),
+        "{log}"
+    );
+    assert_eq!(daemons(&db.url).await.len(), 1);
+
+    // Another command for the same queue: a rolling change goes through this state, so both
+    // daemons run, and each logs the difference once.
+    let mut other = DaemonProcess::start(&db, &section("\"wc\", \"-c\""), &[]);
+    let said = "another daemon runs this queue with another handler or command";
+    other.wait_for_log(said).await;
+    first.wait_for_log(said).await;
+    let rows = wait_listed(&db.url, 2, 0).await;
+    assert_ne!(rows[0]["handlers"][1], rows[1]["handlers"][1], "{rows:?}");
+    for mut daemon in [first, other] {
+        daemon.signal(libc::SIGTERM);
+        assert!(daemon.wait().await.success(), "{}", daemon.log_text());
+        assert_eq!(
+            daemon.log_text().matches(said).count(),
+            1,
+            "logged once: {}",
+            daemon.log_text()
+        );
+    }
+}
