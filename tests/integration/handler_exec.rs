@@ -340,6 +340,26 @@ async fn a_command_that_is_not_executable_is_unreachable() {
 }
 
 #[tokio::test]
+async fn a_script_without_an_interpreter_line_is_unreachable() {
+    let dir = TempDir::new();
+    let script = dir.path("handler");
+    std::fs::write(&script, "echo never\n").expect("write the script");
+    let mut mode = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+    std::fs::set_permissions(&script, mode).expect("make it executable");
+    let program = script.to_str().unwrap().to_owned();
+    let failure = failed(exec(&spec(vec![program.clone()]), b"x").await);
+    assert_eq!(
+        (failure.kind, failure.retry),
+        (FailureKind::Unreachable, LATER)
+    );
+    assert_eq!(
+        failure.message,
+        format!("cannot start `{program}`: Exec format error (os error 8)")
+    );
+}
+
+#[tokio::test]
 async fn the_child_is_told_its_task_and_not_the_daemons_secrets() {
     let output = succeeded(exec(&spec(argv(&["env"])), b"").await);
     let vars: Vec<(&str, &str)> = output
