@@ -339,24 +339,19 @@ async fn a_command_that_is_not_executable_is_unreachable() {
     );
 }
 
+/// As `execvp` does: `/bin/sh FILE ARGS...`, so `$0` is the file and `$1`... its arguments.
 #[tokio::test]
-async fn a_script_without_an_interpreter_line_is_unreachable() {
+async fn a_script_without_an_interpreter_line_runs_with_sh() {
     let dir = TempDir::new();
     let script = dir.path("handler");
-    std::fs::write(&script, "echo never\n").expect("write the script");
+    std::fs::write(&script, "printf '%s\\n' \"$0\" \"$@\"\ncat\n").expect("write the script");
     let mut mode = std::fs::metadata(&script).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
     std::fs::set_permissions(&script, mode).expect("make it executable");
     let program = script.to_str().unwrap().to_owned();
-    let failure = failed(exec(&spec(vec![program.clone()]), b"x").await);
-    assert_eq!(
-        (failure.kind, failure.retry),
-        (FailureKind::Unreachable, LATER)
-    );
-    assert_eq!(
-        failure.message,
-        format!("cannot start `{program}`: Exec format error (os error 8)")
-    );
+    let command = vec![program.clone(), "a b".into(), "c".into()];
+    let output = succeeded(exec(&spec(command), b"the payload").await);
+    assert_eq!(output, format!("{program}\na b\nc\nthe payload"));
 }
 
 #[tokio::test]

@@ -15,14 +15,15 @@
 //! expects the default, as `std` gives it); `setpgid(0, 0)`; the three pipes as its standard
 //! streams; `PR_SET_PDEATHSIG` (SIGKILL), then leaving at once if the daemon already died;
 //! the daemon's signal mask back (every signal is blocked across the clone); `execve` of each
-//! candidate path in turn (a bare name is looked up on the child's `PATH`, as `execvp` does,
-//! without its retry of a file with no `#!` through `/bin/sh`).
+//! candidate path in turn (a bare name is looked up on the child's `PATH`, as `execvp` does),
+//! and, as `execvp` does too, of `/bin/sh` with the candidate and the arguments when the
+//! kernel cannot run the candidate itself (`ENOEXEC`: a script with no `#!` line).
 //!
 //! The child is reaped through SIGCHLD (tokio's signal stream, registered before the clone, so
 //! no exit is missed), with `waitpid` on its own pid alone. A child dropped before it was
 //! reaped is SIGKILLed and reaped later, by the next [`spawn`].
 
-use std::ffi::{CString, OsString};
+use std::ffi::{CStr, CString, OsString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -42,6 +43,9 @@ const STACK: usize = 64 * 1024;
 /// The directories searched for a bare program name when the child has no `PATH`, as glibc's
 /// `execvp` does.
 const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
+
+/// The shell that runs a file the kernel cannot (`ENOEXEC`), as `execvp`'s `_PATH_BSHELL`.
+static SHELL: &CStr = c"/bin/sh";
 
 /// Children dropped before they were reaped (SIGKILLed already): reaped by the next spawn.
 static ORPHANS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
@@ -88,6 +92,7 @@ pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io
     let argv_ptrs = null_terminated(&argv);
     let envp_ptrs = null_terminated(&envp);
     let path_ptrs: Vec<*const c_char> = paths.iter().map(|path| path.as_ptr()).collect();
+    let mut shell_argv_ptrs = shell_argv(&argv_ptrs);
     let (stdin_child, stdin) = pipe_pair()?;
     let (stdout, stdout_child) = pipe_pair()?;
     let (stderr, stderr_child) = pipe_pair()?;
@@ -96,6 +101,7 @@ pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io
         paths: path_ptrs.as_ptr(),
         paths_len: path_ptrs.len(),
         argv: argv_ptrs.as_ptr(),
+        shell_argv: shell_argv_ptrs.as_mut_ptr(),
         envp: envp_ptrs.as_ptr(),
         fds: [
             stdin_child.as_raw_fd(),
@@ -107,11 +113,12 @@ pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io
         mask: empty_sigset(),
         error: 0,
     };
-    // SAFETY: `shared` and everything it points to (argv, envp, paths, fds) outlive the
-    // clone: the calling thread is suspended until the child has called `execve` or exited
-    // (CLONE_VFORK), and the child's stack is this thread's allocation, freed after. The child
-    // runs `child` alone, which makes system calls only. Every signal is blocked around the
-    // clone so that no handler of the daemon's runs in the child.
+    // SAFETY: `shared` and everything it points to (argv, the shell's argv, envp, paths, fds)
+    // outlive the clone: the calling thread is suspended until the child has called `execve`
+    // or exited (CLONE_VFORK), and the child's stack is this thread's allocation, freed after.
+    // The child runs `child` alone, which makes system calls only and writes nothing but the
+    // shell's argv slot and `error`. Every signal is blocked around the clone so that no
+    // handler of the daemon's runs in the child.
     let pid = unsafe {
         let mut all = empty_sigset();
         libc::sigfillset(&mut all);
@@ -209,6 +216,8 @@ struct Shared {
     paths: *const *const c_char,
     paths_len: usize,
     argv: *const *const c_char,
+    /// The argv for [`SHELL`] ([`shell_argv`]), whose slot 1 the child sets to the candidate.
+    shell_argv: *mut *const c_char,
     envp: *const *const c_char,
     /// The child's ends of the pipes: its stdin, stdout and stderr to be.
     fds: [c_int; 3],
@@ -272,13 +281,22 @@ extern "C" fn child(shared: *mut c_void) -> c_int {
             fail(shared);
         }
         // As execvp: a path not found, or not a directory, moves on to the next; a path that
-        // is not executable too, but is the error if none is found.
+        // is not executable too, but is the error if none is found. A file the kernel cannot
+        // run (a script with no `#!` line) is run with the shell; if the shell cannot be
+        // started either, the file's error is the answer.
         let mut denied = false;
         for i in 0..shared.paths_len {
-            libc::execve(*shared.paths.add(i), shared.argv, shared.envp);
+            let path = *shared.paths.add(i);
+            libc::execve(path, shared.argv, shared.envp);
             match errno() {
                 libc::ENOENT | libc::ENOTDIR => {}
                 libc::EACCES => denied = true,
+                libc::ENOEXEC => {
+                    *shared.shell_argv.add(1) = path;
+                    libc::execve(SHELL.as_ptr(), shared.shell_argv, shared.envp);
+                    *libc::__errno_location() = libc::ENOEXEC;
+                    fail(shared)
+                }
                 _ => fail(shared),
             }
         }
@@ -327,6 +345,17 @@ fn candidates(program: &str, env: &[(OsString, OsString)]) -> io::Result<Vec<CSt
             c_string(full)
         })
         .collect()
+}
+
+/// The argv for [`SHELL`] when a candidate is a file the kernel cannot run, as `execvp`
+/// builds it: the shell, the candidate (slot 1, null here: the child sets it), then `argv`
+/// after its `argv[0]`, with its terminating null.
+fn shell_argv(argv: &[*const c_char]) -> Vec<*const c_char> {
+    let mut shell = Vec::with_capacity(argv.len() + 1);
+    shell.push(SHELL.as_ptr());
+    shell.push(ptr::null());
+    shell.extend_from_slice(argv.get(1..).unwrap_or(&[ptr::null()]));
+    shell
 }
 
 fn c_string(bytes: Vec<u8>) -> io::Result<CString> {
@@ -439,6 +468,23 @@ mod tests {
             [c"/a/wc", c"./wc", c"/b//wc"]
         );
         assert_eq!(candidates("wc", &[]).unwrap(), [c"/bin/wc", c"/usr/bin/wc"]);
+    }
+
+    #[test]
+    fn the_shells_argv_is_the_shell_the_file_and_the_arguments() {
+        let argv = [
+            c"prog".as_ptr(),
+            c"a b".as_ptr(),
+            c"c".as_ptr(),
+            ptr::null(),
+        ];
+        let shell = shell_argv(&argv);
+        assert_eq!(shell.len(), 5);
+        assert_eq!(shell[0], SHELL.as_ptr());
+        assert!(shell[1].is_null(), "the child's slot for the file");
+        assert_eq!(&shell[2..], &argv[1..]);
+        let alone = shell_argv(&[c"prog".as_ptr(), ptr::null()]);
+        assert_eq!(alone, [SHELL.as_ptr(), ptr::null(), ptr::null()]);
     }
 
     #[test]
