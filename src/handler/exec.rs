@@ -33,12 +33,14 @@
 //! | --- | --- |
 //! | `exec.rs` | the run: the feed-and-read loop, stopping, the answer |
 //! | `exec/child.rs` | starting the child in its group; signalling the group |
+//! | `exec/spawn.rs` | starting a child without `fork`; waiting for its exit |
 //! | `exec/env.rs` | the child's environment ([`child_env`]) |
 //! | `exec/output.rs` | bounded stdout, the stderr ring, reading a pipe without waiting |
 
 mod child;
 mod env;
 mod output;
+mod spawn;
 
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -46,13 +48,14 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use super::{Failure, FailureKind, Job, Ran, Retry};
 pub use env::{child_env, is_removed};
 pub use output::STDERR_TAIL;
 use output::{read_now, StderrTail, Stdout};
+use spawn::Child;
 
 /// The exit status that fails a task for good: its input is bad (`EX_DATAERR` of sysexits.h).
 pub const EX_DATAERR: i32 = 65;
@@ -180,9 +183,9 @@ async fn supervise(
 struct Pipes<'a> {
     /// What is left to write.
     payload: &'a [u8],
-    stdin: Option<ChildStdin>,
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
+    stdin: Option<pipe::Sender>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
     out: Stdout,
     err: StderrTail,
     out_buf: Vec<u8>,
@@ -274,7 +277,7 @@ impl<'a> Pipes<'a> {
 }
 
 /// Write some of `chunk` to `pipe`; pending forever when the pipe is closed.
-async fn write_some(pipe: &mut Option<ChildStdin>, chunk: &[u8]) -> io::Result<usize> {
+async fn write_some(pipe: &mut Option<pipe::Sender>, chunk: &[u8]) -> io::Result<usize> {
     match pipe {
         Some(pipe) => pipe.write(chunk).await,
         None => std::future::pending().await,

@@ -3,10 +3,12 @@
 //! database. What a run answers for each way a child can end, and what it costs: streamed
 //! stdin, bounded stdout and stderr, the child's environment.
 //!
-//! `stopping` holds the tests of timeouts, cancels, leftovers in the group and descriptors;
-//! `examples` runs the handlers of docs/examples.
+//! `starting` holds the tests of how the child is started (no `fork`, its signals, a dropped
+//! run's child reaped); `stopping` those of timeouts, cancels, leftovers in the group and
+//! descriptors; `examples` runs the handlers of docs/examples.
 
 mod examples;
+mod starting;
 mod stopping;
 
 use std::ffi::CString;
@@ -121,6 +123,31 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// This test binary running only `test`, with `var` set to `value`.
+fn own_process(test: &str, var: &str, value: &std::ffi::OsStr) -> tokio::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(var, value)
+        .kill_on_drop(true);
+    command
+}
+
+/// Run `test` in a test process of its own with `var` set, where it measures (`what`), and
+/// fail with its output unless it passed.
+async fn run_probe(test: &str, var: &str, what: &str) {
+    let probe = own_process(test, var, "1".as_ref()).output();
+    let probe = within(WAIT, what, probe).await.expect("start the probe");
+    let stdout = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        probe.status.success() && stdout.contains("1 passed"),
+        "{what} failed ({}):\n{stdout}\n{}",
+        probe.status,
+        String::from_utf8_lossy(&probe.stderr)
+    );
 }
 
 /// Whether process `pid` has ended: no such process, or a zombie waiting for its reaper
@@ -310,6 +337,21 @@ async fn a_command_that_is_not_executable_is_unreachable() {
         "{}",
         failure.message
     );
+}
+
+/// As `execvp` does: `/bin/sh FILE ARGS...`, so `$0` is the file and `$1`... its arguments.
+#[tokio::test]
+async fn a_script_without_an_interpreter_line_runs_with_sh() {
+    let dir = TempDir::new();
+    let script = dir.path("handler");
+    std::fs::write(&script, "printf '%s\\n' \"$0\" \"$@\"\ncat\n").expect("write the script");
+    let mut mode = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+    std::fs::set_permissions(&script, mode).expect("make it executable");
+    let program = script.to_str().unwrap().to_owned();
+    let command = vec![program.clone(), "a b".into(), "c".into()];
+    let output = succeeded(exec(&spec(command), b"the payload").await);
+    assert_eq!(output, format!("{program}\na b\nc\nthe payload"));
 }
 
 #[tokio::test]

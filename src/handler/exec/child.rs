@@ -1,18 +1,17 @@
 //! Starting an `exec` handler's child in a process group of its own, and signalling that group.
 //!
-//! The child is the leader of a new group (`setpgid(0, 0)`), so one `kill(-pgid, ...)` reaches
-//! it and whatever it started that stayed in the group. It is also asked to be SIGKILLed by
-//! the kernel when the thread that started it ends (`PR_SET_PDEATHSIG`): a daemon that is
-//! SIGKILLed itself leaves no direct child running. The request is per thread, so
-//! `super::run` must be awaited on a runtime's worker (which lives as long as the runtime),
-//! never inside `spawn_blocking`, whose threads end when idle.
+//! The child is started without `fork` (`spawn.rs`). It is the leader of a new group
+//! (`setpgid(0, 0)`), so one `kill(-pgid, ...)` reaches it and whatever it started that stayed
+//! in the group. It is also asked to be SIGKILLed by the kernel when the thread that started
+//! it ends (`PR_SET_PDEATHSIG`): a daemon that is SIGKILLed itself leaves no direct child
+//! running. The request is per thread, so `super::run` must be awaited on a runtime's worker
+//! (which lives as long as the runtime), never inside `spawn_blocking`, whose threads end when
+//! idle.
 
 use std::io;
-use std::process::Stdio;
-
-use tokio::process::{Child, Command};
 
 use super::env::child_env;
+use super::spawn::{self, Child};
 use super::ExecSpec;
 use crate::handler::Job;
 
@@ -27,36 +26,9 @@ pub fn spawn(spec: &ExecSpec, job: &Job) -> io::Result<(Child, Group)> {
         .command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(child_env(std::env::vars_os(), job))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        // The last resort, when `run` is dropped before the child is reaped.
-        .kill_on_drop(true);
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (prctl, getppid, _exit); it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The daemon died before the request took effect: nobody would signal.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    let child = command.spawn()?;
-    let pgid = child
-        .id()
-        .expect("a child just started has not been reaped") as libc::pid_t;
+    let env = child_env(std::env::vars_os(), job);
+    let child = spawn::spawn(program, args, &env)?;
+    let pgid = child.id();
     Ok((child, Group { pgid, live: true }))
 }
 

@@ -135,34 +135,13 @@ const FD_PROBE: &str = "PGTASKD_TEST_EXEC_FD_PROBE";
 /// test process of its own that the test then SIGKILLs; its value is the gate's path.
 const ORPHAN_PROBE: &str = "PGTASKD_TEST_EXEC_ORPHAN_PROBE";
 
-/// This test binary running only `test`, with `var` set to `value`.
-fn own_process(test: &str, var: &str, value: &std::ffi::OsStr) -> tokio::process::Command {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut command = tokio::process::Command::new(exe);
-    command
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(var, value)
-        .kill_on_drop(true);
-    command
-}
-
 #[tokio::test]
 async fn no_descriptor_leaks_over_many_runs() {
     if std::env::var_os(FD_PROBE).is_some() {
         return count_descriptors_over_many_runs().await;
     }
     let test = "handler_exec::stopping::no_descriptor_leaks_over_many_runs";
-    let probe = own_process(test, FD_PROBE, "1".as_ref()).output();
-    let probe = within(WAIT, "the descriptor probe", probe)
-        .await
-        .expect("start the probe");
-    let stdout = String::from_utf8_lossy(&probe.stdout);
-    assert!(
-        probe.status.success() && stdout.contains("1 passed"),
-        "the probe failed ({}):\n{stdout}\n{}",
-        probe.status,
-        String::from_utf8_lossy(&probe.stderr)
-    );
+    run_probe(test, FD_PROBE, "the descriptor probe").await;
 }
 
 #[tokio::test]

@@ -1,0 +1,497 @@
+//! Starting a child without `fork`: `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does, with
+//! the steps the exec handler needs between the clone and the `exec`, which `posix_spawn`
+//! cannot take (`PR_SET_PDEATHSIG`), and the async child that results ([`Child`]).
+//!
+//! `fork` copies the daemon's page tables for every child, and the daemon then takes a
+//! copy-on-write fault for each page it writes: that, not the child, was most of what a task
+//! cost the daemon. With `CLONE_VM` the child runs in the daemon's memory, on a stack of its
+//! own, while the thread that cloned it waits (`CLONE_VFORK`) until it has called `exec` or
+//! exited; nothing is copied. Such a child must not touch what the daemon's other threads use
+//! (no allocation, no lock, no `std`): it makes system calls alone, on data prepared before the
+//! clone, and reports a failure by writing the error number into that data before `_exit`.
+//!
+//! The child, in order: every signal with a handler back to its default (the handlers are the
+//! daemon's, and would run in its memory), SIGPIPE too (the daemon ignores it; a command
+//! expects the default, as `std` gives it); `setpgid(0, 0)`; the three pipes as its standard
+//! streams; `PR_SET_PDEATHSIG` (SIGKILL), then leaving at once if the daemon already died;
+//! the daemon's signal mask back (every signal is blocked across the clone); `execve` of each
+//! candidate path in turn (a bare name is looked up on the child's `PATH`, as `execvp` does),
+//! and, as `execvp` does too, of `/bin/sh` with the candidate and the arguments when the
+//! kernel cannot run the candidate itself (`ENOEXEC`: a script with no `#!` line).
+//!
+//! The child is reaped through SIGCHLD (tokio's signal stream, registered before the clone, so
+//! no exit is missed), with `waitpid` on its own pid alone. A child dropped before it was
+//! reaped is SIGKILLed and reaped later, by the next [`spawn`].
+
+use std::ffi::{CStr, CString, OsString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::ptr;
+use std::sync::Mutex;
+
+use libc::{c_char, c_int, c_void};
+use tokio::net::unix::pipe;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// The child's stack until its `exec`: it makes a few system calls, on a few hundred bytes.
+const STACK: usize = 64 * 1024;
+
+/// The directories searched for a bare program name when the child has no `PATH`, as glibc's
+/// `execvp` does.
+const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
+
+/// The shell that runs a file the kernel cannot (`ENOEXEC`), as `execvp`'s `_PATH_BSHELL`.
+static SHELL: &CStr = c"/bin/sh";
+
+/// Children dropped before they were reaped (SIGKILLed already): reaped by the next spawn.
+static ORPHANS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// A started child: its three pipes (the daemon's ends, non-blocking) and its exit.
+#[derive(Debug)]
+pub struct Child {
+    pid: libc::pid_t,
+    status: Option<ExitStatus>,
+    exits: Signal,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: Option<pipe::Receiver>,
+    pub stderr: Option<pipe::Receiver>,
+}
+
+/// Start `program` with `args` and the environment `env`, its standard streams piped, leading
+/// a new process group, SIGKILLed by the kernel when the calling thread ends. Call it on a
+/// runtime's thread (the pipes and the SIGCHLD stream are the runtime's).
+///
+/// # Errors
+///
+/// A NUL byte in an argument or the environment; the pipes, the stack or the clone failing;
+/// a step of the child failing, the `execve` above all (no such program, not executable...):
+/// the OS's error.
+pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io::Result<Child> {
+    reap_orphans();
+    // Before the child exists, so that its exit cannot come before the stream.
+    let exits = signal(SignalKind::child())?;
+    let argv: Vec<CString> = std::iter::once(program)
+        .chain(args.iter().map(String::as_str))
+        .map(|arg| c_string(arg.as_bytes().to_vec()))
+        .collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = env
+        .iter()
+        .map(|(name, value)| {
+            let mut pair = Vec::with_capacity(name.len() + value.len() + 1);
+            pair.extend_from_slice(name.as_bytes());
+            pair.push(b'=');
+            pair.extend_from_slice(value.as_bytes());
+            c_string(pair)
+        })
+        .collect::<io::Result<_>>()?;
+    let paths = candidates(program, env)?;
+    let argv_ptrs = null_terminated(&argv);
+    let envp_ptrs = null_terminated(&envp);
+    let path_ptrs: Vec<*const c_char> = paths.iter().map(|path| path.as_ptr()).collect();
+    let mut shell_argv_ptrs = shell_argv(&argv_ptrs);
+    let (stdin_child, stdin) = pipe_pair()?;
+    let (stdout, stdout_child) = pipe_pair()?;
+    let (stderr, stderr_child) = pipe_pair()?;
+    let mut stack: Box<[MaybeUninit<u128>]> = Box::new_uninit_slice(STACK / 16);
+    let mut shared = Shared {
+        paths: path_ptrs.as_ptr(),
+        paths_len: path_ptrs.len(),
+        argv: argv_ptrs.as_ptr(),
+        shell_argv: shell_argv_ptrs.as_mut_ptr(),
+        envp: envp_ptrs.as_ptr(),
+        fds: [
+            stdin_child.as_raw_fd(),
+            stdout_child.as_raw_fd(),
+            stderr_child.as_raw_fd(),
+        ],
+        parent: std::process::id() as libc::pid_t,
+        last_signal: libc::SIGRTMAX(),
+        mask: empty_sigset(),
+        error: 0,
+    };
+    // SAFETY: `shared` and everything it points to (argv, the shell's argv, envp, paths, fds)
+    // outlive the clone: the calling thread is suspended until the child has called `execve`
+    // or exited (CLONE_VFORK), and the child's stack is this thread's allocation, freed after.
+    // The child runs `child` alone, which makes system calls only and writes nothing but the
+    // shell's argv slot and `error`. Every signal is blocked around the clone so that no
+    // handler of the daemon's runs in the child.
+    let pid = unsafe {
+        let mut all = empty_sigset();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut shared.mask);
+        let top = stack.as_mut_ptr().add(stack.len()).cast::<c_void>();
+        let pid = libc::clone(
+            child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            ptr::addr_of_mut!(shared).cast::<c_void>(),
+        );
+        let cloned = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &shared.mask, ptr::null_mut());
+        if pid < 0 {
+            return Err(cloned);
+        }
+        pid
+    };
+    drop(stack);
+    drop((stdin_child, stdout_child, stderr_child));
+    // SAFETY: the child wrote it, if at all, before it exited; it has exited or exec'd now.
+    let error = unsafe { ptr::read_volatile(ptr::addr_of!(shared.error)) };
+    if error != 0 {
+        // It exited (status 127) after writing its error: reap it now.
+        let _ = wait_blocking(pid);
+        return Err(io::Error::from_raw_os_error(error));
+    }
+    let mut started = Child {
+        pid,
+        status: None,
+        exits,
+        stdin: None,
+        stdout: None,
+        stderr: None,
+    };
+    started.stdin = Some(pipe::Sender::from_owned_fd_unchecked(non_blocking(stdin)?)?);
+    started.stdout = Some(pipe::Receiver::from_owned_fd_unchecked(non_blocking(
+        stdout,
+    )?)?);
+    started.stderr = Some(pipe::Receiver::from_owned_fd_unchecked(non_blocking(
+        stderr,
+    )?)?);
+    Ok(started)
+}
+
+impl Child {
+    /// The child's process id (its group's id too), until it is reaped.
+    pub fn id(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Wait for the child to exit and reap it. Cancel-safe: nothing is lost when dropped
+    /// unfinished.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            if self.exits.recv().await.is_none() {
+                return Err(io::Error::other("the SIGCHLD stream ended"));
+            }
+        }
+    }
+
+    /// The exit status, reaping the child, if it has exited.
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        if self.status.is_none() {
+            self.status = try_wait(self.pid)?;
+        }
+        Ok(self.status)
+    }
+}
+
+impl Drop for Child {
+    /// A child not reaped yet is SIGKILLed, and reaped now or by the next spawn.
+    fn drop(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        // SAFETY: a plain system call on our own unreaped child.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+        }
+        if !matches!(try_wait(self.pid), Ok(Some(_))) {
+            ORPHANS
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(self.pid);
+        }
+    }
+}
+
+/// What the child reads, all prepared before the clone; `error` is what it writes.
+struct Shared {
+    paths: *const *const c_char,
+    paths_len: usize,
+    argv: *const *const c_char,
+    /// The argv for [`SHELL`] ([`shell_argv`]), whose slot 1 the child sets to the candidate.
+    shell_argv: *mut *const c_char,
+    envp: *const *const c_char,
+    /// The child's ends of the pipes: its stdin, stdout and stderr to be.
+    fds: [c_int; 3],
+    parent: libc::pid_t,
+    /// The highest signal number.
+    last_signal: c_int,
+    /// The signal mask of the thread that clones, restored in the child before `execve`.
+    mask: libc::sigset_t,
+    /// The error number of the step that failed, 0 while none did.
+    error: c_int,
+}
+
+/// The child, from the clone to the `execve`: system calls only, on `Shared`.
+extern "C" fn child(shared: *mut c_void) -> c_int {
+    // SAFETY: `spawn` passes its `Shared`, alive until this child has exec'd or exited; the
+    // calls are async-signal-safe system calls on prepared, NUL-terminated data.
+    unsafe {
+        let shared = &mut *shared.cast::<Shared>();
+        let mut action: libc::sigaction = std::mem::zeroed();
+        for signal in 1..=shared.last_signal {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            // The numbers glibc keeps for itself are refused: nothing to do for them.
+            if libc::sigaction(signal, ptr::null(), &mut action) != 0 {
+                continue;
+            }
+            let handler = action.sa_sigaction;
+            let to_default =
+                handler != libc::SIG_DFL && (handler != libc::SIG_IGN || signal == libc::SIGPIPE);
+            if to_default {
+                action.sa_sigaction = libc::SIG_DFL;
+                action.sa_flags = 0;
+                if libc::sigaction(signal, &action, ptr::null_mut()) != 0 {
+                    fail(shared);
+                }
+            }
+        }
+        if libc::setpgid(0, 0) != 0 {
+            fail(shared);
+        }
+        for (target, fd) in shared.fds.into_iter().enumerate() {
+            let target = target as c_int;
+            let done = if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, target)
+            };
+            if done < 0 {
+                fail(shared);
+            }
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            fail(shared);
+        }
+        // The daemon died before the request took effect: nobody would signal.
+        if libc::getppid() != shared.parent {
+            libc::_exit(1);
+        }
+        if libc::pthread_sigmask(libc::SIG_SETMASK, &shared.mask, ptr::null_mut()) != 0 {
+            fail(shared);
+        }
+        // As execvp: a path not found, or not a directory, moves on to the next; a path that
+        // is not executable too, but is the error if none is found. A file the kernel cannot
+        // run (a script with no `#!` line) is run with the shell; if the shell cannot be
+        // started either, the file's error is the answer.
+        let mut denied = false;
+        for i in 0..shared.paths_len {
+            let path = *shared.paths.add(i);
+            libc::execve(path, shared.argv, shared.envp);
+            match errno() {
+                libc::ENOENT | libc::ENOTDIR => {}
+                libc::EACCES => denied = true,
+                libc::ENOEXEC => {
+                    *shared.shell_argv.add(1) = path;
+                    libc::execve(SHELL.as_ptr(), shared.shell_argv, shared.envp);
+                    *libc::__errno_location() = libc::ENOEXEC;
+                    fail(shared)
+                }
+                _ => fail(shared),
+            }
+        }
+        let error = if denied { libc::EACCES } else { libc::ENOENT };
+        *libc::__errno_location() = error;
+        fail(shared)
+    }
+}
+
+/// The child's way out when a step failed: the error number for the daemon, then exit 127.
+///
+/// # Safety
+///
+/// Only in the child, on the `Shared` it was given.
+unsafe fn fail(shared: &mut Shared) -> ! {
+    ptr::write_volatile(ptr::addr_of_mut!(shared.error), errno().max(1));
+    libc::_exit(127)
+}
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno, a valid pointer.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The paths the child tries: `program` itself when it holds a `/`, else `DIR/program` for
+/// each directory of the child's `PATH` (an empty one is the current directory).
+fn candidates(program: &str, env: &[(OsString, OsString)]) -> io::Result<Vec<CString>> {
+    if program.contains('/') {
+        return Ok(vec![c_string(program.as_bytes().to_vec())?]);
+    }
+    if program.is_empty() {
+        return Ok(Vec::new());
+    }
+    let path = env
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "PATH")
+        .map_or(DEFAULT_PATH, |(_, value)| value.as_bytes());
+    path.split(|b| *b == b':')
+        .map(|dir| {
+            let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+            let mut full = Vec::with_capacity(dir.len() + program.len() + 1);
+            full.extend_from_slice(dir);
+            full.push(b'/');
+            full.extend_from_slice(program.as_bytes());
+            c_string(full)
+        })
+        .collect()
+}
+
+/// The argv for [`SHELL`] when a candidate is a file the kernel cannot run, as `execvp`
+/// builds it: the shell, the candidate (slot 1, null here: the child sets it), then `argv`
+/// after its `argv[0]`, with its terminating null.
+fn shell_argv(argv: &[*const c_char]) -> Vec<*const c_char> {
+    let mut shell = Vec::with_capacity(argv.len() + 1);
+    shell.push(SHELL.as_ptr());
+    shell.push(ptr::null());
+    shell.extend_from_slice(argv.get(1..).unwrap_or(&[ptr::null()]));
+    shell
+}
+
+fn c_string(bytes: Vec<u8>) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a NUL byte in the command or its environment",
+        )
+    })
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(ptr::null()))
+        .collect()
+}
+
+/// A pipe, both ends closed on `exec`: (read end, write end).
+fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both were just opened, and are owned here alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `fd` set non-blocking (the daemon's end of a pipe; the child's stays blocking).
+fn non_blocking(fd: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain fcntl calls on an open descriptor.
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset initializes the set it is given.
+    unsafe {
+        let mut set = MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(set.as_mut_ptr());
+        set.assume_init()
+    }
+}
+
+/// Reap `pid` if it has exited, without waiting.
+fn try_wait(pid: libc::pid_t) -> io::Result<Option<ExitStatus>> {
+    let mut status = 0;
+    loop {
+        // SAFETY: a plain system call on our own child.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if reaped == pid {
+            return Ok(Some(ExitStatus::from_raw(status)));
+        }
+        if reaped == 0 {
+            return Ok(None);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Reap `pid`, which has exited already.
+fn wait_blocking(pid: libc::pid_t) -> io::Result<ExitStatus> {
+    let mut status = 0;
+    loop {
+        // SAFETY: a plain system call on our own child.
+        let reaped = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if reaped == pid {
+            return Ok(ExitStatus::from_raw(status));
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Reap the dropped children that have exited since.
+fn reap_orphans() {
+    let mut orphans = ORPHANS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    orphans.retain(|pid| matches!(try_wait(*pid), Ok(None)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(value: &str) -> Vec<(OsString, OsString)> {
+        vec![
+            ("HOME".into(), "/home/x".into()),
+            ("PATH".into(), value.into()),
+        ]
+    }
+
+    #[test]
+    fn a_bare_name_is_looked_up_on_the_childs_path() {
+        assert_eq!(
+            candidates("wc", &path("/a::/b/")).unwrap(),
+            [c"/a/wc", c"./wc", c"/b//wc"]
+        );
+        assert_eq!(candidates("wc", &[]).unwrap(), [c"/bin/wc", c"/usr/bin/wc"]);
+    }
+
+    #[test]
+    fn the_shells_argv_is_the_shell_the_file_and_the_arguments() {
+        let argv = [
+            c"prog".as_ptr(),
+            c"a b".as_ptr(),
+            c"c".as_ptr(),
+            ptr::null(),
+        ];
+        let shell = shell_argv(&argv);
+        assert_eq!(shell.len(), 5);
+        assert_eq!(shell[0], SHELL.as_ptr());
+        assert!(shell[1].is_null(), "the child's slot for the file");
+        assert_eq!(&shell[2..], &argv[1..]);
+        let alone = shell_argv(&[c"prog".as_ptr(), ptr::null()]);
+        assert_eq!(alone, [SHELL.as_ptr(), ptr::null(), ptr::null()]);
+    }
+
+    #[test]
+    fn a_name_with_a_slash_is_taken_as_it_is() {
+        assert_eq!(candidates("/x/wc", &path("/a")).unwrap(), [c"/x/wc"]);
+        assert_eq!(candidates("bin/wc", &path("/a")).unwrap(), [c"bin/wc"]);
+        assert!(candidates("", &path("/a")).unwrap().is_empty());
+        assert!(candidates("w\0c", &path("/a")).is_err());
+    }
+}
