@@ -284,10 +284,10 @@ impl Worker {
             if inner.handler.is_some() && !batch.tasks.is_empty() {
                 self.read_traceparents(&client, &mut batch.tasks).await;
             }
-            Ok::<_, DbError>((batch, took))
+            Ok::<_, DbError>((batch, took, sent))
         }
         .await;
-        let (batch, took) = match batch {
+        let (batch, took, sent) = match batch {
             Ok(answer) => answer,
             Err(err) => {
                 inner.intake.unreserve(room);
@@ -305,7 +305,13 @@ impl Worker {
         inner.summary.claimed(claimed);
         for task in batch.tasks {
             let cancel = inner.abort.child_token();
-            let held = Held::new(&self.inner, &task, cancel.clone());
+            // The database wrote the lease after `sent`: by this clock, it is good until then.
+            let held = Held::new(
+                &self.inner,
+                &task,
+                cancel.clone(),
+                sent + inner.config.lease,
+            );
             tracing::debug!(
                 id = task.id,
                 attempt = task.attempt,

@@ -48,7 +48,7 @@ impl Worker {
             // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
             drop(payload);
             held.free_intake();
-            let action = if cancel.is_cancelled() && !inner.abort.is_cancelled() {
+            let action = if cancel.is_cancelled() && !self.released_unfinished(id, token) {
                 Action::Finish(Outcome::Canceled)
             } else {
                 Action::Release
@@ -87,6 +87,12 @@ impl Worker {
             }
         };
         self.record_outcome(claim, started, &action, result);
+    }
+
+    /// Whether a stopped claim is given back unfinished rather than finished CANCELED: a
+    /// shutdown's abort stopped it, or its lease ran out without a heartbeat (`expiry.rs`).
+    pub(super) fn released_unfinished(&self, id: i64, token: i64) -> bool {
+        self.inner.abort.is_cancelled() || self.inner.running.lease_expired(id, token)
     }
 
     /// Wait for one of this lane's permits and, with several lanes, one of the daemon's
@@ -141,7 +147,7 @@ impl Worker {
             Ok(Err(AnalyzeError::Failed { message, .. })) => {
                 Action::Finish(Outcome::Failed(message))
             }
-            Ok(Err(AnalyzeError::Canceled { .. })) if self.inner.abort.is_cancelled() => {
+            Ok(Err(AnalyzeError::Canceled { .. })) if self.released_unfinished(id, token) => {
                 Action::Release
             }
             Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),

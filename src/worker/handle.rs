@@ -80,7 +80,7 @@ impl Worker {
                     }),
                 }
             }
-            Ran::Canceled if self.inner.abort.is_cancelled() => Action::Release,
+            Ran::Canceled if self.released_unfinished(id, token) => Action::Release,
             Ran::Canceled => Action::Finish(Outcome::Canceled),
         }
     }

@@ -11,6 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::Worker;
 use crate::backoff::jitter;
@@ -33,6 +34,9 @@ impl Worker {
             }
             let ids: Vec<i64> = claims.iter().map(|(id, _)| *id).collect();
             let tokens: Vec<i64> = claims.iter().map(|(_, token)| *token).collect();
+            // The database extends the leases after this instant: by this clock, until then
+            // plus the lease at the latest.
+            let sent = Instant::now();
             let extended = match self.inner.pool.get().await {
                 Ok(client) => {
                     client
@@ -53,6 +57,14 @@ impl Worker {
                     continue;
                 }
             };
+            let renewed: Vec<(i64, i64)> = extended
+                .iter()
+                .filter(|e| matches!(e.beat, Beat::Extended { .. }))
+                .filter_map(|e| claims.iter().find(|(id, _)| *id == e.id).copied())
+                .collect();
+            self.inner
+                .running
+                .extended(&renewed, sent + self.inner.config.lease);
             // Few rows are ever locked: look their tokens up, rather than every claim in the
             // answer.
             let busy: Vec<(i64, i64)> = extended
@@ -113,6 +125,7 @@ impl Worker {
             if inner.heartbeat_stop.is_cancelled() {
                 break;
             }
+            let sent = Instant::now();
             let extended = match inner.pool.get().await {
                 Ok(client) => {
                     client
@@ -124,6 +137,9 @@ impl Worker {
             match extended {
                 Ok(Some(cancel_requested)) => {
                     tracing::debug!(id, claim = token, "lease of a locked row extended");
+                    inner
+                        .running
+                        .extended(&[(id, token)], sent + inner.config.lease);
                     if cancel_requested {
                         if let Some(task) = inner.running.get(id).filter(|t| t.token == token) {
                             task.cancel.cancel();

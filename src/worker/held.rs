@@ -25,10 +25,16 @@ pub(super) struct Held {
 impl Held {
     /// Register `task`, which weighs `bytes` in the intake (nothing when its payload was left
     /// in the database), with `cancel` to stop its analyzer.
-    pub(super) fn new(inner: &Arc<Inner>, task: &Claimed, cancel: CancellationToken) -> Held {
+    /// Its lease is taken as good until `lease_until`.
+    pub(super) fn new(
+        inner: &Arc<Inner>,
+        task: &Claimed,
+        cancel: CancellationToken,
+        lease_until: std::time::Instant,
+    ) -> Held {
         inner
             .running
-            .insert(task.id, task.attempt, task.token, cancel);
+            .insert(task.id, task.attempt, task.token, cancel, lease_until);
         Held {
             inner: Arc::clone(inner),
             id: task.id,

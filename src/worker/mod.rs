@@ -38,6 +38,7 @@
 //! | `registry.rs` | the running tasks and their cancellation tokens |
 //! | `cancel.rs` | cancel notifications, confirmed in the database before they stop anything |
 //! | `heartbeat.rs` | lease extension, and the cancel read it carries |
+//! | `expiry.rs` | stopping the work of claims whose leases run out without a heartbeat |
 //! | `shutdown.rs` | the two-phase stop |
 //! | `summary.rs` | the minute's summary line, in place of a line per task at info level |
 //!
@@ -62,6 +63,7 @@ use crate::metrics::Metrics;
 mod cancel;
 mod claim;
 mod execute;
+mod expiry;
 mod floor;
 mod handle;
 mod heartbeat;
@@ -248,6 +250,7 @@ impl Worker {
     /// heartbeat runs alongside until the last task ended.
     pub async fn run(&self, stop: CancellationToken) {
         tokio::spawn(self.clone().heartbeat());
+        tokio::spawn(self.clone().expire_leases());
         tokio::spawn(self.clone().confirm_cancels());
         tokio::spawn(self.clone().summarize());
         // A claim sent just before the stop may still bring tasks back after it: they are

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +21,12 @@ pub(super) struct Running {
     pub(super) cancel: CancellationToken,
     /// The analyzer has returned: what is left is the write, which its fence decides.
     pub(super) analyzed: bool,
+    /// By this daemon's clock, no later than the database's `lease_expires_at` as last
+    /// written: the time before the statement that wrote it was sent, plus the lease.
+    pub(super) lease_until: Instant,
+    /// The lease ran out without a heartbeat (`expiry.rs`): the work was stopped, and the
+    /// claim is given back, not finished CANCELED.
+    pub(super) lease_expired: bool,
 }
 
 /// The claims this worker holds, by task id.
@@ -29,8 +36,16 @@ pub(super) struct Registry {
 }
 
 impl Registry {
-    /// Task `id` was claimed at `attempt` with `token`; `cancel` stops its analyzer.
-    pub(super) fn insert(&self, id: i64, attempt: i32, token: i64, cancel: CancellationToken) {
+    /// Task `id` was claimed at `attempt` with `token`, its lease good until `lease_until`;
+    /// `cancel` stops its analyzer.
+    pub(super) fn insert(
+        &self,
+        id: i64,
+        attempt: i32,
+        token: i64,
+        cancel: CancellationToken,
+        lease_until: Instant,
+    ) {
         self.lock().insert(
             id,
             Running {
@@ -38,8 +53,43 @@ impl Registry {
                 token,
                 cancel,
                 analyzed: false,
+                lease_until,
+                lease_expired: false,
             },
         );
+    }
+
+    /// The leases of these `(id, token)` claims were extended until `until`.
+    pub(super) fn extended(&self, claims: &[(i64, i64)], until: Instant) {
+        let mut tasks = self.lock();
+        for (id, token) in claims {
+            if let Some(task) = tasks.get_mut(id).filter(|task| task.token == *token) {
+                task.lease_until = task.lease_until.max(until);
+            }
+        }
+    }
+
+    /// Stop the work of every claim whose lease runs out before `by` and whose analyzer has
+    /// not returned: each is marked [`Running::lease_expired`] and its token cancelled. Their
+    /// ids and attempts.
+    pub(super) fn expire(&self, by: Instant) -> Vec<(i64, i32)> {
+        let mut tasks = self.lock();
+        let mut expired = Vec::new();
+        for (id, task) in tasks.iter_mut() {
+            if !task.analyzed && !task.lease_expired && task.lease_until <= by {
+                task.lease_expired = true;
+                task.cancel.cancel();
+                expired.push((*id, task.attempt));
+            }
+        }
+        expired
+    }
+
+    /// Whether claim `token` of task `id` was stopped because its lease ran out.
+    pub(super) fn lease_expired(&self, id: i64, token: i64) -> bool {
+        self.lock()
+            .get(&id)
+            .is_some_and(|task| task.token == token && task.lease_expired)
     }
 
     /// Task `id`'s analyzer has returned, for its claim `token`.
@@ -96,7 +146,7 @@ mod tests {
     fn a_claim_is_found_until_it_is_removed() {
         let registry = Registry::default();
         let token = CancellationToken::new();
-        registry.insert(7, 2, 20, token.clone());
+        registry.insert(7, 2, 20, token.clone(), Instant::now());
         assert!(registry.contains(7));
         assert_eq!(registry.len(), 1);
         let running = registry.get(7).expect("registered");
@@ -113,7 +163,7 @@ mod tests {
     #[test]
     fn a_claim_is_marked_analyzed_once_its_analyzer_returned() {
         let registry = Registry::default();
-        registry.insert(4, 1, 10, CancellationToken::new());
+        registry.insert(4, 1, 10, CancellationToken::new(), Instant::now());
         assert!(!registry.get(4).unwrap().analyzed);
         registry.analyzed(4, 10);
         assert!(registry.get(4).unwrap().analyzed);
@@ -124,7 +174,7 @@ mod tests {
     #[test]
     fn removing_an_unknown_task_changes_nothing() {
         let registry = Registry::default();
-        registry.insert(1, 1, 10, CancellationToken::new());
+        registry.insert(1, 1, 10, CancellationToken::new(), Instant::now());
         registry.remove(2, 10);
         assert_eq!(registry.snapshot(), vec![(1, 10)]);
     }
@@ -132,9 +182,9 @@ mod tests {
     #[test]
     fn a_snapshot_lists_every_claim_with_its_token() {
         let registry = Registry::default();
-        registry.insert(1, 1, 10, CancellationToken::new());
-        registry.insert(2, 5, 50, CancellationToken::new());
-        registry.insert(3, 2, 20, CancellationToken::new());
+        registry.insert(1, 1, 10, CancellationToken::new(), Instant::now());
+        registry.insert(2, 5, 50, CancellationToken::new(), Instant::now());
+        registry.insert(3, 2, 20, CancellationToken::new(), Instant::now());
         let mut snapshot = registry.snapshot();
         snapshot.sort();
         assert_eq!(snapshot, vec![(1, 10), (2, 50), (3, 20)]);
@@ -143,16 +193,16 @@ mod tests {
     #[test]
     fn a_new_claim_on_the_same_task_replaces_the_old_one() {
         let registry = Registry::default();
-        registry.insert(1, 1, 10, CancellationToken::new());
-        registry.insert(1, 2, 20, CancellationToken::new());
+        registry.insert(1, 1, 10, CancellationToken::new(), Instant::now());
+        registry.insert(1, 2, 20, CancellationToken::new(), Instant::now());
         assert_eq!(registry.snapshot(), vec![(1, 20)]);
     }
 
     #[test]
     fn the_old_claim_settling_leaves_the_new_claim_of_the_same_task() {
         let registry = Registry::default();
-        registry.insert(1, 1, 10, CancellationToken::new());
-        registry.insert(1, 2, 20, CancellationToken::new());
+        registry.insert(1, 1, 10, CancellationToken::new(), Instant::now());
+        registry.insert(1, 2, 20, CancellationToken::new(), Instant::now());
         registry.analyzed(1, 10);
         registry.remove(1, 10);
         let running = registry.get(1).expect("the new claim stays");
@@ -163,5 +213,30 @@ mod tests {
         );
         registry.remove(1, 20);
         assert!(!registry.contains(1));
+    }
+
+    #[test]
+    fn a_lease_run_out_without_a_heartbeat_stops_the_work_once() {
+        let registry = Registry::default();
+        let start = Instant::now();
+        let second = std::time::Duration::from_secs(1);
+        let (a, b, c) = (
+            CancellationToken::new(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        registry.insert(1, 1, 10, a.clone(), start + second);
+        registry.insert(2, 3, 20, b.clone(), start + second);
+        registry.insert(3, 1, 30, c.clone(), start + second);
+        // 2 was extended; 3's analyzer returned (its write decides).
+        registry.extended(&[(2, 20), (1, 99)], start + 3 * second);
+        registry.analyzed(3, 30);
+        assert!(registry.expire(start).is_empty());
+        assert_eq!(registry.expire(start + second), vec![(1, 1)]);
+        assert!(a.is_cancelled() && !b.is_cancelled() && !c.is_cancelled());
+        assert!(registry.lease_expired(1, 10) && !registry.lease_expired(1, 11));
+        assert!(!registry.lease_expired(2, 20));
+        assert!(registry.expire(start + second).is_empty(), "once");
+        assert_eq!(registry.expire(start + 3 * second), vec![(2, 3)]);
     }
 }

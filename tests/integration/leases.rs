@@ -280,3 +280,71 @@ async fn concurrent_rescuers_take_back_each_expired_lease_once() {
         300
     );
 }
+
+/// Work without a lease stops (docs/design.md, "Work without a lease stops"): a daemon whose
+/// heartbeat does not reach the database (its session hangs, as behind a vanished peer) stops
+/// its handler's child before the lease runs out, and gives the task back, so that the run of
+/// the claim that follows never overlaps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out() {
+    use crate::support::proxy::{Fault, Proxy};
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = crate::handlers::Scratch::new();
+    let first = scratch.path("first");
+    let runs = scratch.path("runs");
+    // The first run waits for ever; the next one says whether the first is still alive.
+    let handler = scratch.script(
+        "once.sh",
+        &format!(
+            "if [ ! -e {first} ]; then echo $$ > {first}; exec sleep 1000; fi\n\
+             if kill -0 \"$(cat {first})\" 2>/dev/null; then echo overlap >> {runs}; else echo alone >> {runs}; fi\n\
+             echo done",
+            first = first.display(),
+            runs = runs.display()
+        ),
+    );
+    // Only the heartbeat's statement is held: claims, finishes and the rescuer go through.
+    let proxy = Proxy::start(
+        crate::support::server_addr(),
+        Fault::HalfOpen,
+        "WITH held AS MATERIALIZED",
+    )
+    .await;
+    let url = proxy.conninfo(&crate::support::server_user(), &db.name);
+    let config = format!(
+        "[worker]\nqueues = [\"jobs\"]\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\nkill_after = \"1s\"\n",
+        handler.display()
+    );
+    let mut daemon = DaemonProcess::start_url(&url, &config, &[]);
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_count(
+        &client,
+        &format!("SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = 'SUCCEEDED'"),
+        1,
+        "the task to succeed on its second run",
+    )
+    .await;
+    assert!(proxy.triggered(), "a heartbeat was held");
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert_eq!(ran, "alone\n", "the second run overlapped the first");
+    daemon
+        .wait_for_log("leases ran out without a heartbeat")
+        .await;
+    let attempt: i32 = client
+        .query_one("SELECT attempt FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(attempt >= 1, "{attempt}");
+    daemon.signal(libc::SIGTERM);
+    let _ = daemon.wait().await;
+}

@@ -1,0 +1,75 @@
+//! Leases that run out without a heartbeat: a daemon cut off from the database (an outage, a
+//! network partition, a session that hangs) cannot extend its leases, and once they expire
+//! the rescuer of another daemon, or its own after the outage, claims the tasks again. Their
+//! work must not go on beside the new claim's.
+//!
+//! Each running claim keeps, by this daemon's clock, when its lease runs out at the latest
+//! (`registry.rs`: the instant before the claim or the last heartbeat that wrote it, plus
+//! `worker.lease`). A loop of its own, apart from the heartbeat (which may hang on a session
+//! for up to the pool's deadline), checks every [`tick`] and stops the work of each claim
+//! whose lease runs out within [`MARGIN_TICKS`] ticks: its cancellation token fires, as for a
+//! user's cancel, but the claim is then given back (QUEUED, if the database still has it as
+//! this daemon's), never finished CANCELED. An `exec` child gets SIGTERM, then SIGKILL after
+//! `kill_after`; a request of an `http` handler is dropped; an analyzer stops at its next
+//! check. A claim whose analyzer has returned is left to its write, which its fence decides.
+
+use std::time::{Duration, Instant};
+
+use super::Worker;
+
+/// How many ticks before the lease runs out the work is stopped, so that it has stopped
+/// before a rescuer can claim the task again.
+const MARGIN_TICKS: u32 = 2;
+
+/// How often the leases are checked: a twentieth of the lease, from 10 ms to a second.
+fn tick(lease: Duration) -> Duration {
+    (lease / 20).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+impl Worker {
+    /// Stop the work of the claims whose leases run out without a heartbeat, until the
+    /// heartbeat stops (after the last task of a shutdown).
+    pub(super) async fn expire_leases(self) {
+        let tick = tick(self.inner.config.lease);
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.inner.heartbeat_stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let expired = self
+                .inner
+                .running
+                .expire(Instant::now() + tick * MARGIN_TICKS);
+            if expired.is_empty() {
+                continue;
+            }
+            for (id, attempt) in &expired {
+                tracing::debug!(
+                    id,
+                    attempt,
+                    "lease runs out without a heartbeat; stopping its work"
+                );
+            }
+            tracing::warn!(
+                tasks = expired.len(),
+                lease = ?self.inner.config.lease,
+                "leases ran out without a heartbeat (the database did not answer): their work \
+                 is stopped and the tasks are given back, so that it never runs beside a new claim's"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tick_is_a_twentieth_of_the_lease_from_ten_milliseconds_to_a_second() {
+        assert_eq!(tick(Duration::from_secs(30)), Duration::from_secs(1));
+        assert_eq!(tick(Duration::from_secs(2)), Duration::from_millis(100));
+        assert_eq!(tick(Duration::from_millis(50)), Duration::from_millis(10));
+    }
+}
