@@ -68,6 +68,8 @@ pub const DEFAULT_CONCURRENCY: usize = 8;
 pub const DEFAULT_QUEUE: &str = "default";
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// A `worker.lease` under this is accepted with a warning (`1ms` for `1m` is an easy typo).
+pub const SHORT_LEASE: Duration = Duration::from_secs(1);
 /// Payload bytes one daemon holds at most (claimed and not yet analyzed, or being analyzed),
 /// a single larger payload aside.
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;

@@ -17,7 +17,7 @@ use super::{
     DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
     DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
     DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
-    DEFAULT_XMIN_HORIZON_WARNING,
+    DEFAULT_XMIN_HORIZON_WARNING, SHORT_LEASE,
 };
 
 pub(super) type Invalid = (std::ops::Range<usize>, String);
@@ -360,6 +360,16 @@ impl RawConfig {
             ),
         };
         let mut warnings = Vec::new();
+        if worker.lease < SHORT_LEASE {
+            warnings.push(format!(
+                "worker.lease = {} is under {}: a claim lives that long without a heartbeat \
+                 (sent every third of it), so a busy database or a pause of the daemon that long \
+                 has running tasks stopped and given back, or taken back by a rescuer and run \
+                 again; \"30s\" is the default",
+                humantime::format_duration(worker.lease),
+                humantime::format_duration(SHORT_LEASE)
+            ));
+        }
         let (section, raw) = match (self.health, self.vacuum_health) {
             (Some(old), Some(_)) => {
                 e.0.push((

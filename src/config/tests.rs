@@ -272,3 +272,17 @@ fn the_old_name_of_the_vacuum_health_section_is_read_with_a_warning() {
     assert_eq!(new.vacuum_health, old.vacuum_health);
     assert!(new.warnings.is_empty());
 }
+
+#[test]
+fn a_lease_under_a_second_is_taken_with_a_warning() {
+    let config = Config::from_toml("[worker]\nlease = \"1ms\"\n", "test").unwrap();
+    assert_eq!(config.worker.lease, Duration::from_millis(1));
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].starts_with("worker.lease = 1ms is under 1s"),
+        "{:?}",
+        config.warnings
+    );
+    let config = Config::from_toml("[worker]\nlease = \"1s\"\n", "test").unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
