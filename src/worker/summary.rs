@@ -75,8 +75,9 @@ impl Summary {
         }
     }
 
-    /// Log the figures since the last line, over `since`, unless there are none.
-    pub(super) fn log(&self, since: Instant, last: bool) {
+    /// Log the figures of the lane serving `queues` since the last line, over `since`, unless
+    /// there are none.
+    pub(super) fn log(&self, queues: &[String], since: Instant, last: bool) {
         let figures = self.take();
         if figures.is_empty() {
             return;
@@ -99,6 +100,7 @@ impl Summary {
             "tasks in the last minute"
         };
         tracing::info!(
+            queues = %queues.join(","),
             claimed,
             succeeded,
             failed,
@@ -120,12 +122,14 @@ impl Worker {
         loop {
             tokio::select! {
                 _ = self.inner.heartbeat_stop.cancelled() => {
-                    self.inner.summary.log(since, true);
+                    self.inner.summary.log(&self.inner.config.queues, since, true);
                     return;
                 }
                 _ = tokio::time::sleep(EVERY) => {}
             }
-            self.inner.summary.log(since, false);
+            self.inner
+                .summary
+                .log(&self.inner.config.queues, since, false);
             since = Instant::now();
         }
     }
