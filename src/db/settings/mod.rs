@@ -103,6 +103,12 @@ pub enum BadConnectionString {
          (skip servers that do not accept writes) or \"any\""
     )]
     TargetSessionAttrs(String),
+    /// `database.listen_url` (not `database.url`) is the string that could not be used.
+    #[error("database.listen_url")]
+    ListenUrl {
+        #[source]
+        inner: Box<BadConnectionString>,
+    },
 }
 
 impl ConnectSettings {
@@ -128,11 +134,16 @@ impl ConnectSettings {
     ///
     /// A connection string that does not parse.
     pub fn listen(database: &DatabaseConfig, instance: &str) -> Result<Self, BadConnectionString> {
-        let url = database
-            .listen_url
-            .clone()
-            .unwrap_or_else(|| pool_url(database));
-        ConnectSettings::resolve(&url, database, instance, Pooler::None)
+        match &database.listen_url {
+            None => ConnectSettings::resolve(&pool_url(database), database, instance, Pooler::None),
+            Some(url) => {
+                ConnectSettings::resolve(url, database, instance, Pooler::None).map_err(|inner| {
+                    BadConnectionString::ListenUrl {
+                        inner: Box::new(inner),
+                    }
+                })
+            }
+        }
     }
 
     /// Whether these sessions go through a transaction pooler (`database.pooler`).

@@ -172,3 +172,24 @@ fn a_bad_connection_string_is_an_error() {
     };
     assert!(ConnectSettings::new(&database, "x").is_err());
 }
+
+#[test]
+fn a_bad_listen_url_is_named_as_such() {
+    let database = DatabaseConfig {
+        url_source: crate::config::UrlSource::File,
+        url: Some("host=localhost dbname=d".into()),
+        pool_size: 1,
+        connect_timeout: Duration::from_secs(1),
+        statement_timeout: Duration::ZERO,
+        listen_url: Some("host=localhost port=abc".into()),
+        pooler: crate::config::Pooler::None,
+    };
+    assert!(ConnectSettings::new(&database, "x").is_ok());
+    let err = ConnectSettings::listen(&database, "x").unwrap_err();
+    assert_eq!(err.to_string(), "database.listen_url");
+    let chain = crate::error_chain(&err);
+    assert!(
+        chain.starts_with("database.listen_url: invalid database connection string"),
+        "{chain}"
+    );
+}
