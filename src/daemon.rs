@@ -165,6 +165,7 @@ pub async fn run(
             health: Arc::clone(&health),
             token,
             completions: completions.clone().expect("made when http.listen is set"),
+            served: config.worker.queues.clone().into(),
         };
         let router = http::router(state, config.http.max_body);
         tokio::spawn(http::serve(

@@ -72,6 +72,9 @@ pub struct AppState {
     pub token: Option<Arc<str>>,
     /// The waiters of `GET /tasks/{id}?wait=`, fed by the daemon's listener.
     pub completions: Arc<Completions>,
+    /// The queues this daemon serves (`worker.queues`): a task submitted to another one is
+    /// answered with a warning when no live daemon serves its queue.
+    pub served: Arc<[String]>,
 }
 
 /// Why the HTTP server could not start.

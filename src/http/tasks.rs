@@ -113,11 +113,16 @@ pub(super) async fn submit(
             Enqueued::KeyConflict(id) => return Err(ApiError::KeyConflict { id }),
         }
     };
+    // The payload, maybe large, is not held any longer.
+    let queue_name = task.queue.clone();
     drop(task);
     let location = [(header::LOCATION, format!("/tasks/{id}"))];
     let Some(wait) = wait else {
-        let body = Json(serde_json::json!({ "id": id, "status": status }));
-        return Ok((code, location, body).into_response());
+        let mut body = serde_json::json!({ "id": id, "status": status });
+        if let Some(warning) = unserved(&state, &queue_name).await {
+            body["warning"] = warning.into();
+        }
+        return Ok((code, location, Json(body)).into_response());
     };
     let (done, answer) = read_until_terminal(&state, &budget, id, Some(wait)).await?;
     let code = if done {
@@ -126,6 +131,28 @@ pub(super) async fn submit(
         StatusCode::ACCEPTED
     };
     Ok((code, location, answer).into_response())
+}
+
+/// The warning of a task submitted to `queue` when no live daemon serves it, as `pgtaskd
+/// enqueue` says it: the task was accepted, and waits until a daemon serves its queue. Nothing
+/// is read when this daemon serves the queue itself; a read that fails or takes over a second
+/// says nothing.
+async fn unserved(state: &AppState, queue: &str) -> Option<String> {
+    if state.served.iter().any(|served| served == queue) {
+        return None;
+    }
+    let read = async {
+        let session = state.pool.get().await?;
+        session
+            .bounded(queue::daemons::serves(&session, queue))
+            .await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(1), read).await {
+        Ok(Ok(false)) => Some(format!(
+            "no connected daemon serves queue {queue:?}; the task waits until one does (GET /stats lists the daemons)"
+        )),
+        _ => None,
+    }
 }
 
 /// The `Idempotency-Key` header, checked by [`queue::enqueue::check_idempotency_key`].

@@ -231,6 +231,28 @@ async fn a_queue_no_daemon_serves_is_unserved_in_stats_and_metrics_and_enqueue_w
         page.contains("\"unserved\""),
         "the dashboard names the state"
     );
+    // POST /tasks warns as enqueue does, in its answer.
+    let post = |queue: &str| {
+        let request = http
+            .post(format!("http://127.0.0.1:{port}/tasks"))
+            .json(&serde_json::json!({ "payload": "z", "queue": queue }))
+            .send();
+        async move {
+            let response = within(WAIT, "POST /tasks", request).await.unwrap();
+            assert_eq!(response.status().as_u16(), 202);
+            within(WAIT, "its body", response.json::<Value>())
+                .await
+                .unwrap()
+        }
+    };
+    let answer = post("nosuchqueue").await;
+    assert_eq!(
+        answer["warning"],
+        "no connected daemon serves queue \"nosuchqueue\"; the task waits until one does (GET /stats lists the daemons)",
+        "{answer}"
+    );
+    let answer = post("jobs").await;
+    assert!(answer.get("warning").is_none(), "{answer}");
 
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success(), "{}", daemon.log_text());
