@@ -44,6 +44,8 @@ pub(super) struct Tally {
     written: AtomicUsize,
     landed: AtomicUsize,
     lost: AtomicUsize,
+    /// Given up on an unreachable database at a stop: still RUNNING, its lease left to expire.
+    unsettled: AtomicUsize,
     retries: AtomicUsize,
 }
 
@@ -60,6 +62,7 @@ impl Tally {
         match result {
             Ok(_) if had_landed => &self.landed,
             Ok(_) => &self.written,
+            Err(FinishError::Db(_)) => &self.unsettled,
             Err(_) => &self.lost,
         }
         .fetch_add(1, Ordering::AcqRel);
@@ -69,6 +72,7 @@ impl Tally {
                 written = take(&self.written),
                 already_landed = take(&self.landed),
                 claim_lost = take(&self.lost),
+                unsettled = take(&self.unsettled),
                 retries = take(&self.retries),
                 "claims settled one by one"
             );
