@@ -242,8 +242,17 @@ fn unreachable(shown: &str, err: reqwest::Error) -> Failure {
     } else {
         "no answer from"
     };
+    let mut causes = error_chain(err);
+    if causes.contains("invalid peer certificate") {
+        // rustls names the check that failed in its own terms (`UnknownIssuer`,
+        // `Other(OtherError(CaUsedAsEndEntity))`): say what it means for the operator.
+        causes.push_str(
+            " (the endpoint's TLS certificate is not trusted: pgtaskd trusts the system's CA \
+             certificates; add the endpoint's CA there, as update-ca-certificates does)",
+        );
+    }
     Failure {
-        message: format!("{what} {shown}: {}", error_chain(err)),
+        message: format!("{what} {shown}: {causes}"),
         retry: Retry::Later { after: None },
         kind: FailureKind::Unreachable,
     }
