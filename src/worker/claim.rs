@@ -21,6 +21,7 @@ use super::intake::Room;
 use super::Worker;
 use crate::db::DbError;
 use crate::queue::{self, ClaimLimits, FinishError};
+use crate::repeats::{log_failure, log_recovery};
 
 /// Claim statements that may be on their way at once.
 const CLAIMS_IN_FLIGHT: usize = 2;
@@ -115,7 +116,11 @@ impl Worker {
         if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
             if let Err(err) = self.release_unanswered().await {
                 self.inner.claim_unanswered.store(true, Ordering::Release);
-                tracing::warn!(error = %err, "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
+                log_failure!(
+                    self.inner.claim_failures,
+                    err,
+                    "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll"
+                );
                 return Scan {
                     claimed: 0,
                     failed: true,
@@ -152,6 +157,7 @@ impl Worker {
             claims.spawn(async move {
                 match worker.claim_and_start(room).await {
                     Ok(report) => {
+                        log_recovery!(worker.inner.claim_failures, "claims working again");
                         if report.claimed > 0 {
                             worker.found_work();
                         }
@@ -162,7 +168,11 @@ impl Worker {
                         if err.is_unavailable() {
                             worker.inner.claim_unanswered.store(true, Ordering::Release);
                         }
-                        tracing::warn!(error = %err, "claim failed; retrying at the next wake-up or poll");
+                        log_failure!(
+                            worker.inner.claim_failures,
+                            err,
+                            "claim failed; retrying at the next wake-up or poll"
+                        );
                     }
                 }
                 drop(slot);
