@@ -194,7 +194,7 @@ impl Worker {
         if given.given_back > 0 {
             tracing::warn!(
                 tasks = given.given_back,
-                "tasks of a claim whose answer was lost given back, unanalyzed"
+                "tasks of a claim whose answer was lost given back, never run"
             );
         }
         match given.error {

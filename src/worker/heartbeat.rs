@@ -83,7 +83,7 @@ impl Worker {
                         tracing::info!(
                             id,
                             attempt,
-                            "cancel requested (seen by the heartbeat); stopping the analyzer"
+                            "cancel requested (seen by the heartbeat); stopping its handler"
                         );
                         task.cancel.cancel();
                     }
@@ -92,7 +92,7 @@ impl Worker {
                         tracing::debug!(
                             id,
                             attempt,
-                            "lease lost; stopping the analyzer, its result will be dropped"
+                            "lease lost; stopping its handler, its result will be dropped"
                         );
                         task.cancel.cancel();
                     }
@@ -101,7 +101,7 @@ impl Worker {
             if lost > 0 {
                 tracing::warn!(
                     tasks = lost,
-                    "leases lost; stopping their analyzers, their results will be dropped"
+                    "leases lost; stopping their handlers, their results will be dropped"
                 );
             }
         }

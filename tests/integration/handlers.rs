@@ -360,12 +360,23 @@ async fn a_cancel_stops_a_child_that_ignores_sigterm_and_the_task_ends_canceled(
     let id = enqueue(&client, "z", 3).await;
     let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
     assert!(alive(pid));
-    let (status, _, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
     assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout,
+        "RUNNING (cancel requested; it becomes CANCELED once its handler returns)\n"
+    );
     wait_status(&client, id, "CANCELED").await;
     assert!(!alive(pid), "the child is gone before the task is CANCELED");
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success());
+    // A command is not the analyzer: the log speaks of its handler.
+    let log = daemon.log_text();
+    assert!(log.contains("stopping its handler"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.contains("analyzer")),
+        "an exec queue's log speaks of an analyzer:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
