@@ -279,6 +279,20 @@ fn queue_list(queues: &Spanned<Vec<String>>) -> Result<Vec<String>, Invalid> {
     Ok(queues.get_ref().clone())
 }
 
+/// Keep the first of each name in `queues`, in their order; the names that were repeated.
+fn once_each(queues: &mut Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut repeated = Vec::new();
+    queues.retain(|queue| {
+        let first = seen.insert(queue.clone());
+        if !first && !repeated.contains(queue) {
+            repeated.push(queue.clone());
+        }
+        first
+    });
+    repeated
+}
+
 impl RawConfig {
     /// Note that the reading took out the entry at `path` (its keys from the top), having
     /// said what is wrong with it: a queue section's checks that depend on it are skipped.
@@ -319,7 +333,7 @@ impl RawConfig {
             pooler: db.pooler.unwrap_or_default(),
         };
         let w = &self.worker;
-        let worker = WorkerConfig {
+        let mut worker = WorkerConfig {
             concurrency: e.check(w.concurrency.as_ref(), DEFAULT_CONCURRENCY, |v| {
                 positive("worker.concurrency", v)
             }),
@@ -372,6 +386,17 @@ impl RawConfig {
             ),
         };
         let mut warnings = Vec::new();
+        let repeated = once_each(&mut worker.queues);
+        if !repeated.is_empty() {
+            warnings.push(format!(
+                "worker.queues names {} more than once; each queue is served once",
+                repeated
+                    .iter()
+                    .map(|q| format!("{q:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let (section, raw) = match (self.health, self.vacuum_health) {
             (Some(old), Some(_)) => {
                 e.0.push((
