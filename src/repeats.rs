@@ -97,6 +97,22 @@ impl Repeats {
     pub fn succeeded(&self) -> Option<Recovered> {
         self.succeeded_at(Instant::now())
     }
+
+    /// Count, now, the success of an attempt that began at `began`. One that began before the
+    /// first of the failures (it was on its way when they started, as a claim overlapping the
+    /// one that failed) says nothing of the database now, and ends none of them.
+    pub fn succeeded_began(&self, began: Instant) -> Option<Recovered> {
+        let now = Instant::now();
+        let stale = {
+            let state = self.state.lock().expect("not poisoned");
+            state.since.is_some_and(|since| began < since)
+        };
+        if stale {
+            None
+        } else {
+            self.succeeded_at(now)
+        }
+    }
 }
 
 /// Log failure `error` of the kind `repeats` counts, with `message`: at WARN the first time
@@ -123,10 +139,17 @@ macro_rules! log_failure {
 }
 
 /// Log at INFO, with `message`, the first success after failures of the kind `repeats`
-/// counts; nothing when there were none.
+/// counts; nothing when there were none. With `began = INSTANT`, the success of an attempt
+/// that began then ([`Repeats::succeeded_began`]).
 macro_rules! log_recovery {
+    ($repeats:expr, began = $began:expr, $message:literal) => {
+        $crate::repeats::log_recovery!(@said $repeats.succeeded_began($began), $message)
+    };
     ($repeats:expr, $message:literal) => {
-        if let Some(recovered) = $repeats.succeeded() {
+        $crate::repeats::log_recovery!(@said $repeats.succeeded(), $message)
+    };
+    (@said $recovered:expr, $message:literal) => {
+        if let Some(recovered) = $recovered {
             ::tracing::info!(
                 failures = recovered.failures,
                 after_ms = recovered.after.as_millis() as u64,
@@ -169,5 +192,15 @@ mod tests {
         );
         assert_eq!(repeats.succeeded_at(at(71)), None, "said once");
         assert_eq!(repeats.failed_at(at(72)), Say::First, "a new outage");
+    }
+
+    #[test]
+    fn a_success_that_began_before_the_failures_ends_none_of_them() {
+        let repeats = Repeats::new();
+        let began = Instant::now();
+        assert_eq!(repeats.failed(), Say::First);
+        assert_eq!(repeats.succeeded_began(began), None, "on its way before");
+        assert_eq!(repeats.failed(), Say::Repeat, "the same outage");
+        assert!(repeats.succeeded_began(Instant::now()).is_some());
     }
 }

@@ -155,9 +155,14 @@ impl Worker {
             let worker = self.clone();
             let state = Arc::clone(&state);
             claims.spawn(async move {
+                let began = Instant::now();
                 match worker.claim_and_start(room).await {
                     Ok(report) => {
-                        log_recovery!(worker.inner.claim_failures, "claims working again");
+                        log_recovery!(
+                            worker.inner.claim_failures,
+                            began = began,
+                            "claims working again"
+                        );
                         if report.claimed > 0 {
                             worker.found_work();
                         }
