@@ -359,7 +359,7 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
-    /// The text to analyze; `-` reads standard input
+    /// The task's payload, the text its queue's handler is given; `-` reads standard input
     #[arg(conflicts_with = "file", required_unless_present = "file", value_hint = ValueHint::Other)]
     pub text: Option<String>,
     /// Read the text from this file

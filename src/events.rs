@@ -5,5 +5,5 @@
 //! The worker emits these events; whoever parses them names them through this module.
 
 /// Debug event of the worker, with the task's `id` and `attempt`, logged just before the
-/// analyzer starts on a claimed task.
-pub const ANALYZER_RUN: &str = "analyzer run";
+/// handler (the analyzer, a command, a request) starts on a claimed task.
+pub const ANALYZER_RUN: &str = "handler run";

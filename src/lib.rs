@@ -23,6 +23,7 @@
 //! | [`metrics`] | Prometheus metrics |
 //! | [`shutdown`] | signals -> stop and hurry tokens |
 //! | `backoff` | capped, jittered retry delays |
+//! | `repeats` | a failure that repeats logged once at WARN, then at DEBUG, and its recovery once |
 //! | [`mod@bench`] | `pgtaskd bench`: the text-stats workload and its figures |
 //! | [`process`] | `pgtaskd run` as a child process, for the bench and the integration tests |
 //! | [`events`] | the messages of the log events that the bench and the tests read back |
@@ -46,6 +47,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod process;
 pub mod queue;
+pub(crate) mod repeats;
 pub mod shutdown;
 pub mod worker;
 

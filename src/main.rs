@@ -74,7 +74,8 @@ fn report(message: std::fmt::Arguments<'_>) {
 }
 
 /// Logs go to standard error: human text by default, JSON with `log.format = "json"`.
-/// `RUST_LOG`, when set, overrides `log.level`.
+/// `RUST_LOG`, when set, overrides `log.level`. The pool library's own lines are left out
+/// unless the filter asks for them ([`pgtaskd::config::with_quiet_pool`]).
 ///
 /// Nothing may depend on a log line being written: a line that cannot be written (a closed
 /// pipe, a full disk, journald restarting) is dropped. tracing-subscriber's own fallback for a
@@ -83,11 +84,16 @@ fn report(message: std::fmt::Arguments<'_>) {
 /// Nor may a write that blocks (a reader that stopped reading) stall the daemon, whose tasks
 /// share one thread: lines are queued for a thread of their own ([`Log`]).
 fn init_tracing(config: &Config) -> Log {
-    let filter = std::env::var("RUST_LOG")
+    let directives = std::env::var("RUST_LOG")
         .ok()
-        .filter(|directives| !directives.trim().is_empty())
-        .and_then(|directives| tracing_subscriber::EnvFilter::try_new(directives).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(&config.log.level));
+        .filter(|directives| {
+            !directives.trim().is_empty()
+                && tracing_subscriber::EnvFilter::try_new(directives).is_ok()
+        })
+        .unwrap_or_else(|| config.log.level.clone());
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(pgtaskd::config::with_quiet_pool(&directives))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&directives));
     let log = Log::start();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -61,7 +61,7 @@ impl Shutdown {
             tracing::info!("shutdown already under way");
             return;
         }
-        tracing::info!("fast shutdown requested: no more claims; stopping the analyzers now");
+        tracing::info!("fast shutdown requested: no more claims; stopping the handlers now");
         self.stop.cancel();
         self.hurry.cancel();
     }

@@ -122,6 +122,66 @@ pub(super) fn printable(text: &str) -> String {
     shown
 }
 
+/// The characters of an output `list` shows.
+const OUTPUT_PREVIEW_CHARS: usize = 40;
+/// The most characters of an error `list` shows (`status` shows it whole).
+const ERROR_SUMMARY_CHARS: usize = 200;
+
+/// The first characters of an output, quoted and escaped as Rust writes a string (quotes,
+/// backslashes and control characters), followed by `...` when there is more.
+fn preview(output: &str) -> String {
+    let shown: String = output.chars().take(OUTPUT_PREVIEW_CHARS).collect();
+    let more = if shown.len() < output.len() {
+        "..."
+    } else {
+        ""
+    };
+    format!("{shown:?}{more}")
+}
+
+/// An error in at most about [`ERROR_SUMMARY_CHARS`] characters, on one line: its first line
+/// (what failed: "`prog` exited with status 1; stderr: ..."), and, when there are more, its
+/// last (a command's stderr ends with what went wrong), the start of the first and the end of
+/// the last, `...` between them; control characters escaped.
+fn error_summary(error: &str) -> String {
+    let lines: Vec<&str> = error
+        .lines()
+        .map(str::trim_end)
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    let shown = match lines.as_slice() {
+        [] => String::new(),
+        [one] => match head(one, ERROR_SUMMARY_CHARS) {
+            cut if cut.len() < one.len() => format!("{cut}..."),
+            whole => whole.to_string(),
+        },
+        // One mark for whatever is left out between them.
+        [first, .., last] => format!(
+            "{} ... {}",
+            head(first, ERROR_SUMMARY_CHARS / 2),
+            tail(last.trim_start(), ERROR_SUMMARY_CHARS / 2)
+        ),
+    };
+    printable(&shown)
+}
+
+/// The first `n` characters of `text`.
+fn head(text: &str, n: usize) -> &str {
+    match text.char_indices().nth(n) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+/// The last `n` characters of `text`.
+fn tail(text: &str, n: usize) -> &str {
+    let count = text.chars().count();
+    match text.char_indices().nth(count.saturating_sub(n)) {
+        Some((at, _)) if count > n => &text[at..],
+        _ => text,
+    }
+}
+
 /// The human form of `list`: one line per task.
 fn describe_list(tasks: &[Listed]) -> String {
     let mut text = format!(
@@ -129,17 +189,22 @@ fn describe_list(tasks: &[Listed]) -> String {
         "ID", "QUEUE", "STATUS", "ATTEMPT", "CREATED", "RESULT"
     );
     for task in tasks {
-        let result = match task.status {
-            TaskStatus::Succeeded => format!(
+        let result = match (task.status, task.output_bytes) {
+            // A handler's answer.
+            (TaskStatus::Succeeded, Some(bytes)) => format!(
+                "output {bytes} bytes {}",
+                preview(task.output_preview.as_deref().unwrap_or_default())
+            ),
+            (TaskStatus::Succeeded, None) => format!(
                 "words={} bytes={} runes={}",
                 task.words, task.bytes, task.runes
             ),
-            TaskStatus::Failed => printable(task.error.as_deref().unwrap_or_default()),
+            (TaskStatus::Failed, _) => error_summary(task.error.as_deref().unwrap_or_default()),
             // A failed attempt waiting for its retry.
-            TaskStatus::Queued if task.error.is_some() => format!(
+            (TaskStatus::Queued, _) if task.error.is_some() => format!(
                 "retry at {}: {}",
                 task.run_at.format("%Y-%m-%dT%H:%M:%SZ"),
-                printable(task.error.as_deref().unwrap_or_default())
+                error_summary(task.error.as_deref().unwrap_or_default())
             ),
             _ => format!("{} bytes", task.payload_bytes),
         };
@@ -218,7 +283,42 @@ fn describe_stats(stats: &Stats) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{error_summary, preview, printable};
+
+    #[test]
+    fn an_output_is_previewed_quoted_and_escaped() {
+        assert_eq!(preview("{\"ok\":true}\n"), "\"{\\\"ok\\\":true}\\n\"");
+        assert_eq!(preview(""), "\"\"");
+        let long = "é".repeat(100);
+        assert_eq!(preview(&long), format!("\"{}\"...", "é".repeat(40)));
+    }
+
+    #[test]
+    fn an_error_is_one_line_of_about_200_characters() {
+        assert_eq!(error_summary("boom"), "boom");
+        assert_eq!(error_summary(""), "");
+        let stderr = format!(
+            "`/bin/thumb` exited with status 1; stderr (last 4096 bytes): {}\nconvert: {}\n\nno such file: x.png\n",
+            "x".repeat(300),
+            "y".repeat(4000)
+        );
+        let shown = error_summary(&stderr);
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(
+            shown.chars().count() <= 210,
+            "{} characters",
+            shown.chars().count()
+        );
+        assert!(
+            shown.starts_with("`/bin/thumb` exited with status 1; stderr"),
+            "{shown}"
+        );
+        assert!(shown.ends_with(" ... no such file: x.png"), "{shown}");
+        let one = "z".repeat(4096);
+        let shown = error_summary(&one);
+        assert_eq!(shown, format!("{}...", "z".repeat(200)));
+        assert_eq!(error_summary("a\tb\u{1b}[31m"), "a\\tb\\u{1b}[31m");
+    }
 
     #[test]
     fn control_characters_are_shown_escaped_and_the_rest_as_it_is() {

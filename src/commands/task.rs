@@ -127,7 +127,7 @@ pub(super) async fn cancel(config: &Config, id: i64) -> Result<ExitCode, Command
     match checked(&client, queue::cancel(&client, id)).await? {
         CancelOutcome::Canceled => println!("CANCELED"),
         CancelOutcome::Requested => {
-            println!("RUNNING (cancel requested; it becomes CANCELED once its analyzer returns)")
+            println!("RUNNING (cancel requested; it becomes CANCELED once its handler returns)")
         }
         CancelOutcome::AlreadyFinished(status) => {
             return Err(CommandError::Terminal { id, status })

@@ -45,9 +45,45 @@ pub(super) fn check(text: &str) -> Result<(), String> {
         .map_err(|err| format!("log.level {text:?} is not a filter: {err}"))
 }
 
+/// The pool library's own target. It logs "Connection could not be recycled" at WARN for
+/// each pooled session an outage closed, which the daemon already reports once.
+const POOL_TARGET: &str = "deadpool.postgres";
+
+/// The filter the daemon logs with, from `directives` (`log.level` or `RUST_LOG`): the pool
+/// library's lines are shown only when a directive names its target or everything is at
+/// `debug` or `trace`.
+pub fn with_quiet_pool(directives: &str) -> String {
+    let verbose = directives.split(',').map(str::trim).any(|d| {
+        d.contains("deadpool") || d.eq_ignore_ascii_case("debug") || d.eq_ignore_ascii_case("trace")
+    });
+    if verbose {
+        directives.to_string()
+    } else {
+        format!("{directives},{POOL_TARGET}=error")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check;
+    use super::{check, with_quiet_pool};
+
+    #[test]
+    fn the_pool_library_is_quiet_unless_asked_for() {
+        assert_eq!(with_quiet_pool("info"), "info,deadpool.postgres=error");
+        assert_eq!(
+            with_quiet_pool("pgtaskd=debug"),
+            "pgtaskd=debug,deadpool.postgres=error"
+        );
+        assert_eq!(with_quiet_pool("debug"), "debug");
+        assert_eq!(with_quiet_pool("warn, TRACE"), "warn, TRACE");
+        assert_eq!(
+            with_quiet_pool("info,deadpool.postgres=warn"),
+            "info,deadpool.postgres=warn"
+        );
+        for text in ["info", "pgtaskd=debug,warn"] {
+            assert_eq!(check(&with_quiet_pool(text)), Ok(()), "{text}");
+        }
+    }
 
     #[test]
     fn levels_and_target_levels_are_accepted() {

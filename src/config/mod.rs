@@ -37,6 +37,7 @@ pub use queues::{HandlerConfig, QueueConfig};
 #[cfg(test)]
 mod env_tests;
 mod filter;
+pub use filter::with_quiet_pool;
 pub mod keys;
 mod location;
 mod overlay;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{duration, nonzero, positive, positive_size, size, Invalid};
+use super::raw::{duration, nonzero, positive, positive_size, size, Errors};
 use crate::handler::exec::ExecSpec;
 use crate::handler::http::HttpSpec;
 
@@ -127,23 +127,33 @@ pub(super) struct RawQueue {
     retry_backoff: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "duration")]
     max_backoff: Option<Spanned<Duration>>,
+    /// Keys whose values the reading of the file refused (and said so), and took out: what
+    /// depends on them is not checked again.
+    #[serde(skip)]
+    pub(super) refused: Vec<String>,
 }
 
-/// Validate every section; `served` are `worker.queues`, for the warnings.
+/// Validate every section; `served` are `worker.queues`, for the warnings. Every error of
+/// every section is added to `errors`, each at its position; the sections given are those
+/// without one.
 pub(super) fn validate(
     raw: BTreeMap<Spanned<String>, Spanned<RawQueue>>,
     served: &[String],
     concurrency: usize,
     warnings: &mut Vec<String>,
-) -> Result<Vec<QueueConfig>, Invalid> {
+    errors: &mut Errors,
+) -> Vec<QueueConfig> {
     let mut queues = Vec::with_capacity(raw.len());
     for (name, section) in raw {
         let span = name.span();
         let name = name.into_inner();
         if let Err(err) = crate::queue::enqueue::check_queue_name(&name) {
-            return Err((span, format!("[queues.{name}]: {err}")));
+            errors.0.push((span, format!("[queues.{name}]: {err}")));
+            continue;
         }
-        let queue = section.into_inner().validate(&name, span)?;
+        let Some(queue) = section.into_inner().validate(&name, span, errors) else {
+            continue;
+        };
         if !served.contains(&queue.name) {
             warnings.push(format!(
                 "[queues.{name}] is configured but worker.queues ({}) does not serve {name:?}: \
@@ -161,27 +171,37 @@ pub(super) fn validate(
         }
         queues.push(queue);
     }
-    Ok(queues)
+    queues
 }
 
 impl RawQueue {
-    fn validate(self, name: &str, span: std::ops::Range<usize>) -> Result<QueueConfig, Invalid> {
+    /// This section, validated; `None` when it has an error, each of which is added to `e`.
+    fn validate(
+        self,
+        name: &str,
+        span: std::ops::Range<usize>,
+        e: &mut Errors,
+    ) -> Option<QueueConfig> {
+        let before = e.0.len();
         let key = |k: &str| format!("queues.{name}.{k}");
+        let refused = |k: &str| self.refused.iter().any(|r| r == k);
         let handler = match &self.handler {
-            None => "text-stats",
+            None if refused("handler") => None,
+            None => Some("text-stats"),
             Some(h) => match h.get_ref().as_str() {
-                "text-stats" => "text-stats",
-                "exec" => "exec",
-                "http" => "http",
+                "text-stats" => Some("text-stats"),
+                "exec" => Some("exec"),
+                "http" => Some("http"),
                 other => {
-                    return Err((
+                    e.0.push((
                         h.span(),
                         format!(
                             "{} is {other:?}: write \"text-stats\" (the built-in analyzer), \
                              \"exec\" (a command per task) or \"http\" (a POST per task)",
                             key("handler")
                         ),
-                    ))
+                    ));
+                    None
                 }
             },
         };
@@ -205,88 +225,102 @@ impl RawQueue {
                 "exec\" or \"http",
             ),
         ];
-        for (k, at, owner) in foreign {
-            let belongs = owner.split("\" or \"").any(|o| o == handler);
-            if let (Some(at), false) = (at, belongs) {
-                return Err((
-                    at,
-                    format!(
-                        "{} is for handler = \"{owner}\", and this queue's handler is \"{handler}\"",
-                        key(k)
-                    ),
-                ));
-            }
-        }
-        let max_output = match &self.max_output {
-            Some(v) => {
-                let n = positive_size(&key("max_output"), v)?;
-                if n > MAX_MAX_OUTPUT {
-                    return Err((
-                        v.span(),
-                        format!("{} is over the largest taken, 64MiB", key("max_output")),
+        if let Some(handler) = handler {
+            for (k, at, owner) in foreign {
+                let belongs = owner.split("\" or \"").any(|o| o == handler);
+                if let (Some(at), false) = (at, belongs) {
+                    e.0.push((
+                        at,
+                        format!(
+                            "{} is for handler = \"{owner}\", and this queue's handler is \"{handler}\"",
+                            key(k)
+                        ),
                     ));
                 }
-                n
             }
-            None => DEFAULT_MAX_OUTPUT,
-        } as usize;
+        }
+        let max_output = e.check(self.max_output.as_ref(), DEFAULT_MAX_OUTPUT, |v| {
+            let n = positive_size(&key("max_output"), v)?;
+            if n > MAX_MAX_OUTPUT {
+                return Err((
+                    v.span(),
+                    format!("{} is over the largest taken, 64MiB", key("max_output")),
+                ));
+            }
+            Ok(n)
+        }) as usize;
+        let timeout = |e: &mut Errors, default| {
+            e.check(self.timeout.as_ref(), default, |v| {
+                nonzero(&key("timeout"), v)
+            })
+        };
         let handler = match handler {
-            "exec" => {
-                let Some(command) = self.command else {
-                    return Err((
-                        span,
-                        format!(
-                            "[queues.{name}] has handler = \"exec\" but no command: write \
-                             command = [\"/path/to/program\", \"arg\"]"
-                        ),
-                    ));
+            Some("exec") => {
+                let command = match &self.command {
+                    None if refused("command") => Vec::new(),
+                    None => {
+                        e.0.push((
+                            span.clone(),
+                            format!(
+                                "[queues.{name}] has handler = \"exec\" but no command: write \
+                                 command = [\"/path/to/program\", \"arg\"]"
+                            ),
+                        ));
+                        Vec::new()
+                    }
+                    Some(command) => e.check(Some(command), Vec::new(), |command| {
+                        check_program(command.get_ref(), &key("command"))
+                            .map(|()| command.get_ref().clone())
+                            .map_err(|message| (command.span(), message))
+                    }),
                 };
-                let at = command.span();
-                let command = command.into_inner();
-                check_program(&command, &key("command")).map_err(|message| (at, message))?;
-                HandlerConfig::Exec(ExecSpec {
+                let timeout = timeout(e, DEFAULT_EXEC_TIMEOUT);
+                let kill_after = e.check(self.kill_after.as_ref(), DEFAULT_KILL_AFTER, |v| {
+                    nonzero(&key("kill_after"), v)
+                });
+                Some(HandlerConfig::Exec(ExecSpec {
                     command,
-                    timeout: match &self.timeout {
-                        Some(v) => nonzero(&key("timeout"), v)?,
-                        None => DEFAULT_EXEC_TIMEOUT,
-                    },
-                    kill_after: match &self.kill_after {
-                        Some(v) => nonzero(&key("kill_after"), v)?,
-                        None => DEFAULT_KILL_AFTER,
-                    },
+                    timeout,
+                    kill_after,
                     max_output,
-                })
+                }))
             }
-            "http" => {
-                let Some(url) = self.url else {
-                    return Err((
-                        span,
-                        format!(
-                            "[queues.{name}] has handler = \"http\" but no url: write \
-                             url = \"http://127.0.0.1:8080/jobs\""
-                        ),
-                    ));
+            Some("http") => {
+                let url = match &self.url {
+                    None if refused("url") => String::new(),
+                    None => {
+                        e.0.push((
+                            span.clone(),
+                            format!(
+                                "[queues.{name}] has handler = \"http\" but no url: write \
+                                 url = \"http://127.0.0.1:8080/jobs\""
+                            ),
+                        ));
+                        String::new()
+                    }
+                    Some(url) => e.check(Some(url), String::new(), |url| {
+                        check_url(url.get_ref(), &key("url"))
+                            .map(|()| url.get_ref().clone())
+                            .map_err(|message| (url.span(), message))
+                    }),
                 };
-                let at = url.span();
-                let url = url.into_inner();
-                check_url(&url, &key("url")).map_err(|message| (at, message))?;
-                HandlerConfig::Http(HttpSpec {
+                let timeout = timeout(e, DEFAULT_HTTP_TIMEOUT);
+                Some(HandlerConfig::Http(HttpSpec {
                     url,
-                    timeout: match &self.timeout {
-                        Some(v) => nonzero(&key("timeout"), v)?,
-                        None => DEFAULT_HTTP_TIMEOUT,
-                    },
+                    timeout,
                     max_output,
-                })
+                }))
             }
-            _ => HandlerConfig::TextStats,
+            Some(_) => Some(HandlerConfig::TextStats),
+            None => None,
         };
-        let retry_backoff = match &self.retry_backoff {
-            Some(v) => nonzero(&key("retry_backoff"), v)?,
-            None => DEFAULT_RETRY_BACKOFF,
-        };
-        let max_backoff = match &self.max_backoff {
-            Some(v) => {
+        let retry_backoff = e.check(self.retry_backoff.as_ref(), DEFAULT_RETRY_BACKOFF, |v| {
+            nonzero(&key("retry_backoff"), v)
+        });
+        let max_backoff = e.check(
+            self.max_backoff.as_ref(),
+            DEFAULT_MAX_BACKOFF.max(retry_backoff),
+            |v| {
                 let d = nonzero(&key("max_backoff"), v)?;
                 if d < retry_backoff {
                     return Err((
@@ -300,17 +334,19 @@ impl RawQueue {
                         ),
                     ));
                 }
-                d
-            }
-            None => DEFAULT_MAX_BACKOFF.max(retry_backoff),
-        };
-        Ok(QueueConfig {
-            name: name.to_string(),
-            handler,
-            concurrency: match &self.concurrency {
-                Some(v) => Some(positive(&key("concurrency"), v)?),
-                None => None,
+                Ok(d)
             },
+        );
+        let concurrency = e.check(self.concurrency.as_ref(), None, |v| {
+            positive(&key("concurrency"), v).map(Some)
+        });
+        if e.0.len() > before || !self.refused.is_empty() {
+            return None;
+        }
+        Some(QueueConfig {
+            name: name.to_string(),
+            handler: handler?,
+            concurrency,
             retry_backoff,
             max_backoff,
         })

@@ -243,12 +243,12 @@ fn server_timeout(key: &str, value: &Spanned<Duration>) -> Result<Duration, Inva
 
 /// The values out of range `RawConfig::validate` found, each with its position.
 #[derive(Default)]
-struct Errors(Vec<Invalid>);
+pub(super) struct Errors(pub(super) Vec<Invalid>);
 
 impl Errors {
     /// `check` of `value`, or `default` when there is none; when `check` refuses it, the
     /// error is kept and `default` stands in, so that the other keys are checked too.
-    fn check<V, T>(
+    pub(super) fn check<V, T>(
         &mut self,
         value: Option<&V>,
         default: T,
@@ -279,7 +279,33 @@ fn queue_list(queues: &Spanned<Vec<String>>) -> Result<Vec<String>, Invalid> {
     Ok(queues.get_ref().clone())
 }
 
+/// Keep the first of each name in `queues`, in their order; the names that were repeated.
+fn once_each(queues: &mut Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut repeated = Vec::new();
+    queues.retain(|queue| {
+        let first = seen.insert(queue.clone());
+        if !first && !repeated.contains(queue) {
+            repeated.push(queue.clone());
+        }
+        first
+    });
+    repeated
+}
+
 impl RawConfig {
+    /// Note that the reading took out the entry at `path` (its keys from the top), having
+    /// said what is wrong with it: a queue section's checks that depend on it are skipped.
+    pub(super) fn refused(&mut self, path: &[String]) {
+        if let [section, queue, key] = path {
+            if section == "queues" {
+                if let Some(raw) = self.queues.get_mut(queue.as_str()) {
+                    raw.get_mut().refused.push(key.clone());
+                }
+            }
+        }
+    }
+
     /// The validated configuration, or every value out of range.
     pub(super) fn validate(self) -> Result<Config, Vec<Invalid>> {
         let mut errors = Errors::default();
@@ -307,7 +333,7 @@ impl RawConfig {
             pooler: db.pooler.unwrap_or_default(),
         };
         let w = &self.worker;
-        let worker = WorkerConfig {
+        let mut worker = WorkerConfig {
             concurrency: e.check(w.concurrency.as_ref(), DEFAULT_CONCURRENCY, |v| {
                 positive("worker.concurrency", v)
             }),
@@ -370,6 +396,17 @@ impl RawConfig {
                 humantime::format_duration(SHORT_LEASE)
             ));
         }
+        let repeated = once_each(&mut worker.queues);
+        if !repeated.is_empty() {
+            warnings.push(format!(
+                "worker.queues names {} more than once; each queue is served once",
+                repeated
+                    .iter()
+                    .map(|q| format!("{q:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let (section, raw) = match (self.health, self.vacuum_health) {
             (Some(old), Some(_)) => {
                 e.0.push((
@@ -409,18 +446,13 @@ impl RawConfig {
                 Err(message) => Err((level.span(), message)),
             },
         );
-        let queues = match super::queues::validate(
+        let queues = super::queues::validate(
             self.queues,
             &worker.queues,
             worker.concurrency,
             &mut warnings,
-        ) {
-            Ok(queues) => queues,
-            Err(invalid) => {
-                errors.0.push(invalid);
-                Vec::new()
-            }
-        };
+            &mut errors,
+        );
         if !errors.0.is_empty() {
             return Err(errors.0);
         }

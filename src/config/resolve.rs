@@ -6,9 +6,10 @@
 //! overlay's values are laid over that table, each at a position past the end of the text
 //! that stands for its variable or flag. Then every entry (each key of each section, each
 //! top-level key that is not a table) is deserialized on its own, so that serde, which stops
-//! at the first error, reports each bad entry; the bad entries are taken out, the rest is
-//! deserialized whole, and `RawConfig::validate` collects every value out of range. The
-//! errors are given in the order of the text, those of the environment and the flags after.
+//! at the first error, reports each bad entry (each key of each `[queues.NAME]` too); the bad
+//! entries are taken out, the rest is deserialized whole, and `RawConfig::validate` collects
+//! every value out of range. The errors are given in the order of the text, those of the
+//! environment and the flags after.
 
 use std::ops::Range;
 
@@ -33,27 +34,33 @@ pub(super) fn resolve(text: &str, origin: &str, overlay: &Overlay) -> Result<Con
     let sources = sources(root.get_ref(), &place);
     lay(root.get_mut(), &place);
     let mut errors: Vec<(usize, ConfigError)> = Vec::new();
+    let mut removed = Vec::new();
     for (path, err, span) in probe(root.get_ref()) {
         errors.push(place.serde_error(&err, Some(span)));
         remove(root.get_mut(), &path);
+        removed.push(path);
     }
-    match RawConfig::deserialize(Deserializer::from(root)) {
+    let validated = RawConfig::deserialize(Deserializer::from(root)).map(|mut raw| {
+        for path in &removed {
+            raw.refused(path);
+        }
+        raw.validate()
+    });
+    match validated {
         Err(err) => errors.push(place.serde_error(&err, None)),
-        Ok(raw) => match raw.validate() {
-            Err(invalid) => errors.extend(
-                invalid
-                    .into_iter()
-                    .map(|(span, message)| place.at(span, message)),
-            ),
-            Ok(mut config) if errors.is_empty() && overlay.errors.is_empty() => {
-                let url = index_of("database", "url").expect("database.url is one of KEYS");
-                config.database.url_source = url_source(&sources[url]);
-                config.sources = sources;
-                config.warnings.extend(overlay.warnings.iter().cloned());
-                return Ok(config);
-            }
-            Ok(_) => {}
-        },
+        Ok(Err(invalid)) => errors.extend(
+            invalid
+                .into_iter()
+                .map(|(span, message)| place.at(span, message)),
+        ),
+        Ok(Ok(mut config)) if errors.is_empty() && overlay.errors.is_empty() => {
+            let url = index_of("database", "url").expect("database.url is one of KEYS");
+            config.database.url_source = url_source(&sources[url]);
+            config.sources = sources;
+            config.warnings.extend(overlay.warnings.iter().cloned());
+            return Ok(config);
+        }
+        Ok(Ok(_)) => {}
     }
     errors.sort_by_key(|(at, _)| *at);
     let mut errors: Vec<ConfigError> = errors.into_iter().map(|(_, err)| err).collect();
@@ -199,56 +206,78 @@ fn lay<'a>(root: &mut DeTable<'a>, place: &Place<'a>) {
     }
 }
 
-/// The path of one entry: a top-level key, and the key inside it when it is a table.
-type Path = (String, Option<String>);
+/// The path of one entry: its key in each table from the top.
+type Path = Vec<String>;
 
 /// Deserialize each entry of `root` alone: the path, error and position of each that fails.
+/// A table the configuration has (an empty one of an unknown name fails) is not an entry but
+/// a place of entries: each of its own is deserialized alone, at any depth (`[queues.NAME]`
+/// within `queues`, and its keys within it).
 fn probe(root: &DeTable<'_>) -> Vec<(Path, toml::de::Error, Range<usize>)> {
     let mut failed = Vec::new();
-    for (name, value) in root.iter() {
-        let alone = |entry: Spanned<DeValue<'_>>| {
-            let mut table = DeTable::new();
-            table.insert(name.clone(), entry);
-            let span = name.span().start..value.span().end.max(name.span().end);
-            RawConfig::deserialize(Deserializer::from(Spanned::new(span, table))).err()
-        };
-        match value.get_ref() {
-            // A table the configuration has (an empty one of an unknown name fails): each of
-            // its entries alone.
-            DeValue::Table(entries)
-                if alone(Spanned::new(value.span(), DeValue::Table(DeTable::new()))).is_none() =>
-            {
-                for (key, entry) in entries.iter() {
-                    let mut one = DeTable::new();
-                    one.insert(key.clone(), entry.clone());
-                    if let Some(err) = alone(Spanned::new(value.span(), DeValue::Table(one))) {
-                        let path = (name.get_ref().to_string(), Some(key.get_ref().to_string()));
-                        failed.push((path, err, entry.span()));
-                    }
-                }
-            }
-            _ => {
-                if let Some(err) = alone(value.clone()) {
-                    failed.push(((name.get_ref().to_string(), None), err, value.span()));
-                }
-            }
-        }
-    }
+    probe_within(root, &mut Vec::new(), &mut failed);
     failed
 }
 
-/// Take the entry at `path` out of `root`.
-fn remove(root: &mut DeTable<'_>, (name, key): &Path) {
-    match key {
-        None => {
-            root.remove(name.as_str());
-        }
-        Some(key) => {
-            if let Some(DeValue::Table(table)) = root.get_mut(name.as_str()).map(Spanned::get_mut) {
-                table.remove(key.as_str());
+/// [`probe`] the entries of `table`, found at `within` (the tables around it, outermost
+/// first, each with its key).
+fn probe_within<'a>(
+    table: &DeTable<'a>,
+    within: &mut Vec<(Spanned<DeString<'a>>, Range<usize>)>,
+    failed: &mut Vec<(Path, toml::de::Error, Range<usize>)>,
+) {
+    for (name, value) in table.iter() {
+        let span = name.span().start..value.span().end.max(name.span().end);
+        let alone = |entry: Spanned<DeValue<'a>>| {
+            let mut one = DeTable::new();
+            one.insert(name.clone(), entry);
+            // Wrap it in the tables around it, innermost first.
+            let mut table = Spanned::new(span.clone(), one);
+            for (key, at) in within.iter().rev() {
+                let mut outer = DeTable::new();
+                outer.insert(
+                    key.clone(),
+                    Spanned::new(at.clone(), DeValue::Table(table.into_inner())),
+                );
+                table = Spanned::new(at.clone(), outer);
+            }
+            RawConfig::deserialize(Deserializer::from(table)).err()
+        };
+        match value.get_ref() {
+            DeValue::Table(entries)
+                if alone(Spanned::new(value.span(), DeValue::Table(DeTable::new()))).is_none() =>
+            {
+                within.push((name.clone(), value.span()));
+                probe_within(entries, within, failed);
+                within.pop();
+            }
+            _ => {
+                if let Some(err) = alone(value.clone()) {
+                    let mut path: Path = within
+                        .iter()
+                        .map(|(k, _)| k.get_ref().to_string())
+                        .collect();
+                    path.push(name.get_ref().to_string());
+                    failed.push((path, err, value.span()));
+                }
             }
         }
     }
+}
+
+/// Take the entry at `path` out of `root`.
+fn remove(root: &mut DeTable<'_>, path: &Path) {
+    let Some((last, tables)) = path.split_last() else {
+        return;
+    };
+    let mut table = root;
+    for key in tables {
+        match table.get_mut(key.as_str()).map(Spanned::get_mut) {
+            Some(DeValue::Table(inner)) => table = inner,
+            _ => return,
+        }
+    }
+    table.remove(last.as_str());
 }
 
 /// The key of `KEYS` at `index`, for `Config::source`.

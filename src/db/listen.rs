@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ConnectSettings, DbError};
 use crate::backoff::Backoff;
+use crate::repeats::{log_failure, Repeats};
 
 /// The channel the insert trigger notifies.
 pub const TASKS_CHANNEL: &str = "pgtaskd_tasks";
@@ -119,14 +120,19 @@ pub trait ListenEvents: Send + Sync + 'static {
 /// Listen until `stop` fires, reconnecting as often as needed.
 pub async fn run(settings: ConnectSettings, events: impl ListenEvents, stop: CancellationToken) {
     let mut backoff = Backoff::new(RECONNECT_BASE, RECONNECT_CAP);
+    let failures = Repeats::new();
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = listen_once(&settings, &events, &mut backoff) => outcome,
+            outcome = listen_once(&settings, &events, &mut backoff, &failures) => outcome,
         };
         events.disconnected(outcome.as_ref().err());
         if let Err(err) = outcome {
-            tracing::warn!(error = %err, "listener connection lost; reconnecting");
+            log_failure!(
+                failures,
+                err,
+                "listener connection lost; reconnecting with backoff"
+            );
         }
         let delay = backoff.next_delay();
         tokio::select! {
@@ -141,6 +147,7 @@ async fn listen_once(
     settings: &ConnectSettings,
     events: &impl ListenEvents,
     backoff: &mut Backoff,
+    failures: &Repeats,
 ) -> Result<(), DbError> {
     let (sender, mut messages) = mpsc::channel(MESSAGE_QUEUE);
     let (client, driver) = settings.open(Some(sender)).await?;
@@ -151,7 +158,14 @@ async fn listen_once(
         listen.push_str(&format!(" LISTEN {DONE_CHANNEL};"));
     }
     client.batch_execute(&listen).await?;
-    tracing::info!("listening for notifications");
+    match failures.succeeded() {
+        Some(recovered) => tracing::info!(
+            failures = recovered.failures,
+            after_ms = recovered.after.as_millis() as u64,
+            "listening for notifications again"
+        ),
+        None => tracing::info!("listening for notifications"),
+    }
     backoff.reset();
     events.connected();
 

@@ -241,13 +241,22 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
         Some(presented) if constant_time_eq(presented.as_bytes(), token.as_bytes()) => {
             next.run(request).await
         }
         _ => ApiError::Unauthorized.into_response(),
     }
+}
+
+/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110, section 11.1) and followed by one or more spaces.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("Bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// Compare without an early exit, so that timing does not reveal the token's prefix.
@@ -261,6 +270,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR  abc"] {
+            assert_eq!(bearer_token(value), Some("abc"), "{value}");
+        }
+        for value in ["Basic abc", "Bearerabc", "Bearer", "abc", "Bearer-x abc"] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
 
     #[test]
     fn constant_time_eq_compares_whole_strings() {

@@ -38,7 +38,9 @@ pub async fn run(
     loop {
         match read(&pool).await {
             Ok(reading) => {
-                last_error = None;
+                if last_error.take().is_some() {
+                    tracing::info!("vacuum health readable again");
+                }
                 if !reading.sees_all_sessions && !said_partial {
                     said_partial = true;
                     tracing::info!(

@@ -1,5 +1,6 @@
 //! The latest tasks, newest first, for `pgtaskd list` and `GET /tasks`: each row without its
-//! payload (which may weigh a gigabyte), only its size and its first 200 characters.
+//! payload (which may weigh a gigabyte), only its size and its first 200 characters; and
+//! likewise a handler's `output`, when there is one.
 //!
 //! The order is `id DESC`, read backwards and stopped at the limit, so a table of millions of
 //! finished rows costs no more than the rows shown; a page after another starts below the last
@@ -34,8 +35,8 @@ pub struct ListFilter {
 /// The characters of a payload that a listed row shows.
 pub const PREVIEW_CHARS: i32 = 200;
 
-/// One row of `pgtaskd list`: a [`Task`](super::Task) without its payload, with the payload's
-/// size and first characters.
+/// One row of `pgtaskd list`: a [`Task`](super::Task) without its payload and output, with
+/// their sizes and first characters.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Listed {
     pub id: i64,
@@ -61,6 +62,11 @@ pub struct Listed {
     /// The payload's first [`PREVIEW_CHARS`] characters, read alone (`substr` fetches only
     /// the first chunks of a large payload).
     pub payload_preview: String,
+    /// The output's length in bytes; `None` when there is no output (an analyzer's task, or
+    /// one not finished).
+    pub output_bytes: Option<i64>,
+    /// The output's first [`PREVIEW_CHARS`] characters, read alone as the payload's are.
+    pub output_preview: Option<String>,
 }
 
 impl Listed {
@@ -86,6 +92,8 @@ impl Listed {
             finished_at: row.get("finished_at"),
             payload_bytes: row.get("payload_bytes"),
             payload_preview: row.get("payload_preview"),
+            output_bytes: row.get("output_bytes"),
+            output_preview: row.get("output_preview"),
         }
     }
 }
@@ -96,7 +104,8 @@ const LISTED_COLUMNS: &str = concat!(
     super::task::shown_run_at!(),
     ", attempt, max_attempts, cancel_requested, words, bytes, runes, error, lease_owner, \
      lease_expires_at, created_at, started_at, finished_at, \
-     octet_length(payload)::bigint AS payload_bytes"
+     octet_length(payload)::bigint AS payload_bytes, \
+     octet_length(output)::bigint AS output_bytes"
 );
 
 /// The statement for `filter`: `$1` the limit, then the queue and the id to start below,
@@ -116,7 +125,10 @@ fn statement(filter: &ListFilter) -> String {
     if filter.after.is_some() {
         conditions.push(format!("id < ${next}"));
     }
-    let preview = format!("substr(payload, 1, {PREVIEW_CHARS}) AS payload_preview");
+    let preview = format!(
+        "substr(payload, 1, {PREVIEW_CHARS}) AS payload_preview, \
+         substr(output, 1, {PREVIEW_CHARS}) AS output_preview"
+    );
     let where_sql = |status: Option<TaskStatus>| {
         let mut all = conditions.clone();
         if let Some(status) = status {

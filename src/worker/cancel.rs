@@ -84,7 +84,7 @@ impl Worker {
                     tracing::info!(
                         id,
                         attempt = task.attempt,
-                        "cancel requested; stopping the analyzer"
+                        "cancel requested; stopping its handler"
                     );
                     task.cancel.cancel();
                 }

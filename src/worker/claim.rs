@@ -21,6 +21,7 @@ use super::intake::Room;
 use super::Worker;
 use crate::db::DbError;
 use crate::queue::{self, ClaimLimits, FinishError};
+use crate::repeats::{log_failure, log_recovery};
 
 /// Claim statements that may be on their way at once.
 const CLAIMS_IN_FLIGHT: usize = 2;
@@ -115,7 +116,11 @@ impl Worker {
         if self.inner.claim_unanswered.swap(false, Ordering::AcqRel) {
             if let Err(err) = self.release_unanswered().await {
                 self.inner.claim_unanswered.store(true, Ordering::Release);
-                tracing::warn!(error = %err, "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll");
+                log_failure!(
+                    self.inner.claim_failures,
+                    err,
+                    "cannot look for the tasks of an unanswered claim; retrying at the next wake-up or poll"
+                );
                 return Scan {
                     claimed: 0,
                     failed: true,
@@ -150,8 +155,14 @@ impl Worker {
             let worker = self.clone();
             let state = Arc::clone(&state);
             claims.spawn(async move {
+                let began = Instant::now();
                 match worker.claim_and_start(room).await {
                     Ok(report) => {
+                        log_recovery!(
+                            worker.inner.claim_failures,
+                            began = began,
+                            "claims working again"
+                        );
                         if report.claimed > 0 {
                             worker.found_work();
                         }
@@ -164,7 +175,11 @@ impl Worker {
                         if err.is_unavailable() {
                             worker.inner.claim_unanswered.store(true, Ordering::Release);
                         }
-                        tracing::warn!(error = %err, "claim failed; retrying at the next wake-up or poll");
+                        log_failure!(
+                            worker.inner.claim_failures,
+                            err,
+                            "claim failed; retrying at the next wake-up or poll"
+                        );
                     }
                 }
                 drop(slot);
@@ -186,7 +201,7 @@ impl Worker {
         if given.given_back > 0 {
             tracing::warn!(
                 tasks = given.given_back,
-                "tasks of a claim whose answer was lost given back, unanalyzed"
+                "tasks of a claim whose answer was lost given back, never run"
             );
         }
         match given.error {

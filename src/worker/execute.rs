@@ -38,7 +38,7 @@ impl Worker {
             held.free_intake();
             let limit = inner.config.max_payload_bytes.unwrap_or_default();
             let action = Action::Finish(Outcome::Failed(format!(
-                "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not analyzed"
+                "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not run"
             )));
             let result = inner.completer.write(claim, &action).await;
             self.record_outcome(claim, started, &action, result);
@@ -151,7 +151,7 @@ impl Worker {
                 Action::Release
             }
             Ok(Err(AnalyzeError::Canceled { .. })) => Action::Finish(Outcome::Canceled),
-            Err(panic) => Action::Finish(Outcome::Failed(format!("analyzer panicked: {panic}"))),
+            Err(panic) => Action::Finish(Outcome::Failed(format!("handler panicked: {panic}"))),
         }
     }
 

@@ -16,6 +16,7 @@ use std::time::Instant;
 use super::Worker;
 use crate::backoff::jitter;
 use crate::queue::{self, Beat, Extended};
+use crate::repeats::{log_failure, log_recovery, Repeats};
 
 impl Worker {
     /// Extend the leases of running tasks every third of a lease, and stop the analyzers of
@@ -23,6 +24,7 @@ impl Worker {
     pub(super) async fn heartbeat(self) {
         let period = self.inner.config.lease / 3;
         let waiting = Arc::new(AtomicBool::new(false));
+        let failures = Repeats::new();
         loop {
             tokio::select! {
                 _ = self.inner.heartbeat_stop.cancelled() => return,
@@ -51,9 +53,12 @@ impl Worker {
                 Err(err) => Err(err),
             };
             let extended = match extended {
-                Ok(extended) => extended,
+                Ok(extended) => {
+                    log_recovery!(failures, "lease heartbeat working again");
+                    extended
+                }
                 Err(err) => {
-                    tracing::warn!(error = %err, "lease heartbeat failed");
+                    log_failure!(failures, err, "lease heartbeat failed");
                     continue;
                 }
             };
@@ -90,7 +95,7 @@ impl Worker {
                         tracing::info!(
                             id,
                             attempt,
-                            "cancel requested (seen by the heartbeat); stopping the analyzer"
+                            "cancel requested (seen by the heartbeat); stopping its handler"
                         );
                         task.cancel.cancel();
                     }
@@ -99,7 +104,7 @@ impl Worker {
                         tracing::debug!(
                             id,
                             attempt,
-                            "lease lost; stopping the analyzer, its result will be dropped"
+                            "lease lost; stopping its handler, its result will be dropped"
                         );
                         task.cancel.cancel();
                     }
@@ -108,7 +113,7 @@ impl Worker {
             if lost > 0 {
                 tracing::warn!(
                     tasks = lost,
-                    "leases lost; stopping their analyzers, their results will be dropped"
+                    "leases lost; stopping their handlers, their results will be dropped"
                 );
             }
         }
@@ -118,9 +123,14 @@ impl Worker {
 impl Worker {
     /// Extend, one at a time, the leases of claims whose rows someone else held locked at the
     /// heartbeat, each statement waiting for its row (up to the session's `lock_timeout`).
-    /// `waiting` is cleared when done: one such task at a time.
+    /// `waiting` is cleared when done: one such task at a time. Failures are one line with
+    /// their count; an outage ends the round (the next heartbeat tries again).
     async fn extend_busy(self, busy: Vec<(i64, i64)>, waiting: Arc<AtomicBool>) {
         let inner = &self.inner;
+        let tasks = busy.len();
+        let mut extended_one_by_one = 0;
+        let mut failed = 0;
+        let mut last_error = None;
         for (id, token) in busy {
             if inner.heartbeat_stop.is_cancelled() {
                 break;
@@ -136,6 +146,7 @@ impl Worker {
             };
             match extended {
                 Ok(Some(cancel_requested)) => {
+                    extended_one_by_one += 1;
                     tracing::debug!(id, claim = token, "lease of a locked row extended");
                     inner
                         .running
@@ -149,9 +160,31 @@ impl Worker {
                 // Lost meanwhile: the next heartbeat says so.
                 Ok(None) => {}
                 Err(err) => {
-                    tracing::warn!(id, claim = token, error = %err, "could not extend the lease of a locked row");
+                    tracing::debug!(id, claim = token, error = %err, "could not extend the lease of a row held at the heartbeat");
+                    failed += 1;
+                    let unavailable = err.is_unavailable();
+                    last_error = Some(err);
+                    if unavailable {
+                        break;
+                    }
                 }
             }
+        }
+        match last_error {
+            Some(err) if err.is_unavailable() => tracing::warn!(
+                tasks,
+                extended = extended_one_by_one,
+                error = %err,
+                "database unavailable while extending leases one by one; the next heartbeat tries again"
+            ),
+            Some(err) => tracing::warn!(
+                tasks,
+                extended = extended_one_by_one,
+                failed,
+                error = %err,
+                "could not extend leases one by one (rows another transaction held at the heartbeat); the next heartbeat tries again"
+            ),
+            None => {}
         }
         waiting.store(false, Ordering::Release);
     }

@@ -137,6 +137,8 @@ struct Inner {
     /// A claim failed with the database unreachable: it may have committed with its answer
     /// lost. The next scan gives back what it took.
     claim_unanswered: AtomicBool,
+    /// The claims' failures since the last claim that worked, for the log.
+    claim_failures: crate::repeats::Repeats,
     /// The listener reconnected since the idle flag was last written.
     relisten: AtomicBool,
     /// Whether this daemon's idle flag is written (`idle.rs`).
@@ -196,6 +198,7 @@ impl Worker {
                 abort: CancellationToken::new(),
                 heartbeat_stop: CancellationToken::new(),
                 claim_unanswered: AtomicBool::new(false),
+                claim_failures: crate::repeats::Repeats::new(),
                 relisten: AtomicBool::new(false),
                 flag: idle::Flag::default(),
                 summary: summary::Summary::default(),

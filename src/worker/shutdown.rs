@@ -56,10 +56,10 @@ impl Worker {
                 return 0;
             }
             _ = tokio::time::sleep(grace) => {
-                tracing::info!(running = self.running(), "shutdown grace is over; stopping the analyzers");
+                tracing::info!(running = self.running(), "shutdown grace is over; stopping the handlers");
             }
             _ = hurry.cancelled() => {
-                tracing::info!(running = self.running(), "skipping the rest of the grace; stopping the analyzers");
+                tracing::info!(running = self.running(), "skipping the rest of the grace; stopping the handlers");
             }
         }
         self.inner.abort.cancel();

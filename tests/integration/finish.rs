@@ -313,7 +313,7 @@ async fn an_analyzer_that_panics_leaves_the_task_failed_inline_or_on_a_blocking_
         daemon.stop().await;
         assert_eq!(
             task.error.as_deref(),
-            Some("analyzer panicked: the analyzer fell over"),
+            Some("handler panicked: the analyzer fell over"),
             "inline: {inline}"
         );
         assert_eq!((task.words, task.bytes, task.runes), (0, 0, 0));

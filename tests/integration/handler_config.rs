@@ -90,3 +90,47 @@ async fn check_config_prints_the_sections_and_warns_of_one_no_served_queue_uses(
         "{stderr}"
     );
 }
+
+/// Every mistake of every queue section is named in one run, each with its line
+/// (docs/configuration.md: every error is reported): unknown keys, values of the wrong type,
+/// values out of range, keys of another handler and a missing command, several in a section.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mistake_of_every_queue_section_is_named_at_once() {
+    let toml = "[worker]\nqueues = [\"a\", \"b\", \"c\", \"d\"]\n\
+                [queues.a]\nhandler = \"lambda\"\nconcurrency = 0\n\
+                [queues.b]\nhandler = \"exec\"\ncomand = [\"x\"]\nurl = \"http://x/\"\ntimeout = \"0s\"\n\
+                [queues.c]\nhandler = \"http\"\nurl = \"ftp://example.com/\"\nkill_after = \"1s\"\n\
+                retry_backoff = \"10s\"\nmax_backoff = \"1s\"\n\
+                [queues.d]\nhandler = 7\ncommand = \"sh\"\nmax_output = \"lots\"\n";
+    let (code, _, stderr) = check(toml).await;
+    assert_eq!(code, Some(78), "{stderr}");
+    let wanted = [
+        ("queues.a.handler is \"lambda\"", "line 4"),
+        ("queues.a.concurrency must be at least 1", "line 5"),
+        ("comand", "line 8"),
+        ("queues.b.url is for handler = \"http\"", "line 9"),
+        ("queues.b.timeout must be longer than zero", "line 10"),
+        ("[queues.b] has handler = \"exec\" but no command", "line 6"),
+        ("is not an http:// or https:// URL", "line 13"),
+        ("queues.c.kill_after is for handler = \"exec\"", "line 14"),
+        ("queues.c.max_backoff (1s) is shorter", "line 16"),
+        ("queues.d.handler", "line 18"),
+        ("queues.d.command", "line 19"),
+        ("queues.d.max_output", "line 20"),
+    ];
+    for (said, line) in wanted {
+        let found = stderr
+            .lines()
+            .find(|l| l.contains(said))
+            .unwrap_or_else(|| panic!("wanted {said:?} in:\n{stderr}"));
+        assert!(
+            found.contains(line),
+            "wanted {line:?} in {found:?}:\n{stderr}"
+        );
+    }
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains(" line ")).count(),
+        wanted.len(),
+        "one error each, no more:\n{stderr}"
+    );
+}

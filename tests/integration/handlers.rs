@@ -341,6 +341,88 @@ async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at()
     assert!(daemon.wait().await.success());
 }
 
+/// `pgtaskd list` shows what a handler's task came to: the output's size and its first
+/// characters, escaped (an analyzer's task still shows its counts); a failure's first and last
+/// lines in about 200 characters, where `status` shows the whole stderr tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_an_outputs_size_and_preview_and_a_short_error() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    // Exit 65: fails at once, whatever attempts are left.
+    let handler = scratch.script(
+        "json.sh",
+        "read -r payload\n\
+         if [ \"$payload\" = fail ]; then\n\
+           i=0; while [ $i -lt 200 ]; do echo \"convert: warning $i about something long\" >&2; i=$((i+1)); done\n\
+           echo 'no such file: x.png' >&2; exit 65\n\
+         fi\n\
+         printf '{\"ok\":true,\"payload\":\"%s\"}\\n' \"$payload\"",
+    );
+    let mut daemon = DaemonProcess::start(&db, &exec_config(&handler, ""), &[]);
+    daemon.wait_for_log("listening for notifications").await;
+    let good = enqueue(&client, "hello", 1).await;
+    let bad = enqueue(&client, "fail", 1).await;
+    let counted: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('three little words') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_status(&client, good, "SUCCEEDED").await;
+    wait_status(&client, bad, "FAILED").await;
+    wait_status(&client, counted, "SUCCEEDED").await;
+
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["list"]).await;
+    assert!(status.success(), "{stderr}");
+    let line = |id: i64| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("no line for task {id}:\n{stdout}"))
+            .to_string()
+    };
+    assert!(
+        line(good).ends_with(r#"output 30 bytes "{\"ok\":true,\"payload\":\"hello\"}\n""#),
+        "{stdout}"
+    );
+    assert!(
+        line(counted).ends_with("words=3 bytes=18 runes=18"),
+        "{stdout}"
+    );
+    let failed = line(bad);
+    assert!(
+        failed.chars().count() < 300,
+        "{} characters: {failed}",
+        failed.chars().count()
+    );
+    assert!(failed.contains("exited with status 65"), "{failed}");
+    assert!(failed.ends_with(" ... no such file: x.png"), "{failed}");
+    let (_, whole, _) = pgtaskd(Some(&db.url), &["status", &bad.to_string()]).await;
+    assert!(
+        whole.contains("warning 150 about"),
+        "status shows the whole error:\n{whole}"
+    );
+
+    let (_, json, _) = pgtaskd(Some(&db.url), &["list", "--json"]).await;
+    let rows: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let row = |id: i64| rows.iter().find(|r| r["id"] == id).expect("listed").clone();
+    assert_eq!(row(good)["output_bytes"], 30);
+    assert_eq!(
+        row(good)["output_preview"],
+        "{\"ok\":true,\"payload\":\"hello\"}\n"
+    );
+    assert_eq!(row(counted)["output_bytes"], serde_json::Value::Null);
+    assert_eq!(row(counted)["output_preview"], serde_json::Value::Null);
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_child_that_ignores_sigterm_and_the_task_ends_canceled() {
     let db = TestDb::new().await;
@@ -360,12 +442,23 @@ async fn a_cancel_stops_a_child_that_ignores_sigterm_and_the_task_ends_canceled(
     let id = enqueue(&client, "z", 3).await;
     let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
     assert!(alive(pid));
-    let (status, _, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
     assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout,
+        "RUNNING (cancel requested; it becomes CANCELED once its handler returns)\n"
+    );
     wait_status(&client, id, "CANCELED").await;
     assert!(!alive(pid), "the child is gone before the task is CANCELED");
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success());
+    // A command is not the analyzer: the log speaks of its handler.
+    let log = daemon.log_text();
+    assert!(log.contains("stopping its handler"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.contains("analyzer")),
+        "an exec queue's log speaks of an analyzer:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -246,6 +246,20 @@ async fn a_bearer_token_guards_every_route_but_healthz() {
     assert_eq!(api.get("/tasks/1").await.0, StatusCode::NOT_FOUND);
     let (status, _, _) = api.post("/tasks", "with the token", false).await;
     assert_eq!(status, StatusCode::ACCEPTED);
+    // The scheme's name is case-insensitive (RFC 9110, section 11.1); the token is not.
+    for (authorization, expected) in [
+        ("bearer s3cret-token", StatusCode::OK),
+        ("BEARER s3cret-token", StatusCode::OK),
+        ("Bearer S3CRET-TOKEN", StatusCode::UNAUTHORIZED),
+        ("Basic s3cret-token", StatusCode::UNAUTHORIZED),
+    ] {
+        let request = api
+            .client
+            .get(format!("{}/openapi.json", api.base))
+            .header("authorization", authorization);
+        let (status, _, _) = api.send(request).await;
+        assert_eq!(status, expected, "{authorization}");
+    }
     daemon.stop().await;
 }
 

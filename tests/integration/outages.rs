@@ -1,10 +1,13 @@
 //! Outages of the database longer than the lease (docs/design.md, "Settle before rescuing"):
 //! when the database is back, each daemon extends its leases and commits what it holds before
-//! any rescuer takes a lease back, so no finished work runs again.
+//! any rescuer takes a lease back, so no finished work runs again. And the log of an outage
+//! is bounded: each kind of failure said once, and its recovery once.
 
 use std::time::Duration;
 
-use crate::support::{count, eventually, insert_payloads, wait_count, DaemonProcess, TestDb, WAIT};
+use crate::support::{
+    count, eventually, insert_payloads, wait_count, within, DaemonProcess, TestDb, WAIT,
+};
 
 /// Settle before rescuing (docs/design.md): the database away for three leases while two
 /// daemons hold claims and results. When it is back, each daemon extends its leases and
@@ -75,4 +78,92 @@ async fn an_outage_longer_than_the_lease_reruns_no_finished_work() {
         .map(|d| d.log_text().matches("lease expired; task rescued").count())
         .sum();
     assert_eq!(rescued, 0, "no live claim was rescued");
+}
+
+/// The log of an outage is bounded (docs/operations.md, "Logs"): a daemon running tasks whose
+/// rows someone else holds locked, so that its heartbeat is extending their leases one by one
+/// when the database goes, and whose claims find no database either. Each kind of failure is
+/// said once at WARN however many tasks it touches and however many times it repeats, and
+/// each is followed by one line when it works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_logged_once_whatever_the_tasks() {
+    const TASKS: usize = 40;
+    // Room for more tasks than there are: claims run at every poll through the outage.
+    const CONFIG: &str = "[worker]\nconcurrency = 50\nlease = \"2s\"\npoll_interval = \"300ms\"\n\
+                          [database]\nconnect_timeout = \"1s\"\n[shutdown]\ngrace = \"1s\"\n\
+                          [queues.default]\nhandler = \"exec\"\n\
+                          command = [\"/bin/sh\", \"-c\", \"exec sleep 600\"]\nkill_after = \"1s\"\n";
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let mut client = db.client().await;
+    insert_payloads(&client, TASKS).await;
+    // The default level (`info`), as an operator runs it.
+    let mut daemon = DaemonProcess::start_with_env(&db.url, CONFIG, &[], &[("RUST_LOG", "")]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        TASKS as i64,
+        "every task to be running",
+    )
+    .await;
+    let locks = client.transaction().await.unwrap();
+    locks
+        .execute(
+            "SELECT id FROM pgtaskd.tasks WHERE status = 'RUNNING' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    let watcher = db.client().await;
+    eventually(WAIT, "the heartbeat to wait for a locked row", || {
+        let watcher = &watcher;
+        async move {
+            let waiting = count(
+                watcher,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'pgtaskd/%'
+                    AND wait_event_type = 'Lock'",
+            )
+            .await;
+            (waiting > 0).then_some(())
+        }
+    })
+    .await;
+    let before_outage = daemon.log_text().lines().count();
+    cluster.stop_server(false);
+    drop(locks);
+    // The outage's length is the scenario, not a wait for anything: a dozen heartbeats and
+    // claims, and two of the listener's reconnects.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.start_server();
+    within(
+        WAIT,
+        "the heartbeat's recovery line",
+        daemon.wait_for_log("lease heartbeat working again"),
+    )
+    .await;
+    within(
+        WAIT,
+        "the claims' recovery line",
+        daemon.wait_for_log("claims working again"),
+    )
+    .await;
+    let log = daemon.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .skip(before_outage)
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(
+        warnings.len() <= 10,
+        "{} warnings for one outage:\n{}",
+        warnings.len(),
+        warnings.join("\n")
+    );
+    assert!(
+        !log.contains("locked row"),
+        "an outage is not a locked row:\n{log}"
+    );
+    daemon.signal(libc::SIGTERM);
+    daemon.wait().await;
 }

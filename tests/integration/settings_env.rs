@@ -238,3 +238,49 @@ async fn run_without_a_file_serves_healthz_on_the_address_of_the_flag() {
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success(), "{}", daemon.log_text());
 }
+
+/// A queue named twice in `worker.queues`, from the file, a variable or a flag, is served
+/// once: the repeat is dropped, with a warning naming it.
+#[tokio::test]
+async fn a_queue_named_twice_is_served_once_with_a_warning() {
+    let file = TempPath::write("[worker]\nqueues = [\"a\", \"b\", \"a\"]\n");
+    let path = file.path().to_string_lossy().to_string();
+    for (args, env, want) in [
+        (
+            vec!["check-config", "--config", &path],
+            vec![],
+            format!("queues = a, b  # from {path}:2"),
+        ),
+        (
+            vec!["check-config", "--config", &path],
+            vec![("PGTASKD_WORKER_QUEUES", "mail,mail,sms")],
+            "queues = mail, sms  # from PGTASKD_WORKER_QUEUES".to_string(),
+        ),
+        (
+            vec![
+                "check-config",
+                "--config",
+                &path,
+                "--queues",
+                "shell,shell,default,shell",
+            ],
+            vec![],
+            "queues = shell, default  # from --queues".to_string(),
+        ),
+    ] {
+        let (code, stdout, stderr) = pgtaskd_env(&args, &env).await;
+        assert_eq!(code, Some(0), "{args:?} {env:?}: {stderr}");
+        assert_eq!(line(&stdout, "queues"), want, "{stdout}");
+        let repeated = want
+            .split_once(" = ")
+            .and_then(|(_, rest)| rest.split(',').next())
+            .unwrap()
+            .trim();
+        assert!(
+            stderr.contains(&format!(
+                "worker.queues names {repeated:?} more than once; each queue is served once"
+            )),
+            "{args:?} {env:?}: {stderr}"
+        );
+    }
+}

@@ -314,8 +314,8 @@ async fn sigterm_with_a_zero_grace_while_analyzers_run_gives_every_claim_back_an
     let status = daemon.wait().await;
     let log = daemon.log_text();
     assert!(
-        log.contains("stopping the analyzers running=1")
-            || log.contains("stopping the analyzers running=2"),
+        log.contains("stopping the handlers running=1")
+            || log.contains("stopping the handlers running=2"),
         "the analyzers were running at the stop:\n{log}"
     );
     let counts = within(WAIT, "the status counts", status_counts(&client)).await;
@@ -374,7 +374,7 @@ async fn a_release_given_up_on_that_lands_anyway_counts_as_settled_and_exits_0()
     let status = daemon.wait().await;
     let log = daemon.log_text();
     assert!(
-        log.contains("stopping the analyzers running=1"),
+        log.contains("stopping the handlers running=1"),
         "the analyzer was running at the stop:\n{log}"
     );
     let task = queue::get(&client, id).await.unwrap().unwrap();

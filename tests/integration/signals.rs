@@ -55,7 +55,7 @@ async fn sighup_sigusr1_sigusr2_and_sigpipe_leave_the_daemon_running_its_tasks()
     ];
     for (id, (signal, logged)) in ids.iter().zip(signals) {
         // One signal while each task's analyzer runs.
-        daemon.wait_for_log(&format!("analyzer run id={id} ")).await;
+        daemon.wait_for_log(&format!("handler run id={id} ")).await;
         daemon.signal(signal);
         if let Some(line) = logged {
             daemon.wait_for_log(line).await;
@@ -83,14 +83,14 @@ async fn sigquit_skips_the_grace_gives_the_running_task_back_and_exits_0() {
         &[],
     );
     daemon
-        .wait_for_log(&format!("analyzer run id={} ", ids[0]))
+        .wait_for_log(&format!("handler run id={} ", ids[0]))
         .await;
     daemon.signal(libc::SIGQUIT);
     let status = daemon.wait().await;
     let log = daemon.log_text();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(
-        log.contains("stopping the analyzers running=1"),
+        log.contains("stopping the handlers running=1"),
         "the analyzer was running and was stopped:\n{log}"
     );
     let rows = client

@@ -93,7 +93,7 @@ async fn json_logs_carry_the_task_id_and_attempt_on_every_task_line() {
             assert!(value["fields"]["attempt"].is_i64(), "{line}");
         }
     }
-    assert!(task_lines >= 3, "claimed, analyzer run, finished:\n{log}");
+    assert!(task_lines >= 3, "claimed, handler run, finished:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
