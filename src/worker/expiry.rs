@@ -33,6 +33,10 @@ impl Worker {
         let tick = tick(self.inner.config.lease);
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One WARN line a minute at most (an outage stops claims at many ticks): the first,
+        // then the ones stopped since, counted.
+        let mut warned_at: Option<Instant> = None;
+        let mut unsaid = 0usize;
         loop {
             tokio::select! {
                 _ = self.inner.heartbeat_stop.cancelled() => return,
@@ -52,8 +56,13 @@ impl Worker {
                     "lease runs out without a heartbeat; stopping its work"
                 );
             }
+            unsaid += expired.len();
+            if warned_at.is_some_and(|at| at.elapsed() < crate::repeats::REMINDER) {
+                continue;
+            }
+            warned_at = Some(Instant::now());
             tracing::warn!(
-                tasks = expired.len(),
+                tasks = std::mem::take(&mut unsaid),
                 lease = ?self.inner.config.lease,
                 "leases ran out without a heartbeat (the database did not answer): their work \
                  is stopped and the tasks are given back, so that it never runs beside a new claim's"
