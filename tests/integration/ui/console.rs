@@ -308,6 +308,21 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         [json!(true), json!(true), Value::Null],
         "{done}"
     );
+    // In the list, its row ends with the output's start, as text.
+    browser
+        .eval("location.hash = 'tasks?queue=pages&status=succeeded'; return null")
+        .await;
+    let last = browser
+        .wait_for(
+            "the succeeded task's row",
+            &format!(
+                "const row = document.querySelector('#task-list tr[data-task=\"{done_task}\"]'); \
+                 return row && document.getElementById('task-list').dataset.loaded === 'first' \
+                   ? [row.lastElementChild.textContent, row.querySelector('u')] : null"
+            ),
+        )
+        .await;
+    assert_eq!(last, json!(["the <u>output</u>", null]), "{last}");
 
     // Retry from the page of the FAILED one: QUEUED again, as new.
     browser
