@@ -216,7 +216,7 @@ pub enum Command {
         #[arg(long, value_hint = ValueHint::Other, value_parser = parse_queue, requires = "failed")]
         queue: Option<String>,
         /// With --queue: retry every FAILED task of the queue
-        #[arg(long, requires = "queue")]
+        #[arg(long, requires = "queue", conflicts_with = "id")]
         failed: bool,
     },
     /// Print the latest tasks, newest first

@@ -71,7 +71,7 @@ pub enum DaemonError {
     Pooler(String),
     /// Another live daemon runs one of this daemon's queues with a handler, where this one
     /// would run it with the built-in text-stats.
-    #[error("configuration error: {0}")]
+    #[error("configuration error")]
     HandlerConflict(#[from] maintenance::presence::HandlerConflict),
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]

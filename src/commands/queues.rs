@@ -69,7 +69,7 @@ pub(super) async fn retry_failed(
     if retried == 0 && !checked(&client, queue::queue_known(&client, queue_name)).await? {
         return Err(CommandError::NoSuchQueue(queue_name.to_string()));
     }
-    let remaining = checked(&client, queue::failed_count(&client, queue_name)).await?;
+    let remaining = checked(&client, queue::failed_count(&client, queue_name, 0)).await?;
     println!("queue {queue_name}: {retried} FAILED tasks QUEUED again, {remaining} FAILED left");
     Ok(ExitCode::SUCCESS)
 }

@@ -73,7 +73,12 @@ impl HandlerConfig {
                 let parts: Vec<&str> = spec.command.iter().map(String::as_str).collect();
                 format!("exec:{}", hash(&parts))
             }
-            HandlerConfig::Http(spec) => format!("http:{}", hash(&[spec.url.as_str()])),
+            // The URL as messages show it: its user name, password, query and fragment, where
+            // secrets ride, are not hashed (the table is readable by producers).
+            HandlerConfig::Http(spec) => format!(
+                "http:{}",
+                hash(&[crate::handler::http::shown_url(&spec.url).as_str()])
+            ),
         }
     }
 }

@@ -6,15 +6,18 @@
 //! `POST /tasks/{id}/retry` does each, through `pgtaskd.retry_failed` as `pgtaskd retry
 //! --queue Q --failed` does: [`queue::RETRY_FAILED_BATCH`] rows per statement and
 //! transaction, each batch above the last one's highest id, until none is left or [`RETRY_FAILED_BUDGET`] has passed,
-//! and says how many it retried and how many FAILED ones remain (another request retries
-//! those).
+//! and says how many it retried, the cursor it stopped at (`next`) and how many FAILED ones
+//! remain above it: another request with `?after=<next>` retries those. A request without
+//! `after` starts from the lowest id, so a client that asks again must pass the cursor, or it
+//! would retry a second time tasks that failed again meanwhile.
 
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use axum::Json;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::extract::Db;
@@ -81,18 +84,42 @@ pub(super) struct RetriedFailed {
     queue: String,
     /// The FAILED tasks put back to QUEUED.
     retried: i64,
-    /// The FAILED tasks still there: left by the budget, or locked by another transaction.
+    /// The highest id this request went through: pass it as `after` to go on.
+    next: i64,
+    /// The FAILED tasks above `next`, left by the budget. (Rows below it another
+    /// transaction held locked, and tasks that failed again, are not counted.)
     remaining: i64,
+}
+
+/// The query of `POST /queues/{queue}/retry-failed`: `after`, the `next` of the previous
+/// answer (0, the start, by default).
+#[derive(Debug, Deserialize)]
+pub(super) struct RetryFailedParams {
+    after: Option<String>,
 }
 
 /// `POST /queues/{queue}/retry-failed`: 200 with the counts, 0 retried when none is FAILED; 404
 /// for a queue without any task that is not paused either.
 pub(super) async fn retry_failed(
     QueueName(name): QueueName,
+    params: Result<Query<RetryFailedParams>, QueryRejection>,
     Db(session): Db,
 ) -> Result<Json<RetriedFailed>, ApiError> {
+    let Query(params) = params.map_err(|err| ApiError::BadRequest(err.body_text()))?;
+    let start = match params.after {
+        None => 0,
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| {
+                ApiError::BadRequest(
+                    "after must be the next of the previous answer (a task id)".into(),
+                )
+            })?,
+    };
     let until = tokio::time::Instant::now() + RETRY_FAILED_BUDGET;
-    let (mut retried, mut after) = (0, 0);
+    let (mut retried, mut after) = (0, start);
     loop {
         let batch = session
             .bounded(queue::retry_failed(
@@ -109,9 +136,10 @@ pub(super) async fn retry_failed(
         }
     }
     let remaining = session
-        .bounded(queue::failed_count(&session, &name))
+        .bounded(queue::failed_count(&session, &name, after))
         .await?;
     if retried == 0
+        && start == 0
         && remaining == 0
         && !session.bounded(queue::queue_known(&session, &name)).await?
     {
@@ -120,6 +148,7 @@ pub(super) async fn retry_failed(
     Ok(Json(RetriedFailed {
         queue: name,
         retried,
+        next: after,
         remaining,
     }))
 }

@@ -86,16 +86,17 @@ pub async fn retry_failed(
     })
 }
 
-/// How many tasks of `queue` are FAILED (read from `tasks_list_queue_idx`).
+/// How many tasks of `queue` with an id over `above` are FAILED (read from
+/// `tasks_list_queue_idx`).
 ///
 /// # Errors
 ///
 /// Database failures.
-pub async fn failed_count(client: &Client, queue: &str) -> Result<i64, DbError> {
+pub async fn failed_count(client: &Client, queue: &str, above: i64) -> Result<i64, DbError> {
     let row = client
         .query_typed_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'FAILED'",
-            &[(&queue, Type::TEXT)],
+            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'FAILED' AND id > $2",
+            &[(&queue, Type::TEXT), (&above, Type::INT8)],
         )
         .await?;
     Ok(row.get(0))

@@ -77,11 +77,22 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
     }
     assert_eq!(tally(&client, "mail", "FAILED").await, 25_000);
 
+    let highest: i64 = within(
+        WAIT,
+        "mail's highest FAILED id",
+        client.query_one(
+            "SELECT max(id) FROM pgtaskd.tasks WHERE queue = 'mail' AND status = 'FAILED'",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
     let (status, body) = post("/queues/mail/retry-failed", Some(TOKEN)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         body,
-        json!({"queue": "mail", "retried": 25000, "remaining": 0})
+        json!({"queue": "mail", "retried": 25000, "next": highest, "remaining": 0})
     );
     assert_eq!(tally(&client, "mail", "FAILED").await, 0);
     assert_eq!(tally(&client, "mail", "QUEUED").await, 25_000);
@@ -105,11 +116,49 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
     assert_eq!(tally(&client, "mail", "SUCCEEDED").await, 1);
     assert_eq!(tally(&client, "reports", "FAILED").await, 3);
 
+    // Going on from the cursor never retries again a task that failed again meanwhile.
+    within(
+        WAIT,
+        "some retried tasks failing again",
+        client.batch_execute(
+            "UPDATE pgtaskd.tasks SET status = 'FAILED', attempt = 1, finished_at = now(), error = 'again'
+              WHERE id IN (SELECT id FROM pgtaskd.tasks WHERE queue = 'mail' AND status = 'QUEUED' LIMIT 10)",
+        ),
+    )
+    .await
+    .unwrap();
+    let (status, body) = post(
+        &format!("/queues/mail/retry-failed?after={highest}"),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"queue": "mail", "retried": 0, "next": highest, "remaining": 0})
+    );
+    assert_eq!(tally(&client, "mail", "FAILED").await, 10);
+    let (status, body) = post("/queues/mail/retry-failed?after=x", Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    within(
+        WAIT,
+        "the failed-again tasks back",
+        client.batch_execute(
+            "UPDATE pgtaskd.tasks SET status = 'QUEUED', attempt = 0, finished_at = NULL, error = NULL
+              WHERE queue = 'mail' AND status = 'FAILED'",
+        ),
+    )
+    .await
+    .unwrap();
+
     // Nothing left to retry: 200 and 0; a paused queue without tasks is known too.
     for queue in ["mail", "quiet"] {
         let (status, body) = post(&format!("/queues/{queue}/retry-failed"), Some(TOKEN)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body, json!({"queue": queue, "retried": 0, "remaining": 0}));
+        assert_eq!(
+            body,
+            json!({"queue": queue, "retried": 0, "next": 0, "remaining": 0})
+        );
     }
     // A queue nobody knows: 404; a name that is no queue name: 400; GET: 405.
     let (status, body) = post("/queues/nosuch/retry-failed", Some(TOKEN)).await;
@@ -253,6 +302,9 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         &["retry", "7", "--queue", "reports", "--failed"],
     )
     .await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    // --failed with an id instead of a queue: a usage error, not a retry of that one task.
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["retry", "7", "--failed"]).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     drop(served);
 }
