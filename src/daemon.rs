@@ -198,6 +198,7 @@ pub async fn run(
         &config.worker.queues,
         &config.handler_fingerprints(),
         config.worker.poll_interval,
+        worker.withheld(),
     )
     .await?;
     let listener = tokio::spawn(listen::run(

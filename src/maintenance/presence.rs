@@ -15,12 +15,16 @@
 //! compares its own with the other live daemons' (`Differences`): at the start, a daemon
 //! that would run a queue with the built-in text-stats (it has no `[queues.NAME]` section)
 //! while another runs it with a handler refuses to start ([`HandlerConflict`]): it would mark
-//! the queue's tasks SUCCEEDED with word counts and never run their work. Every other
-//! difference (another command, another handler, a daemon without the section that started
-//! first) is logged at ERROR once when first seen, at the start or at a heartbeat: a rolling
-//! change of a queue's handler goes through such a state and must not stop.
+//! the queue's tasks SUCCEEDED with word counts and never run their work. A daemon without the
+//! section that runs already when such a daemon appears (restarted, or started at the same
+//! moment) withholds the queue from its claims from its next heartbeat on
+//! (`crate::worker::Withheld`), until no live daemon runs it with a handler. Every other
+//! difference (another command, `exec` here and `http` there) is logged at ERROR once when
+//! first seen, at the start or at a heartbeat: a rolling change of a queue's handler goes
+//! through such a state and must not stop.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -30,6 +34,7 @@ use crate::backoff::jitter;
 use crate::config::HandlerConfig;
 use crate::db::{DbError, Pool};
 use crate::queue;
+use crate::worker::Withheld;
 
 /// The version written in the row: this binary's.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -65,7 +70,8 @@ pub struct Presence {
 impl Presence {
     /// Write the row of `instance`, serving `queues` with `handlers` (parallel), then compare
     /// them with the other live daemons', and renew the row every [`period`] of
-    /// `poll_interval` until [`Presence::stop`].
+    /// `poll_interval` until [`Presence::stop`], comparing again each time and setting
+    /// `withheld`, the queues the lanes leave out of their claims.
     ///
     /// # Errors
     ///
@@ -77,6 +83,7 @@ impl Presence {
         queues: &[String],
         handlers: &[String],
         poll_interval: Duration,
+        withheld: Arc<Withheld>,
     ) -> Result<Presence, HandlerConflict> {
         let row = Row {
             instance: instance.to_string(),
@@ -90,7 +97,10 @@ impl Presence {
         if let Err(err) = &written {
             tracing::warn!(error = %err, "could not record this daemon in pgtaskd.daemons; retried at the next heartbeat");
         }
-        let mut differences = Differences::default();
+        let mut differences = Differences {
+            seen: HashSet::new(),
+            withheld,
+        };
         if let Err(conflict) = differences.compare(pool, &row, true).await {
             let _ = tokio::time::timeout(STOP_WAIT, remove(pool, &row.instance)).await;
             return Err(conflict);
@@ -222,16 +232,20 @@ pub struct HandlerConflict {
 
 /// The differences between how this daemon and the other live ones run the same queues,
 /// each logged once, when first seen.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Differences {
     seen: HashSet<queue::daemons::RunElsewhere>,
+    /// The queues left out of this daemon's claims, shared with its lanes.
+    withheld: Arc<Withheld>,
 }
 
 impl Differences {
-    /// Read how the other live daemons run this daemon's queues and log each new difference
-    /// at ERROR; at the `start`, a queue this daemon would run with text-stats while another
-    /// runs it with a handler is a [`HandlerConflict`] instead. A failed read is no conflict
-    /// (the next heartbeat reads again).
+    /// Read how the other live daemons run this daemon's queues. At the `start`, a queue this
+    /// daemon would run with text-stats while another runs it with a handler is a
+    /// [`HandlerConflict`]. Later, such queues are withheld from this daemon's claims (set in
+    /// `withheld`, logged at ERROR when they start to be, at INFO when claimed again), and
+    /// every other difference is logged at ERROR once. A failed read changes nothing (the
+    /// next heartbeat reads again).
     async fn compare(
         &mut self,
         pool: &Pool,
@@ -255,6 +269,8 @@ impl Differences {
                 return Ok(());
             }
         };
+        let text_stats = HandlerConfig::TextStats.fingerprint();
+        let mut withhold: BTreeMap<String, (String, String)> = BTreeMap::new();
         for other in others {
             let Some(ours) = row
                 .queues
@@ -264,22 +280,30 @@ impl Differences {
             else {
                 continue;
             };
-            if *ours == other.handler || self.seen.contains(&other) {
+            if *ours == other.handler {
                 continue;
             }
-            let text_stats = HandlerConfig::TextStats.fingerprint();
             let kind = other
                 .handler
                 .split(':')
                 .next()
                 .unwrap_or_default()
                 .to_string();
-            if start && *ours == text_stats {
-                return Err(HandlerConflict {
-                    queue: other.queue,
-                    instance: other.instance,
-                    handler: kind,
-                });
+            if *ours == text_stats && other.handler != text_stats {
+                if start {
+                    return Err(HandlerConflict {
+                        queue: other.queue,
+                        instance: other.instance,
+                        handler: kind,
+                    });
+                }
+                withhold
+                    .entry(other.queue.clone())
+                    .or_insert((other.instance, kind));
+                continue;
+            }
+            if self.seen.contains(&other) {
+                continue;
             }
             tracing::error!(
                 queue = %other.queue,
@@ -291,6 +315,24 @@ impl Differences {
                  the same [queues.NAME] section"
             );
             self.seen.insert(other);
+        }
+        let (added, removed) = self.withheld.set(withhold.keys().cloned().collect());
+        for queue in added {
+            let (instance, handler) = &withhold[&queue];
+            tracing::error!(
+                queue = %queue,
+                other_daemon = %instance,
+                other_handler = %handler,
+                "this daemon stops claiming the queue: another daemon runs it with its handler, \
+                 and this one has no [queues.NAME] section and would mark its tasks SUCCEEDED \
+                 without running their work; give it the same section"
+            );
+        }
+        for queue in removed {
+            tracing::info!(
+                queue = %queue,
+                "this daemon claims the queue again: no live daemon runs it with a handler any more"
+            );
         }
         Ok(())
     }

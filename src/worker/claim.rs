@@ -282,14 +282,25 @@ impl Worker {
             after,
             recorded: !one_queue,
         };
+        // Without the queues another daemon runs with a handler this one lacks.
+        let queues = inner.withheld.claimable(&inner.config.queues);
         let batch = async {
+            if queues.is_empty() {
+                let nothing = queue::ClaimBatch {
+                    tasks: Vec::new(),
+                    bytes: 0,
+                    left_out: None,
+                    last: None,
+                };
+                return Ok::<_, DbError>((nothing, std::time::Duration::ZERO, Instant::now()));
+            }
             let client = inner.pool.get().await?;
             let sent = Instant::now();
             let mut batch = client
                 .bounded(queue::claim_after(
                     &client,
                     &inner.instance,
-                    &inner.config.queues,
+                    &queues,
                     limits,
                     inner.config.lease,
                     after,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::Worker;
+use super::{Withheld, Worker};
 use crate::analyzer::Analyzer;
 use crate::config::{Config, HandlerConfig, QueueConfig};
 use crate::db::Pool;
@@ -31,6 +31,8 @@ pub struct Lane {
     pub handler: Option<LaneHandler>,
     /// The permits every lane shares, when there are several.
     pub all: Option<Arc<Semaphore>>,
+    /// The queues left out of claims, shared by every lane ([`Withheld`]).
+    pub withheld: Arc<Withheld>,
 }
 
 /// A queue's section, and the daemon's HTTP client for an `http` handler.
@@ -43,6 +45,7 @@ pub struct LaneHandler {
 #[derive(Clone)]
 pub struct Workers {
     lanes: Vec<Worker>,
+    withheld: Arc<Withheld>,
 }
 
 impl Workers {
@@ -78,6 +81,7 @@ impl Workers {
         } else {
             None
         };
+        let withheld = Arc::new(Withheld::default());
         let lane = |queues: Vec<String>, concurrency: usize, name: String, handler| {
             let mut lane_config = config.worker.clone();
             lane_config.queues = queues;
@@ -93,6 +97,7 @@ impl Workers {
                     name,
                     handler,
                     all: all.clone(),
+                    withheld: Arc::clone(&withheld),
                 },
             )
         };
@@ -125,7 +130,12 @@ impl Workers {
                 handler,
             ));
         }
-        Ok(Workers { lanes })
+        Ok(Workers { lanes, withheld })
+    }
+
+    /// The queues left out of every lane's claims ([`Withheld`]), for the presence to set.
+    pub fn withheld(&self) -> Arc<Withheld> {
+        Arc::clone(&self.withheld)
     }
 
     /// The instance id written as `lease_owner` (the same for every lane).

@@ -41,6 +41,7 @@
 //! | `expiry.rs` | stopping the work of claims whose leases run out without a heartbeat |
 //! | `shutdown.rs` | the two-phase stop |
 //! | `summary.rs` | the minute's summary line, in place of a line per task at info level |
+//! | `withheld.rs` | queues left out of claims while another daemon runs them with a handler this one lacks |
 //!
 //! Callers: [`crate::daemon`] runs [`Worker::run`] and [`Worker::shutdown`]; tests also call
 //! [`Worker::run_once`].
@@ -74,12 +75,14 @@ mod lanes;
 mod registry;
 mod shutdown;
 mod summary;
+mod withheld;
 
 use claim::MAX_CLAIM_BATCH;
 pub use idle::ttl as idle_flag_ttl;
 use intake::{Intake, MAX_AHEAD};
 pub use lanes::{Lane, LaneHandler, Workers};
 use registry::Registry;
+pub use withheld::Withheld;
 
 /// The longest a stopping worker waits for its idle flag to be removed.
 const CLEAR_ON_STOP: Duration = Duration::from_secs(1);
@@ -112,6 +115,8 @@ struct Inner {
     lane: String,
     /// `worker.concurrency` permits shared by every lane of the daemon, when it has several.
     all: Option<Arc<Semaphore>>,
+    /// The queues left out of claims (`withheld.rs`), shared by every lane of the daemon.
+    withheld: Arc<Withheld>,
     /// Written as `lease_owner`: every claim and write is fenced on it.
     instance: String,
     /// Concurrency, lease, poll interval and queues to claim from.
@@ -188,6 +193,7 @@ impl Worker {
                 handler: lane.handler,
                 lane: lane.name,
                 all: lane.all,
+                withheld: lane.withheld,
                 instance,
                 config,
                 wake: Notify::new(),

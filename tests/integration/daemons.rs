@@ -398,3 +398,63 @@ async fn a_daemon_without_the_queues_handler_refuses_to_start_and_other_differen
         );
     }
 }
+
+/// The other order: the daemon without the section runs already when the one with it starts
+/// (a restart of the latter, or both at once). From its next heartbeat it leaves the queue
+/// out of its claims, so every task of the queue runs its command; it claims the queue again
+/// once the other is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_without_the_queues_handler_stops_claiming_it_when_one_with_it_comes() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = crate::handlers::Scratch::new();
+    let handler = scratch.script("ran.sh", "echo ran");
+    let with_section = format!(
+        "[worker]\nqueues = [\"jobs\"]\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    );
+    let without = "[worker]\nqueues = [\"jobs\", \"other\"]\npoll_interval = \"200ms\"\n";
+    let mut plain = DaemonProcess::start(&db, without, &[]);
+    wait_listed(&db.url, 1, 0).await;
+    let mut exec = DaemonProcess::start(&db, &with_section, &[]);
+    plain
+        .wait_for_log("this daemon stops claiming the queue")
+        .await;
+    exec.wait_for_log("another daemon runs this queue with another handler or command")
+        .await;
+    within(
+        WAIT,
+        "the tasks",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, 40)",
+        ),
+    )
+    .await
+    .unwrap();
+    crate::support::wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status = 'SUCCEEDED'",
+        40,
+        "every task to succeed",
+    )
+    .await;
+    let analyzed = crate::support::count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
+    )
+    .await;
+    assert_eq!(
+        analyzed, 0,
+        "tasks of jobs were analyzed, their command never run"
+    );
+
+    // The daemon with the section gone, the other claims the queue again.
+    exec.signal(libc::SIGTERM);
+    assert!(exec.wait().await.success(), "{}", exec.log_text());
+    plain
+        .wait_for_log("this daemon claims the queue again")
+        .await;
+    plain.signal(libc::SIGTERM);
+    assert!(plain.wait().await.success(), "{}", plain.log_text());
+}
