@@ -507,6 +507,17 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dashboard-800.png");
     std::fs::write(&path, png).expect("the screenshot is saved");
 
+    // A link with the token first, then the view: the view opens, and the token leaves the
+    // address (it stayed there, and the overview showed).
+    browser.goto(&served.console("&tasks?queue=mail")).await;
+    browser
+        .wait_for(
+            "the task list of mail, the token out of the address",
+            "return location.hash === '#tasks?queue=mail' \
+               && !document.getElementById('tasks-view').hidden",
+        )
+        .await;
+
     browser.close().await;
     drop(served);
 }
