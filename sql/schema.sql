@@ -927,6 +927,8 @@ BEGIN
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
     -- Which daemons serve which queues (version 21).
     EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
+    -- The CLI's schema check (version 23).
+    EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations TO %I', role_name);
 END
 $$;
 

@@ -39,8 +39,18 @@ async fn denied(client: &Client, sql: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
-    let (_cluster, _db, _owner, producer, _) =
+    let (_cluster, _db, _owner, producer, url) =
         database_with_role("grant_producer", "producer").await;
+
+    // The CLI too: its schema check reads pgtaskd.schema_migrations.
+    let (status, stdout, stderr) =
+        crate::support::daemon::pgtaskd(Some(&url), &["enqueue", "from the cli"]).await;
+    assert!(status.success(), "pgtaskd enqueue as a producer: {stderr}");
+    let cli_id: i64 = stdout.trim().parse().expect("an id");
+    let (status, stdout, stderr) =
+        crate::support::daemon::pgtaskd(Some(&url), &["status", &cli_id.to_string()]).await;
+    assert!(status.success(), "pgtaskd status as a producer: {stderr}");
+    assert!(stdout.contains("QUEUED"), "{stdout}");
 
     producer
         .batch_execute(
