@@ -64,8 +64,9 @@ impl Worker {
             tracing::warn!(
                 tasks = std::mem::take(&mut unsaid),
                 lease = ?self.inner.config.lease,
-                "leases ran out without a heartbeat (the database did not answer): their work \
-                 is stopped and the tasks are given back, so that it never runs beside a new claim's"
+                "leases ran out without a heartbeat (none reached the database in time: an \
+                 outage, a partition, or this daemon paused): their work is stopped and the tasks \
+                 are given back, so that it never runs beside a new claim's"
             );
         }
     }
