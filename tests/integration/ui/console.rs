@@ -407,11 +407,13 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
     browser
         .click("#queues tr[data-queue=\"reports\"] button.retry-failed")
         .await;
-    browser.confirm("queue reports").await;
+    // Queue names are isolated (FSI ... PDI) in sentences: a right-to-left mark in one cannot
+    // reorder the words around it.
+    browser.confirm("queue \u{2068}reports\u{2069}").await;
     browser
         .wait_for(
             "the retry of reports' failures",
-            "return document.getElementById('queue-answer').textContent === 'queue reports: 40 failed tasks retried'",
+            "return document.getElementById('queue-answer').textContent === 'queue \\u2068reports\\u2069: 40 failed tasks retried'",
         )
         .await;
     let counts = ids(
