@@ -91,19 +91,36 @@ impl Presence {
             handlers: handlers.to_vec(),
             every: period(poll_interval),
         };
-        // Written before the comparison: of two daemons starting at once, the second to
-        // compare sees the first.
-        let written = register(pool, &row).await;
-        if let Err(err) = &written {
-            tracing::warn!(error = %err, "could not record this daemon in pgtaskd.daemons; retried at the next heartbeat");
+        // Written and compared in one transaction, under a lock every starting daemon takes:
+        // of two daemons starting at once, the second sees the first.
+        let written = async {
+            let client = pool.get().await?;
+            client
+                .bounded(queue::daemons::register_and_read(
+                    &client,
+                    &row.instance,
+                    VERSION,
+                    &row.queues,
+                    &row.handlers,
+                    row.every,
+                ))
+                .await
         }
+        .await;
         let mut differences = Differences {
             seen: HashSet::new(),
             withheld,
         };
-        if let Err(conflict) = differences.compare(pool, &row, true).await {
-            let _ = tokio::time::timeout(STOP_WAIT, remove(pool, &row.instance)).await;
-            return Err(conflict);
+        match &written {
+            Ok(others) => {
+                if let Err(conflict) = differences.judge(&row, true, others.clone()) {
+                    let _ = tokio::time::timeout(STOP_WAIT, remove(pool, &row.instance)).await;
+                    return Err(conflict);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not record this daemon in pgtaskd.daemons; retried at the next heartbeat")
+            }
         }
         let stop = CancellationToken::new();
         let task = tokio::spawn(heartbeat(
@@ -167,8 +184,7 @@ async fn heartbeat(
         };
         match (result.await, up) {
             (Ok(forgotten), _) => {
-                // Never a conflict after the start: a daemon that runs does not stop for it.
-                let _ = differences.compare(&pool, &row, false).await;
+                differences.compare(&pool, &row).await;
                 if !up {
                     tracing::info!("recorded in pgtaskd.daemons again");
                 }
@@ -240,18 +256,9 @@ struct Differences {
 }
 
 impl Differences {
-    /// Read how the other live daemons run this daemon's queues. At the `start`, a queue this
-    /// daemon would run with text-stats while another runs it with a handler is a
-    /// [`HandlerConflict`]. Later, such queues are withheld from this daemon's claims (set in
-    /// `withheld`, logged at ERROR when they start to be, at INFO when claimed again), and
-    /// every other difference is logged at ERROR once. A failed read changes nothing (the
-    /// next heartbeat reads again).
-    async fn compare(
-        &mut self,
-        pool: &Pool,
-        row: &Row,
-        start: bool,
-    ) -> Result<(), HandlerConflict> {
+    /// At a heartbeat: read how the other live daemons run this daemon's queues, and judge.
+    /// A failed read changes nothing (the next heartbeat reads again).
+    async fn compare(&mut self, pool: &Pool, row: &Row) {
         let read = async {
             let client = pool.get().await?;
             client
@@ -262,13 +269,28 @@ impl Differences {
                 ))
                 .await
         };
-        let others = match read.await {
-            Ok(others) => others,
+        match read.await {
+            // Never a conflict after the start: a daemon that runs does not stop for it.
+            Ok(others) => {
+                let _ = self.judge(row, false, others);
+            }
             Err(err) => {
                 tracing::debug!(error = %err, "could not compare handlers with the other daemons");
-                return Ok(());
             }
-        };
+        }
+    }
+
+    /// Judge `others`, how the other live daemons run this daemon's queues. At the `start`, a
+    /// queue this daemon would run with text-stats while another runs it with a handler is a
+    /// [`HandlerConflict`]. Later, such queues are withheld from this daemon's claims (set in
+    /// `withheld`, logged at ERROR when they start to be, at INFO when claimed again). Every
+    /// other difference is logged at ERROR once.
+    fn judge(
+        &mut self,
+        row: &Row,
+        start: bool,
+        others: Vec<queue::daemons::RunElsewhere>,
+    ) -> Result<(), HandlerConflict> {
         let text_stats = HandlerConfig::TextStats.fingerprint();
         let mut withhold: BTreeMap<String, (String, String)> = BTreeMap::new();
         for other in others {

@@ -225,3 +225,45 @@ pub async fn run_elsewhere(
         })
         .collect())
 }
+
+/// The transaction-scoped advisory lock key that serialises daemons' starts ("pgtdhand").
+const START_LOCK: i64 = 0x7067_7464_6861_6e64;
+
+/// At a daemon's start: [`register`] its row and read [`run_elsewhere`] in one transaction,
+/// under an advisory lock that every starting daemon takes, so that of two daemons starting
+/// at once the second sees the first's row (each statement of a transaction reads what was
+/// committed before it began, and the first commits before the second gets the lock).
+///
+/// # Errors
+///
+/// Database failures; the transaction is rolled back (or, when the database is gone, the
+/// session discarded by its bound).
+pub async fn register_and_read(
+    client: &Client,
+    instance: &str,
+    version: &str,
+    queues: &[String],
+    handlers: &[String],
+    every: Duration,
+) -> Result<Vec<RunElsewhere>, DbError> {
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({START_LOCK})"
+        ))
+        .await?;
+    let done = async {
+        register(client, instance, version, queues, handlers, every).await?;
+        run_elsewhere(client, instance, queues).await
+    }
+    .await;
+    match done {
+        Ok(others) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(others)
+        }
+        Err(err) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(err)
+        }
+    }
+}

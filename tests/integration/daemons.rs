@@ -458,3 +458,71 @@ async fn a_daemon_without_the_queues_handler_stops_claiming_it_when_one_with_it_
     plain.signal(libc::SIGTERM);
     assert!(plain.wait().await.success(), "{}", plain.log_text());
 }
+
+/// Two daemons started at the same moment, one with the queue's section and one without:
+/// their starts are serialised, so the one without either refuses to start (it came second)
+/// or, having come first, withholds the queue once the other is there. Either way no task
+/// of the queue is analyzed instead of run. Three trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_started_at_once_never_analyze_a_queue_one_of_them_runs_with_a_handler() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = crate::handlers::Scratch::new();
+    let handler = scratch.script("ran.sh", "echo ran");
+    let with_section = format!(
+        "[worker]\nqueues = [\"jobs\"]\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    );
+    let without = "[worker]\nqueues = [\"jobs\", \"other\"]\npoll_interval = \"200ms\"\n";
+    for trial in 0..3 {
+        let mut exec = DaemonProcess::start(&db, &with_section, &[]);
+        let mut plain = DaemonProcess::start(&db, without, &[]);
+        let refused = eventually(WAIT, "the daemon without the section to step aside", || {
+            let log = plain.log_text();
+            async move {
+                if log.contains("is run by daemon") {
+                    Some(true)
+                } else if log.contains("this daemon stops claiming the queue") {
+                    Some(false)
+                } else {
+                    None
+                }
+            }
+        })
+        .await;
+        within(
+            WAIT,
+            "the tasks",
+            client.batch_execute(
+                "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, 10)",
+            ),
+        )
+        .await
+        .unwrap();
+        crate::support::wait_count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status <> 'SUCCEEDED'",
+            0,
+            "every task to succeed",
+        )
+        .await;
+        let analyzed = crate::support::count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
+        )
+        .await;
+        assert_eq!(
+            analyzed, 0,
+            "trial {trial} (refused: {refused}): tasks analyzed"
+        );
+        if refused {
+            assert_eq!(plain.wait().await.code(), Some(78), "{}", plain.log_text());
+        } else {
+            plain.signal(libc::SIGTERM);
+            assert!(plain.wait().await.success(), "{}", plain.log_text());
+        }
+        exec.signal(libc::SIGTERM);
+        assert!(exec.wait().await.success(), "{}", exec.log_text());
+    }
+}
