@@ -399,6 +399,19 @@ async fn a_daemon_without_the_queues_handler_refuses_to_start_and_other_differen
     }
 }
 
+/// Two daemons' configurations for queue `jobs`: one runs it with an `exec` handler that
+/// answers "ran", the other has no section for it (and serves `other` too).
+fn drifted_configs(scratch: &crate::handlers::Scratch) -> (String, &'static str) {
+    let handler = scratch.script("ran.sh", "echo ran");
+    let with_section = format!(
+        "[worker]\nqueues = [\"jobs\"]\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    );
+    let without = "[worker]\nqueues = [\"jobs\", \"other\"]\npoll_interval = \"200ms\"\n";
+    (with_section, without)
+}
+
 /// The other order: the daemon without the section runs already when the one with it starts
 /// (a restart of the latter, or both at once). From its next heartbeat it leaves the queue
 /// out of its claims, so every task of the queue runs its command; it claims the queue again
@@ -408,13 +421,7 @@ async fn a_daemon_without_the_queues_handler_stops_claiming_it_when_one_with_it_
     let db = TestDb::new().await;
     let client = db.client().await;
     let scratch = crate::handlers::Scratch::new();
-    let handler = scratch.script("ran.sh", "echo ran");
-    let with_section = format!(
-        "[worker]\nqueues = [\"jobs\"]\npoll_interval = \"200ms\"\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
-        handler.display()
-    );
-    let without = "[worker]\nqueues = [\"jobs\", \"other\"]\npoll_interval = \"200ms\"\n";
+    let (with_section, without) = drifted_configs(&scratch);
     let mut plain = DaemonProcess::start(&db, without, &[]);
     wait_listed(&db.url, 1, 0).await;
     let mut exec = DaemonProcess::start(&db, &with_section, &[]);
@@ -468,13 +475,7 @@ async fn daemons_started_at_once_never_analyze_a_queue_one_of_them_runs_with_a_h
     let db = TestDb::new().await;
     let client = db.client().await;
     let scratch = crate::handlers::Scratch::new();
-    let handler = scratch.script("ran.sh", "echo ran");
-    let with_section = format!(
-        "[worker]\nqueues = [\"jobs\"]\npoll_interval = \"200ms\"\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
-        handler.display()
-    );
-    let without = "[worker]\nqueues = [\"jobs\", \"other\"]\npoll_interval = \"200ms\"\n";
+    let (with_section, without) = drifted_configs(&scratch);
     for trial in 0..3 {
         let mut exec = DaemonProcess::start(&db, &with_section, &[]);
         let mut plain = DaemonProcess::start(&db, without, &[]);

@@ -8,6 +8,16 @@ use tokio::net::UnixDatagram;
 use crate::support::daemon::wait_listening;
 use crate::support::{within, DaemonProcess, TestDb, WAIT};
 
+/// A datagram socket of the test's own, standing for systemd's `NOTIFY_SOCKET`, and its path.
+fn notify_socket() -> (UnixDatagram, std::path::PathBuf) {
+    let path = std::env::temp_dir().join(format!(
+        "pgtaskd-notify-{}-{}.sock",
+        std::process::id(),
+        fastrand::u32(..)
+    ));
+    (UnixDatagram::bind(&path).unwrap(), path)
+}
+
 /// Receive notifications until one contains `needle`; returns everything received.
 async fn receive_until(socket: &UnixDatagram, needle: &str, seen: &mut Vec<String>) {
     within(WAIT, &format!("the notification {needle}"), async {
@@ -31,12 +41,7 @@ async fn receive_until(socket: &UnixDatagram, needle: &str, seen: &mut Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_watchdog_and_stopping_are_sent_in_order_across_a_sigterm() {
     let db = TestDb::new().await;
-    let path = std::env::temp_dir().join(format!(
-        "pgtaskd-notify-{}-{}.sock",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    let socket = UnixDatagram::bind(&path).unwrap();
+    let (socket, path) = notify_socket();
     let notify_socket = path.to_string_lossy().to_string();
     let mut daemon = DaemonProcess::start_with_env(
         &db.url,
@@ -120,12 +125,7 @@ async fn a_daemon_is_ready_while_it_works_through_a_backlog() {
     )
     .await
     .unwrap();
-    let path = std::env::temp_dir().join(format!(
-        "pgtaskd-notify-{}-{}.sock",
-        std::process::id(),
-        fastrand::u32(..)
-    ));
-    let socket = UnixDatagram::bind(&path).unwrap();
+    let (socket, path) = notify_socket();
     let notify_socket = path.to_string_lossy().to_string();
     let config = format!(
         "[worker]\nqueues = [\"jobs\"]\n[http]\nlisten = \"127.0.0.1:0\"\n\
