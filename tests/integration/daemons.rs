@@ -412,6 +412,36 @@ fn drifted_configs(scratch: &crate::handlers::Scratch) -> (String, &'static str)
     (with_section, without)
 }
 
+/// Insert `n` tasks into `jobs`, wait until every task of it succeeded, and check that each
+/// ran its command (an analyzed one has no output); `what` names the case.
+async fn insert_and_see_every_task_run(client: &Client, n: i64, what: &str) {
+    within(
+        WAIT,
+        "the tasks",
+        client.batch_execute(&format!(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, {n})"
+        )),
+    )
+    .await
+    .unwrap();
+    crate::support::wait_count(
+        client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status <> 'SUCCEEDED'",
+        0,
+        "every task to succeed",
+    )
+    .await;
+    let analyzed = crate::support::count(
+        client,
+        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
+    )
+    .await;
+    assert_eq!(
+        analyzed, 0,
+        "{what}: tasks of jobs analyzed, their command never run"
+    );
+}
+
 /// The other order: the daemon without the section runs already when the one with it starts
 /// (a restart of the latter, or both at once). From its next heartbeat it leaves the queue
 /// out of its claims, so every task of the queue runs its command; it claims the queue again
@@ -430,31 +460,7 @@ async fn a_daemon_without_the_queues_handler_stops_claiming_it_when_one_with_it_
         .await;
     exec.wait_for_log("another daemon runs this queue with another handler or command")
         .await;
-    within(
-        WAIT,
-        "the tasks",
-        client.batch_execute(
-            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, 40)",
-        ),
-    )
-    .await
-    .unwrap();
-    crate::support::wait_count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status = 'SUCCEEDED'",
-        40,
-        "every task to succeed",
-    )
-    .await;
-    let analyzed = crate::support::count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
-    )
-    .await;
-    assert_eq!(
-        analyzed, 0,
-        "tasks of jobs were analyzed, their command never run"
-    );
+    insert_and_see_every_task_run(&client, 40, "").await;
 
     // The daemon with the section gone, the other claims the queue again.
     exec.signal(libc::SIGTERM);
@@ -492,31 +498,8 @@ async fn daemons_started_at_once_never_analyze_a_queue_one_of_them_runs_with_a_h
             }
         })
         .await;
-        within(
-            WAIT,
-            "the tasks",
-            client.batch_execute(
-                "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'jobs', 'x' FROM generate_series(1, 10)",
-            ),
-        )
-        .await
-        .unwrap();
-        crate::support::wait_count(
-            &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status <> 'SUCCEEDED'",
-            0,
-            "every task to succeed",
-        )
-        .await;
-        let analyzed = crate::support::count(
-            &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
-        )
-        .await;
-        assert_eq!(
-            analyzed, 0,
-            "trial {trial} (refused: {refused}): tasks analyzed"
-        );
+        insert_and_see_every_task_run(&client, 10, &format!("trial {trial}, refused: {refused}"))
+            .await;
         if refused {
             assert_eq!(plain.wait().await.code(), Some(78), "{}", plain.log_text());
         } else {
