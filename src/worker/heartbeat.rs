@@ -9,13 +9,14 @@
 //!
 //! Spawned by [`Worker::run`]; ends when [`Worker::shutdown`] saw the last task end.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::Worker;
 use crate::backoff::jitter;
-use crate::queue::{self, Beat, Extended};
+use crate::queue::{self, Beat};
 use crate::repeats::{log_failure, log_recovery, Repeats};
 
 impl Worker {
@@ -62,14 +63,6 @@ impl Worker {
                     continue;
                 }
             };
-            let renewed: Vec<(i64, i64)> = extended
-                .iter()
-                .filter(|e| matches!(e.beat, Beat::Extended { .. }))
-                .filter_map(|e| claims.iter().find(|(id, _)| *id == e.id).copied())
-                .collect();
-            self.inner
-                .running
-                .extended(&renewed, sent + self.inner.config.lease);
             // Few rows are ever locked: look their tokens up, rather than every claim in the
             // answer.
             let busy: Vec<(i64, i64)> = extended
@@ -80,8 +73,15 @@ impl Worker {
             if !busy.is_empty() && !waiting.swap(true, Ordering::AcqRel) {
                 tokio::spawn(self.clone().extend_busy(busy, Arc::clone(&waiting)));
             }
+            // Each claim's beat, found once (the answer holds every claim still held).
+            let beats: HashMap<i64, Beat> = extended.iter().map(|e| (e.id, e.beat)).collect();
+            let mut renewed = Vec::with_capacity(claims.len());
             let mut lost = 0;
             for &(id, token) in &claims {
+                let beat = beats.get(&id).copied();
+                if matches!(beat, Some(Beat::Extended { .. })) {
+                    renewed.push((id, token));
+                }
                 let Some(task) = self.inner.running.get(id) else {
                     continue;
                 };
@@ -89,7 +89,7 @@ impl Worker {
                     continue;
                 }
                 let attempt = task.attempt;
-                match verdict(&extended, id, task.cancel.is_cancelled(), task.analyzed) {
+                match verdict(beat, task.cancel.is_cancelled(), task.analyzed) {
                     Verdict::Keep => {}
                     Verdict::CancelRequested => {
                         tracing::info!(
@@ -110,6 +110,9 @@ impl Worker {
                     }
                 }
             }
+            self.inner
+                .running
+                .extended(&renewed, sent + self.inner.config.lease);
             if lost > 0 {
                 tracing::warn!(
                     tasks = lost,
@@ -201,12 +204,13 @@ enum Verdict {
     LeaseLost,
 }
 
-/// The verdict for task `id`, given the leases the heartbeat `extended`, whether the task's
+/// The verdict for a task, given its `beat` in the heartbeat's answer (none: not held any
+/// more), whether the task's
 /// analyzer was already told to stop, and whether it has returned. A task whose analyzer has
 /// returned is being written: its row may have just been finished (so no lease was extended)
 /// and its write is fenced anyway, so there is nothing to stop and nothing to warn of.
-fn verdict(extended: &[Extended], id: i64, already_cancelled: bool, analyzed: bool) -> Verdict {
-    match extended.iter().find(|e| e.id == id).map(|e| e.beat) {
+fn verdict(beat: Option<Beat>, already_cancelled: bool, analyzed: bool) -> Verdict {
+    match beat {
         _ if analyzed => Verdict::Keep,
         Some(Beat::Extended {
             cancel_requested: true,
@@ -219,6 +223,7 @@ fn verdict(extended: &[Extended], id: i64, already_cancelled: bool, analyzed: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::Extended;
 
     fn extended(id: i64, cancel_requested: bool) -> Extended {
         Extended {
@@ -251,7 +256,11 @@ mod tests {
         ];
         for (id, already_cancelled, analyzed, expected) in cases {
             assert_eq!(
-                verdict(&answer, id, already_cancelled, analyzed),
+                verdict(
+                    answer.iter().find(|e| e.id == id).map(|e| e.beat),
+                    already_cancelled,
+                    analyzed
+                ),
                 expected,
                 "task {id}, already cancelled: {already_cancelled}, analyzed: {analyzed}"
             );
