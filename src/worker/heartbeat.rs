@@ -205,10 +205,10 @@ enum Verdict {
 }
 
 /// The verdict for a task, given its `beat` in the heartbeat's answer (none: not held any
-/// more), whether the task's
-/// analyzer was already told to stop, and whether it has returned. A task whose analyzer has
-/// returned is being written: its row may have just been finished (so no lease was extended)
-/// and its write is fenced anyway, so there is nothing to stop and nothing to warn of.
+/// more), whether its analyzer was already told to stop, and whether it has returned. A task
+/// whose analyzer has returned is being written: its row may have just been finished (so no
+/// lease was extended) and its write is fenced anyway, so there is nothing to stop and
+/// nothing to warn of.
 fn verdict(beat: Option<Beat>, already_cancelled: bool, analyzed: bool) -> Verdict {
     match beat {
         _ if analyzed => Verdict::Keep,
