@@ -34,9 +34,11 @@
 //! | `exec.rs` | the run: the feed-and-read loop, stopping, the answer |
 //! | `exec/child.rs` | starting the child in its group; signalling the group |
 //! | `exec/spawn.rs` | starting a child without `fork`; waiting for its exit |
+//! | `exec/argv.rs` | what the child is given to `execve`: argv, environment, the paths tried, the shell's argv |
 //! | `exec/env.rs` | the child's environment ([`child_env`]) |
 //! | `exec/output.rs` | bounded stdout, the stderr ring, reading a pipe without waiting |
 
+mod argv;
 mod child;
 mod env;
 mod output;

@@ -23,7 +23,7 @@
 //! no exit is missed), with `waitpid` on its own pid alone. A child dropped before it was
 //! reaped is SIGKILLed and reaped later, by the next [`spawn`].
 
-use std::ffi::{CStr, CString, OsString};
+use std::ffi::{CString, OsString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -37,15 +37,10 @@ use libc::{c_char, c_int, c_void};
 use tokio::net::unix::pipe;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use super::argv::{c_string, candidates, null_terminated, shell_argv, SHELL};
+
 /// The child's stack until its `exec`: it makes a few system calls, on a few hundred bytes.
 const STACK: usize = 64 * 1024;
-
-/// The directories searched for a bare program name when the child has no `PATH`, as glibc's
-/// `execvp` does.
-const DEFAULT_PATH: &[u8] = b"/bin:/usr/bin";
-
-/// The shell that runs a file the kernel cannot (`ENOEXEC`), as `execvp`'s `_PATH_BSHELL`.
-static SHELL: &CStr = c"/bin/sh";
 
 /// Children dropped before they were reaped (SIGKILLed already): reaped by the next spawn.
 static ORPHANS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
@@ -321,60 +316,6 @@ fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
-/// The paths the child tries: `program` itself when it holds a `/`, else `DIR/program` for
-/// each directory of the child's `PATH` (an empty one is the current directory).
-fn candidates(program: &str, env: &[(OsString, OsString)]) -> io::Result<Vec<CString>> {
-    if program.contains('/') {
-        return Ok(vec![c_string(program.as_bytes().to_vec())?]);
-    }
-    if program.is_empty() {
-        return Ok(Vec::new());
-    }
-    let path = env
-        .iter()
-        .rev()
-        .find(|(name, _)| name == "PATH")
-        .map_or(DEFAULT_PATH, |(_, value)| value.as_bytes());
-    path.split(|b| *b == b':')
-        .map(|dir| {
-            let dir = if dir.is_empty() { b".".as_slice() } else { dir };
-            let mut full = Vec::with_capacity(dir.len() + program.len() + 1);
-            full.extend_from_slice(dir);
-            full.push(b'/');
-            full.extend_from_slice(program.as_bytes());
-            c_string(full)
-        })
-        .collect()
-}
-
-/// The argv for [`SHELL`] when a candidate is a file the kernel cannot run, as `execvp`
-/// builds it: the shell, the candidate (slot 1, null here: the child sets it), then `argv`
-/// after its `argv[0]`, with its terminating null.
-fn shell_argv(argv: &[*const c_char]) -> Vec<*const c_char> {
-    let mut shell = Vec::with_capacity(argv.len() + 1);
-    shell.push(SHELL.as_ptr());
-    shell.push(ptr::null());
-    shell.extend_from_slice(argv.get(1..).unwrap_or(&[ptr::null()]));
-    shell
-}
-
-fn c_string(bytes: Vec<u8>) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a NUL byte in the command or its environment",
-        )
-    })
-}
-
-fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
-    strings
-        .iter()
-        .map(|s| s.as_ptr())
-        .chain(std::iter::once(ptr::null()))
-        .collect()
-}
-
 /// A pipe, both ends closed on `exec`: (read end, write end).
 fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as c_int; 2];
@@ -448,50 +389,4 @@ fn reap_orphans() {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     orphans.retain(|pid| matches!(try_wait(*pid), Ok(None)));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn path(value: &str) -> Vec<(OsString, OsString)> {
-        vec![
-            ("HOME".into(), "/home/x".into()),
-            ("PATH".into(), value.into()),
-        ]
-    }
-
-    #[test]
-    fn a_bare_name_is_looked_up_on_the_childs_path() {
-        assert_eq!(
-            candidates("wc", &path("/a::/b/")).unwrap(),
-            [c"/a/wc", c"./wc", c"/b//wc"]
-        );
-        assert_eq!(candidates("wc", &[]).unwrap(), [c"/bin/wc", c"/usr/bin/wc"]);
-    }
-
-    #[test]
-    fn the_shells_argv_is_the_shell_the_file_and_the_arguments() {
-        let argv = [
-            c"prog".as_ptr(),
-            c"a b".as_ptr(),
-            c"c".as_ptr(),
-            ptr::null(),
-        ];
-        let shell = shell_argv(&argv);
-        assert_eq!(shell.len(), 5);
-        assert_eq!(shell[0], SHELL.as_ptr());
-        assert!(shell[1].is_null(), "the child's slot for the file");
-        assert_eq!(&shell[2..], &argv[1..]);
-        let alone = shell_argv(&[c"prog".as_ptr(), ptr::null()]);
-        assert_eq!(alone, [SHELL.as_ptr(), ptr::null(), ptr::null()]);
-    }
-
-    #[test]
-    fn a_name_with_a_slash_is_taken_as_it_is() {
-        assert_eq!(candidates("/x/wc", &path("/a")).unwrap(), [c"/x/wc"]);
-        assert_eq!(candidates("bin/wc", &path("/a")).unwrap(), [c"bin/wc"]);
-        assert!(candidates("", &path("/a")).unwrap().is_empty());
-        assert!(candidates("w\0c", &path("/a")).is_err());
-    }
 }
