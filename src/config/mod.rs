@@ -22,7 +22,7 @@
 //! and the HTTP server. Beside it: `keys.rs`, the keys that may be set outside the file, their
 //! variables and flags; `overlay.rs`, the environment and the flags gathered; `resolve.rs`,
 //! the overlay laid over the file and every error collected; `raw.rs`, the structs that mirror
-//! the file and their validation; `filter.rs`, what `log.level` may be; `wording.rs`, what each
+//! the file and their validation; `values.rs`, the rules of single values and the errors kept; `filter.rs`, what `log.level` may be; `wording.rs`, what each
 //! key takes in plain words; `location.rs`, the line, column and key an error points at.
 
 use std::path::{Path, PathBuf};
@@ -46,6 +46,7 @@ mod raw;
 mod resolve;
 #[cfg(test)]
 mod tests;
+mod values;
 mod wording;
 
 /// The file read when neither `--config` nor `PGTASKD_CONFIG` names one, if it exists.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{duration, nonzero, positive, positive_size, size, Errors};
+use super::values::{duration, nonzero, positive, positive_size, size, Errors};
 use crate::handler::exec::ExecSpec;
 use crate::handler::http::HttpSpec;
 
