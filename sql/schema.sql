@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0023_daemon_handlers.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0024_task_view.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -168,6 +168,23 @@ COMMENT ON TABLE pgtaskd.daemons IS
     'pgtaskd: the daemons running, their queues and heartbeats; stale after 3 heartbeat periods';
 COMMENT ON COLUMN pgtaskd.daemons.handlers IS
     'pgtaskd: how the daemon runs each of its queues (parallel to queues): text-stats, exec:FINGERPRINT or http:FINGERPRINT';
+
+-- ---------------------------------------------------------------------------------------
+-- Views
+-- ---------------------------------------------------------------------------------------
+
+-- Where a task's state and results are read (version 24): today every column of
+-- `pgtaskd.tasks`; when the table keeps only what the producer wrote (docs/storage.md), the
+-- same columns gathered from the tables that hold the state ("Table `pgtaskd.tasks`").
+CREATE VIEW pgtaskd.task_view AS
+SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt, t.max_attempts,
+       t.cancel_requested, t.words, t.bytes, t.runes, t.error, t.lease_owner,
+       t.lease_expires_at, t.created_at, t.started_at, t.finished_at, t.idempotency_key,
+       t.claim_token, t.output, t.traceparent
+  FROM pgtaskd.tasks AS t;
+
+COMMENT ON VIEW pgtaskd.task_view IS
+    'pgtaskd: every task with its state and results: SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view WHERE id = $1';
 
 -- ---------------------------------------------------------------------------------------
 -- Indexes (the primary keys aside)
@@ -919,7 +936,7 @@ CREATE FUNCTION pgtaskd.grant_producer(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent) '
                    'ON pgtaskd.tasks TO %I', role_name);
@@ -944,6 +961,8 @@ BEGIN
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent) '
                    'ON pgtaskd.tasks TO %I', role_name);
+    -- The CLI and the HTTP API read tasks' state through the view (version 24).
+    EXECUTE format('GRANT SELECT ON pgtaskd.task_view TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations, pgtaskd.paused_queues TO %I',
                    role_name);
     -- Each daemon flags itself idle (version 7).
@@ -973,7 +992,7 @@ CREATE FUNCTION pgtaskd.grant_operator(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.paused_queues, '
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view, pgtaskd.paused_queues, '
                    'pgtaskd.schema_migrations TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.pause_queue(text), '
                    'pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '

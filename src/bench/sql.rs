@@ -15,17 +15,18 @@ pub(super) const DELETE_ROWS: &str = "DELETE FROM pgtaskd.tasks WHERE queue = $1
 pub(super) const VACUUM: &str = "VACUUM (ANALYZE) pgtaskd.tasks";
 /// Whether queue `$1` has a QUEUED or RUNNING task: two `EXISTS` on the partial indexes.
 pub(super) const BUSY: &str =
-    "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
-         OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING')";
+    "SELECT EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED')
+         OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'RUNNING')";
 /// The tasks of queue `$1` a handler answered: SUCCEEDED with an output.
-pub(super) const HANDLER_SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.tasks \
+pub(super) const HANDLER_SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.task_view \
      WHERE queue = $1 AND status = 'SUCCEEDED' AND output IS NOT NULL";
 
 /// The SUCCEEDED tasks of queue `$1`.
 pub(super) const SUCCEEDED: &str =
-    "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'SUCCEEDED'";
+    "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'SUCCEEDED'";
 /// The last finish of queue `$1`.
-pub(super) const LAST_FINISH: &str = "SELECT max(finished_at) FROM pgtaskd.tasks WHERE queue = $1";
+pub(super) const LAST_FINISH: &str =
+    "SELECT max(finished_at) FROM pgtaskd.task_view WHERE queue = $1";
 /// The server's WAL position, in bytes from the start.
 pub(super) const WAL_POSITION: &str = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8";
 
@@ -35,7 +36,7 @@ pub(super) const WAL_POSITION: &str = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn
 pub(super) const TOTALS: &str =
     "SELECT coalesce(sum(words), 0)::int8, coalesce(sum(bytes), 0)::int8,
             coalesce(sum(runes), 0)::int8, count(*) FILTER (WHERE status = 'SUCCEEDED')
-       FROM pgtaskd.tasks WHERE queue = $1";
+       FROM pgtaskd.task_view WHERE queue = $1";
 
 // Timing one task at a time (`timing.rs`, `producers.rs`).
 
@@ -96,12 +97,12 @@ pub(super) const NO_IDLE_IN_TRANSACTION_TIMEOUT: &str =
     "SET idle_in_transaction_session_timeout = 0";
 /// [`BUSY`], and the database's clock.
 pub(super) const BUSY_AND_NOW: &str =
-    "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED')
-         OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING'),
+    "SELECT EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED')
+         OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'RUNNING'),
             now()";
 /// The QUEUED tasks of queue `$1` (the held snapshot's read).
 pub(super) const QUEUED: &str =
-    "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED'";
+    "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED'";
 /// One sample: the clock; the QUEUED tasks at priority 0 of queue `$1` from id `$2` on, and
 /// the oldest of them; the table's dead tuples, autovacuums, and sizes.
 pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest,
@@ -109,7 +110,7 @@ pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest,
             pg_table_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
             pg_indexes_size(c.oid)
        FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid,
-            LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.tasks
+            LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.task_view
                       WHERE queue = $1 AND priority = 0 AND id >= $2
                         AND status = 'QUEUED') b
       WHERE c.oid = 'pgtaskd.tasks'::regclass";
@@ -118,7 +119,7 @@ pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest,
 pub(super) const FINISHED: &str = "SELECT extract(epoch FROM finished_at - $2)::float8,
             (extract(epoch FROM finished_at - created_at) * 1000)::float8,
             status = 'SUCCEEDED', words, bytes, runes
-       FROM pgtaskd.tasks
+       FROM pgtaskd.task_view
       WHERE queue = $1 AND finished_at >= $3
         AND ($4::timestamptz IS NULL OR finished_at < $4)";
 

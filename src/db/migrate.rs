@@ -136,6 +136,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0023_daemon_handlers",
         sql: include_str!("../../sql/0023_daemon_handlers.sql"),
     },
+    Migration {
+        version: 24,
+        name: "0024_task_view",
+        sql: include_str!("../../sql/0024_task_view.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -112,7 +112,7 @@ async fn ended(pool: &Pool, ids: &[i64]) -> Result<Vec<i64>, crate::db::DbError>
             session
                 .query_typed(
                     "SELECT w.id FROM unnest($1::bigint[]) AS w(id) \
-                       LEFT JOIN pgtaskd.tasks AS t ON t.id = w.id \
+                       LEFT JOIN pgtaskd.task_view AS t ON t.id = w.id \
                       WHERE t.id IS NULL OR t.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
                     &[(&ids, Type::INT8_ARRAY)],
                 )

@@ -59,7 +59,7 @@ pub async fn cancel_requested(
 ) -> Result<Vec<i64>, DbError> {
     let rows = client
         .query_typed(
-            "SELECT id FROM pgtaskd.tasks \
+            "SELECT id FROM pgtaskd.task_view \
               WHERE id = ANY($1) AND status = 'RUNNING' AND lease_owner = $2 AND cancel_requested",
             &[(&ids, Type::INT8_ARRAY), (&owner, Type::TEXT)],
         )

@@ -302,7 +302,7 @@ pub async fn held_by(
 ) -> Result<Vec<(i64, i32, i64)>, DbError> {
     let rows = client
         .query_typed(
-            "SELECT id, attempt, claim_token FROM pgtaskd.tasks \
+            "SELECT id, attempt, claim_token FROM pgtaskd.task_view \
               WHERE status = 'RUNNING' AND lease_owner = $1 AND queue = ANY ($2)",
             &[(&owner, Type::TEXT), (&queues, Type::TEXT_ARRAY)],
         )

@@ -146,7 +146,7 @@ fn statement(filter: &ListFilter) -> String {
             .iter()
             .map(|&status| {
                 format!(
-                    "(SELECT * FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1)",
+                    "(SELECT * FROM pgtaskd.task_view{} ORDER BY id DESC LIMIT $1)",
                     where_sql(Some(status))
                 )
             })
@@ -157,7 +157,7 @@ fn statement(filter: &ListFilter) -> String {
         );
     }
     format!(
-        "SELECT {LISTED_COLUMNS}, {preview} FROM pgtaskd.tasks{} ORDER BY id DESC LIMIT $1",
+        "SELECT {LISTED_COLUMNS}, {preview} FROM pgtaskd.task_view{} ORDER BY id DESC LIMIT $1",
         where_sql(filter.status)
     )
 }

@@ -95,7 +95,7 @@ pub async fn retry_failed(
 pub async fn failed_count(client: &Client, queue: &str, above: i64) -> Result<i64, DbError> {
     let row = client
         .query_typed_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = 'FAILED' AND id > $2",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'FAILED' AND id > $2",
             &[(&queue, Type::TEXT), (&above, Type::INT8)],
         )
         .await?;
@@ -112,10 +112,10 @@ pub async fn failed_count(client: &Client, queue: &str, above: i64) -> Result<i6
 pub async fn queue_known(client: &Client, queue: &str) -> Result<bool, DbError> {
     let row = client
         .query_typed_one(
-            "SELECT EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 \
+            "SELECT EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 \
                              AND status IN ('SUCCEEDED', 'FAILED', 'CANCELED')) \
-                 OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'QUEUED') \
-                 OR EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE queue = $1 AND status = 'RUNNING') \
+                 OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED') \
+                 OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'RUNNING') \
                  OR EXISTS (SELECT 1 FROM pgtaskd.paused_queues WHERE queue = $1)",
             &[(&queue, Type::TEXT)],
         )

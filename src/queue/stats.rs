@@ -78,12 +78,12 @@ WITH queued AS (
            count(*) AS queued,
            count(*) FILTER (WHERE run_at <= now()) AS due,
            min(greatest(created_at, run_at)) FILTER (WHERE run_at <= now()) AS oldest_due
-      FROM pgtaskd.tasks
+      FROM pgtaskd.task_view
      WHERE status = 'QUEUED'
      GROUP BY queue
 ), running AS (
     SELECT queue, count(*) AS running
-      FROM pgtaskd.tasks
+      FROM pgtaskd.task_view
      WHERE status = 'RUNNING'
      GROUP BY queue
 )"
@@ -111,7 +111,7 @@ const QUEUES: &str = concat!(
            count(*) FILTER (WHERE status = 'SUCCEEDED') AS s_h,
            count(*) FILTER (WHERE status = 'FAILED') AS f_h,
            count(*) FILTER (WHERE status = 'CANCELED') AS c_h
-      FROM pgtaskd.tasks
+      FROM pgtaskd.task_view
      WHERE finished_at >= now() - interval '1 hour'
      GROUP BY queue
 ), names AS (
@@ -263,7 +263,7 @@ SELECT date_trunc('minute', finished_at) AS minute,
        count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
        count(*) FILTER (WHERE status = 'FAILED') AS failed,
        count(*) FILTER (WHERE status = 'CANCELED') AS canceled
-  FROM pgtaskd.tasks
+  FROM pgtaskd.task_view
  WHERE finished_at >= $1
  GROUP BY 1";
 

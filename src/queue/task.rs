@@ -82,7 +82,7 @@ pub(crate) fn status_column(text: &str) -> TaskStatus {
         .unwrap_or_else(|err| panic!("the tasks table's CHECK constraint was bypassed: {err}"))
 }
 
-/// One row of `pgtaskd.tasks`. The payload is a `String`, or a `&str` in the row's own buffer
+/// One row of `pgtaskd.task_view`. The payload is a `String`, or a `&str` in the row's own buffer
 /// for a large one that is only serialized ([`get_row`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Task<P = String> {
@@ -176,7 +176,7 @@ impl<'a, P: FromSql<'a>> Task<P> {
 ///
 /// [`DbError::Unavailable`] when the database cannot be asked: never `None` for that.
 pub async fn get(client: &Client, id: i64) -> Result<Option<Task>, DbError> {
-    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
+    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.task_view WHERE id = $1");
     let row = client.query_typed_opt(&sql, &[(&id, Type::INT8)]).await?;
     Ok(row.as_ref().map(Task::from_row))
 }
@@ -189,7 +189,7 @@ pub async fn get(client: &Client, id: i64) -> Result<Option<Task>, DbError> {
 pub async fn get_many(client: &Client, ids: &[i64]) -> Result<Vec<Task>, DbError> {
     let sql = format!(
         "SELECT {COLUMNS} FROM unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) \
-           JOIN pgtaskd.tasks USING (id) ORDER BY w.n"
+           JOIN pgtaskd.task_view USING (id) ORDER BY w.n"
     );
     let rows = client
         .query_typed(&sql, &[(&ids, Type::INT8_ARRAY)])
@@ -229,7 +229,7 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
             "CASE WHEN octet_length(payload) <= $2::bigint THEN payload ELSE '' END AS payload"
         ),
         ", octet_length(payload)::bigint AS payload_bytes \
-         FROM pgtaskd.tasks WHERE id = $1"
+         FROM pgtaskd.task_view WHERE id = $1"
     );
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&id, Type::INT8), (&max_payload, Type::INT8)];
     let Some(row) = client.query_typed_opt(SQL, &params).await? else {
@@ -254,6 +254,6 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
 ///
 /// [`DbError::Unavailable`] when the database cannot be asked.
 pub async fn get_row(client: &Client, id: i64) -> Result<Option<Row>, DbError> {
-    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.tasks WHERE id = $1");
+    let sql = format!("SELECT {COLUMNS} FROM pgtaskd.task_view WHERE id = $1");
     Ok(client.query_typed_opt(&sql, &[(&id, Type::INT8)]).await?)
 }

@@ -51,7 +51,7 @@ async fn a_drain_reports_its_figures_and_the_workloads_totals_and_leaves_no_rows
     assert!(report["server_cpu_s"].as_f64().unwrap() > 0.0, "{report}");
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }
@@ -82,7 +82,7 @@ async fn latency_mode_times_each_task_until_the_daemon_starts_its_analyzer_and_t
     );
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }
@@ -133,7 +133,7 @@ async fn ceiling_mode_claims_and_finishes_the_backlog_without_a_daemon_then_drai
     }
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }
@@ -203,7 +203,7 @@ async fn producers_mode_reports_commits_with_and_without_the_trigger_the_idle_la
     );
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
     assert_eq!(
@@ -278,7 +278,7 @@ async fn a_killed_bench_leaves_no_daemon_running() {
         async move {
             (count(
                 client,
-                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+                "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
             )
             .await
                 > 0)
@@ -337,7 +337,7 @@ async fn a_drain_with_a_handler_drains_the_backlog_again_through_it_and_reports_
     }
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }

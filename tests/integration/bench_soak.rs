@@ -86,7 +86,7 @@ async fn soak_mode_reports_each_period_and_reads_every_task_back_succeeded() {
     );
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }

@@ -93,7 +93,7 @@ async fn seeded_kills_restarts_and_terminated_sessions_lose_nothing_and_finish_n
         async move {
             let left: i64 = client
                 .query_one(
-                    "SELECT count(*) FROM pgtaskd.tasks WHERE status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
+                    "SELECT count(*) FROM pgtaskd.task_view WHERE status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
                     &[],
                 )
                 .await
@@ -106,7 +106,7 @@ async fn seeded_kills_restarts_and_terminated_sessions_lose_nothing_and_finish_n
 
     let rows = client
         .query(
-            "SELECT id, payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
+            "SELECT id, payload, status, words, bytes, runes, attempt FROM pgtaskd.task_view",
             &[],
         )
         .await

@@ -66,7 +66,7 @@ async fn two_claimers_released_by_one_barrier_get_one_winner_thirty_times_in_a_r
         );
         let row = setup
             .query_one(
-                "SELECT status, attempt, lease_owner FROM pgtaskd.tasks WHERE id = $1",
+                "SELECT status, attempt, lease_owner FROM pgtaskd.task_view WHERE id = $1",
                 &[&id],
             )
             .await
@@ -130,7 +130,7 @@ async fn eight_claimers_over_two_thousand_tasks_claim_each_task_exactly_once() {
     assert!(all.iter().all(|(_, attempt)| *attempt == 1));
     let row = setup
         .query_one(
-            "SELECT count(*) FILTER (WHERE status = 'RUNNING' AND attempt = 1), count(*) FROM pgtaskd.tasks",
+            "SELECT count(*) FILTER (WHERE status = 'RUNNING' AND attempt = 1), count(*) FROM pgtaskd.task_view",
             &[],
         )
         .await
@@ -183,7 +183,7 @@ async fn a_claim_sets_the_lease_from_the_database_clock() {
     let row = client
         .query_one(
             "SELECT lease_owner, extract(epoch FROM lease_expires_at - started_at)::float8, started_at IS NOT NULL
-               FROM pgtaskd.tasks WHERE id = $1",
+               FROM pgtaskd.task_view WHERE id = $1",
             &[&claimed[0].id],
         )
         .await
@@ -355,7 +355,7 @@ async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'QUEUED'"
         )
         .await,
         0,

@@ -59,7 +59,7 @@ async fn a_claim_stops_at_the_first_task_that_would_pass_the_byte_budget() {
     assert_eq!(batch.tasks[0].payload.as_ref().unwrap().as_str().len(), 100);
     let queued: i64 = client
         .query_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'QUEUED'",
             &[],
         )
         .await

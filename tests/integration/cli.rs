@@ -64,7 +64,10 @@ async fn enqueue_reads_a_file_or_standard_input() {
     let client = db.client().await;
     for (id, want) in [(from_file, "from a file"), (from_stdin, "from stdin ü")] {
         let row = client
-            .query_one("SELECT payload FROM pgtaskd.tasks WHERE id = $1", &[&id])
+            .query_one(
+                "SELECT payload FROM pgtaskd.task_view WHERE id = $1",
+                &[&id],
+            )
             .await
             .unwrap();
         assert_eq!(row.get::<_, &str>(0), want);
@@ -263,7 +266,7 @@ async fn a_closed_pipe_or_a_full_disk_ends_a_command_without_a_panic() {
     let client = db.client().await;
     let made: i64 = client
         .query_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE payload = 'into a closed pipe'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE payload = 'into a closed pipe'",
             &[],
         )
         .await
@@ -350,7 +353,7 @@ async fn enqueue_refuses_what_http_refuses_with_the_same_words() {
     }
     let client = db.client().await;
     let tasks: i64 = client
-        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .query_one("SELECT count(*) FROM pgtaskd.task_view", &[])
         .await
         .unwrap()
         .get(0);

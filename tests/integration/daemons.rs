@@ -426,14 +426,14 @@ async fn insert_and_see_every_task_run(client: &Client, n: i64, what: &str) {
     .unwrap();
     crate::support::wait_count(
         client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status <> 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'jobs' AND status <> 'SUCCEEDED'",
         0,
         "every task to succeed",
     )
     .await;
     let analyzed = crate::support::count(
         client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND output IS NULL",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'jobs' AND output IS NULL",
     )
     .await;
     assert_eq!(

@@ -20,7 +20,7 @@ async fn wait_all_succeeded(client: &tokio_postgres::Client, tasks: i64) {
     eventually(WAIT, "every task to succeed", || async move {
         let row = client
             .query_one(
-                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+                "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
                 &[],
             )
             .await
@@ -194,7 +194,7 @@ async fn a_prepared_producer_enqueues_with_pgtaskd_notify_off_while_a_daemon_is_
         .unwrap();
     let id: i64 = client
         .query_one(
-            "SELECT id FROM pgtaskd.tasks WHERE payload = 'prepared'",
+            "SELECT id FROM pgtaskd.task_view WHERE payload = 'prepared'",
             &[],
         )
         .await

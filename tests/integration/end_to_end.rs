@@ -36,7 +36,7 @@ async fn inserted_rows_are_analyzed_and_committed_by_the_daemon_process() {
         async move {
             let row = client
                 .query_opt(
-                    "SELECT words, bytes, runes FROM pgtaskd.tasks WHERE payload = 'naïve 日本語 text' AND status = 'SUCCEEDED'",
+                    "SELECT words, bytes, runes FROM pgtaskd.task_view WHERE payload = 'naïve 日本語 text' AND status = 'SUCCEEDED'",
                     &[],
                 )
                 .await
@@ -62,7 +62,7 @@ async fn inserted_rows_are_analyzed_and_committed_by_the_daemon_process() {
         async move {
             let row = client
                 .query_one(
-                    "SELECT count(*) FROM pgtaskd.tasks WHERE status <> 'SUCCEEDED'",
+                    "SELECT count(*) FROM pgtaskd.task_view WHERE status <> 'SUCCEEDED'",
                     &[],
                 )
                 .await
@@ -74,7 +74,7 @@ async fn inserted_rows_are_analyzed_and_committed_by_the_daemon_process() {
 
     let rows = client
         .query(
-            "SELECT payload, words, bytes, runes, attempt, error FROM pgtaskd.tasks WHERE id > 1 ORDER BY id",
+            "SELECT payload, words, bytes, runes, attempt, error FROM pgtaskd.task_view WHERE id > 1 ORDER BY id",
             &[],
         )
         .await
@@ -147,7 +147,7 @@ async fn at_info_level_a_drain_logs_a_summary_and_no_line_per_task() {
     );
     crate::support::wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         TASKS as i64,
         "the drain",
     )

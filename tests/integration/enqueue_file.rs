@@ -34,7 +34,10 @@ async fn a_file_of_several_chunks_is_the_payload_to_the_byte_and_a_key_finds_it_
     let stored: String = within(
         WAIT,
         "the payload",
-        client.query_one("SELECT payload FROM pgtaskd.tasks WHERE id = $1", &[&id]),
+        client.query_one(
+            "SELECT payload FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        ),
     )
     .await
     .unwrap()
@@ -53,7 +56,7 @@ async fn a_file_of_several_chunks_is_the_payload_to_the_byte_and_a_key_finds_it_
     assert!(status.success(), "{stderr}");
     assert_eq!(stdout.trim().parse::<i64>().unwrap(), id);
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         1
     );
 }
@@ -74,7 +77,7 @@ async fn a_file_that_is_not_utf8_is_refused_and_nothing_is_inserted() {
         "{stderr}"
     );
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
 }

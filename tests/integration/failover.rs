@@ -26,7 +26,7 @@ const TASKS: usize = 20_000;
 const CONFIG: &str = "[worker]\nconcurrency = 8\nlease = \"10s\"\npoll_interval = \"200ms\"\n\
                       [database]\nconnect_timeout = \"2s\"\n";
 const TERMINAL: &str =
-    "SELECT count(*) FROM pgtaskd.tasks WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
+    "SELECT count(*) FROM pgtaskd.task_view WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
 
 /// Make every commit on the primary wait for the standby (`synchronous_standby_names`, with
 /// the default `synchronous_commit = on`), and wait until the standby replicates that way.
@@ -143,7 +143,7 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
         "the first finish",
         new_primary.query_one(
             "SELECT (extract(epoch FROM min(finished_at) - $1::text::timestamptz) * 1000)::float8
-               FROM pgtaskd.tasks WHERE finished_at > $1::text::timestamptz",
+               FROM pgtaskd.task_view WHERE finished_at > $1::text::timestamptz",
             &[&crashed_at],
         ),
     )
@@ -162,7 +162,7 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
     assert_eq!(audit::transitions_out_of_terminal(&new_primary).await, 0);
     assert_eq!(audit::tasks_finished_twice(&new_primary).await, 0);
     let attempts: HashMap<i64, i32> = new_primary
-        .query("SELECT id, attempt FROM pgtaskd.tasks", &[])
+        .query("SELECT id, attempt FROM pgtaskd.task_view", &[])
         .await
         .unwrap()
         .iter()
@@ -239,7 +239,7 @@ async fn a_failover_under_load_finishes_every_task_once_within_30_s_of_the_promo
         DaemonProcess::start_with_env(&url, LOADED, &[], &env),
         DaemonProcess::start_with_env(&url, LOADED, &[], &env),
     ];
-    const SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'";
+    const SUCCEEDED: &str = "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'";
     eventually(WAIT, "3,000 tasks to succeed", || {
         let client = &client;
         async move { (count(client, SUCCEEDED).await >= 3_000).then_some(()) }

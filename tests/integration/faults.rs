@@ -33,7 +33,7 @@ async fn unknown_outcome_ends_succeeded_with_one_analyzer_run(fault: Fault) {
     let texts = insert_payloads(&client, BATCH).await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED')",
         BATCH as i64,
         "every task to finish",
     )
@@ -91,7 +91,7 @@ async fn a_claim_committed_but_unanswered_gives_its_tasks_back_without_waiting_f
 
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         BATCH as i64,
         "every task to succeed, those of the unanswered claim included",
     )
@@ -141,7 +141,7 @@ async fn a_terminated_listener_reconnects_and_rescans_before_the_poll_tick() {
         .await
         .unwrap();
     let limit = Duration::from_secs(15); // well under the 60 s poll tick
-    let done = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'";
+    let done = "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'";
     eventually(limit, "the task enqueued while deaf", || async {
         (count(&client, done).await == 1).then_some(())
     })
@@ -174,7 +174,7 @@ async fn assert_backlog_done(client: &Client, n: i64) {
     eventually(WAIT, "the backlog to finish", || async move {
         (count(
             client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         )
         .await
             == n)
@@ -340,7 +340,7 @@ async fn a_pool_of_two_serves_concurrency_sixteen_with_at_most_three_sessions() 
         names.extend(rows.iter().map(|r| r.get::<_, String>(0)));
         if count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         )
         .await
             == 3000

@@ -397,7 +397,7 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
             "UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = $1,
                         claim_token = 7,
                         lease_expires_at = now() + interval '1 hour', started_at = now()
-                  WHERE id = (SELECT max(id) FROM pgtaskd.tasks WHERE status = 'QUEUED')
+                  WHERE id = (SELECT max(id) FROM pgtaskd.task_view WHERE status = 'QUEUED')
                  RETURNING id",
             &[&OWNER],
         )
@@ -422,7 +422,7 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
     for status in ["QUEUED", "RUNNING"] {
         let victim = count(
             &client,
-            &format!("SELECT max(id) FROM pgtaskd.tasks WHERE status = '{status}'"),
+            &format!("SELECT max(id) FROM pgtaskd.task_view WHERE status = '{status}'"),
         )
         .await;
         let touched = blocks_touched(&client, &format!("pgtaskd.request_cancel({victim})")).await;

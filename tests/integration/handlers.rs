@@ -112,7 +112,7 @@ async fn enqueue(client: &Client, payload: &str, max_attempts: i32) -> i64 {
 async fn wait_status(client: &Client, id: i64, status: &str) {
     wait_count(
         client,
-        &format!("SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = '{status}'"),
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = '{status}'"),
         1,
         &format!("task {id} to be {status}"),
     )
@@ -172,7 +172,7 @@ async fn an_exec_handler_gets_the_payload_and_the_task_and_its_stdout_becomes_th
     wait_status(&client, text_stats, "SUCCEEDED").await;
     let row = client
         .query_one(
-            "SELECT output, claim_token, words, error FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT output, claim_token, words, error FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await
@@ -195,7 +195,7 @@ async fn an_exec_handler_gets_the_payload_and_the_task_and_its_stdout_becomes_th
     // The default queue still runs the text analyzer.
     let words: i64 = client
         .query_one(
-            "SELECT words FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT words FROM pgtaskd.task_view WHERE id = $1",
             &[&text_stats],
         )
         .await
@@ -247,7 +247,7 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
     }
     let row = client
         .query_one(
-            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT attempt, error FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await
@@ -287,7 +287,10 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
     let id = enqueue(&client, "y", 3).await;
     wait_status(&client, id, "FAILED").await;
     let attempt: i32 = client
-        .query_one("SELECT attempt FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .query_one(
+            "SELECT attempt FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap()
         .get(0);
@@ -308,7 +311,7 @@ async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at()
     wait_count(
         &client,
         &format!(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = 'QUEUED' AND attempt = 1"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'QUEUED' AND attempt = 1"
         ),
         1,
         "the first attempt to fail and be put back",
@@ -317,7 +320,7 @@ async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at()
     let row = client
         .query_one(
             "SELECT error, run_at > started_at, finished_at IS NULL, lease_owner IS NULL \
-               FROM pgtaskd.tasks WHERE id = $1",
+               FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await
@@ -332,7 +335,7 @@ async fn a_failed_attempt_waiting_for_its_retry_shows_its_error_and_its_run_at()
     let (status, _, stderr) = pgtaskd(Some(&db.url), &["cancel", &id.to_string()]).await;
     assert!(status.success(), "{stderr}");
     let error: Option<String> = client
-        .query_one("SELECT error FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .query_one("SELECT error FROM pgtaskd.task_view WHERE id = $1", &[&id])
         .await
         .unwrap()
         .get(0);
@@ -488,7 +491,7 @@ async fn slow_slots_hold_few_claims_and_a_sigkill_of_the_daemon_kills_its_childr
     }
     let held = count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND status = 'RUNNING'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'jobs' AND status = 'RUNNING'",
     )
     .await;
     assert!(
@@ -535,7 +538,7 @@ async fn a_finish_committed_but_unanswered_never_runs_the_command_again() {
         .unwrap();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' AND output = 'done\n'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED' AND output = 'done\n'",
         20,
         "every task to succeed",
     )
@@ -585,7 +588,7 @@ async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_f
     let second = server.next_request().await;
     let row = client
         .query_one(
-            "SELECT output, attempt, claim_token, started_at - created_at FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT output, attempt, claim_token, started_at - created_at FROM pgtaskd.task_view WHERE id = $1",
             &[&later],
         )
         .await
@@ -610,7 +613,7 @@ async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_f
     // Retry-After: 1 and not the queue's hour of backoff.
     let waited: f64 = client
         .query_one(
-            "SELECT extract(epoch FROM started_at - created_at)::float8 FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT extract(epoch FROM started_at - created_at)::float8 FROM pgtaskd.task_view WHERE id = $1",
             &[&later],
         )
         .await
@@ -625,7 +628,7 @@ async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_f
     wait_status(&client, gone, "FAILED").await;
     let row = client
         .query_one(
-            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT attempt, error FROM pgtaskd.task_view WHERE id = $1",
             &[&gone],
         )
         .await
@@ -678,7 +681,7 @@ async fn a_stop_gives_running_children_the_grace_then_stops_them_and_gives_their
     );
     let row = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND attempt = 0), count(*) FROM pgtaskd.tasks WHERE queue = 'jobs' AND payload = 'slow'",
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND attempt = 0), count(*) FROM pgtaskd.task_view WHERE queue = 'jobs' AND payload = 'slow'",
             &[],
         )
         .await
@@ -718,7 +721,7 @@ async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
     }
     let row = client
         .query_one(
-            "SELECT attempt, error FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT attempt, error FROM pgtaskd.task_view WHERE id = $1",
             &[&nul],
         )
         .await
@@ -726,7 +729,7 @@ async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
     assert_eq!(row.get::<_, i32>(0), 2);
     assert!(row.get::<_, String>(1).contains("NUL"));
     let error: String = client
-        .query_one("SELECT error FROM pgtaskd.tasks WHERE id = $1", &[&err])
+        .query_one("SELECT error FROM pgtaskd.task_view WHERE id = $1", &[&err])
         .await
         .unwrap()
         .get(0);

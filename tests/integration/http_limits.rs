@@ -253,7 +253,7 @@ async fn a_body_not_sent_within_the_deadline_gets_408_with_a_json_error_and_a_cl
     assert_eq!(n, 0, "{:?}", &chunk[..n]);
     let client = db.client().await;
     let tasks: i64 = client
-        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .query_one("SELECT count(*) FROM pgtaskd.task_view", &[])
         .await
         .unwrap()
         .get(0);

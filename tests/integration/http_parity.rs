@@ -136,7 +136,7 @@ async fn post_takes_priority_run_at_and_max_attempts_and_refuses_bad_ones_by_nam
     let row = client
         .query_one(
             "SELECT priority, run_at = '2030-01-02T03:04:05Z', max_attempts
-               FROM pgtaskd.tasks WHERE id = $1",
+               FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await
@@ -152,7 +152,7 @@ async fn post_takes_priority_run_at_and_max_attempts_and_refuses_bad_ones_by_nam
     let row = client
         .query_one(
             "SELECT run_at > now() + interval '9 minutes', priority, max_attempts
-               FROM pgtaskd.tasks WHERE id = $1",
+               FROM pgtaskd.task_view WHERE id = $1",
             &[&body["id"].as_i64().unwrap()],
         )
         .await
@@ -160,7 +160,7 @@ async fn post_takes_priority_run_at_and_max_attempts_and_refuses_bad_ones_by_nam
     assert!(row.get::<_, bool>(0), "due in ten minutes");
     assert_eq!((row.get::<_, i16>(1), row.get::<_, i32>(2)), (0, 3));
 
-    let before = count(&client, "SELECT count(*) FROM pgtaskd.tasks").await;
+    let before = count(&client, "SELECT count(*) FROM pgtaskd.task_view").await;
     for (field, value) in [
         ("priority", json!(40000)),
         ("priority", json!("high")),
@@ -178,7 +178,7 @@ async fn post_takes_priority_run_at_and_max_attempts_and_refuses_bad_ones_by_nam
         let error = body["error"].as_str().unwrap_or_default();
         assert!(error.contains(field), "{field}={value}: {body}");
     }
-    let after = count(&client, "SELECT count(*) FROM pgtaskd.tasks").await;
+    let after = count(&client, "SELECT count(*) FROM pgtaskd.task_view").await;
     assert_eq!(before, after, "a refused task is not inserted");
     let _ = served.stop().await;
 }
@@ -210,7 +210,7 @@ async fn post_with_wait_answers_the_finished_task_and_refuses_a_bad_wait() {
     assert_eq!(status, StatusCode::ACCEPTED, "{task}");
     assert_eq!(task["status"], "QUEUED", "{task}");
 
-    let before = count(&client, "SELECT count(*) FROM pgtaskd.tasks").await;
+    let before = count(&client, "SELECT count(*) FROM pgtaskd.task_view").await;
     for wait in ["61s", "2m", "soon", ""] {
         let (status, _, body) = served
             .post(&format!("/tasks?wait={wait}"), json!({"payload": "x"}))
@@ -218,7 +218,7 @@ async fn post_with_wait_answers_the_finished_task_and_refuses_a_bad_wait() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "wait={wait}: {body}");
         assert!(body["error"].as_str().unwrap().contains("wait"), "{body}");
     }
-    let after = count(&client, "SELECT count(*) FROM pgtaskd.tasks").await;
+    let after = count(&client, "SELECT count(*) FROM pgtaskd.task_view").await;
     assert_eq!(before, after, "nothing inserted for a bad wait");
     let _ = served.stop().await;
 }
@@ -228,7 +228,7 @@ async fn retry_requeues_a_failed_task_refuses_a_queued_one_and_an_unknown_id() {
     let db = TestDb::new().await;
     let client = db.client().await;
     insert_finished(&client, 1, &[("parked", "FAILED")]).await;
-    let failed = count(&client, "SELECT max(id) FROM pgtaskd.tasks").await;
+    let failed = count(&client, "SELECT max(id) FROM pgtaskd.task_view").await;
     let served = Served::start(&db, "").await;
 
     let (status, _, body) = served
@@ -241,7 +241,7 @@ async fn retry_requeues_a_failed_task_refuses_a_queued_one_and_an_unknown_id() {
     );
     let row = client
         .query_one(
-            "SELECT status, attempt, error IS NULL FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT status, attempt, error IS NULL FROM pgtaskd.task_view WHERE id = $1",
             &[&failed],
         )
         .await
@@ -270,7 +270,7 @@ async fn with_the_database_stopped_retry_and_list_answer_503_never_404() {
     let db = TestDb::on(&cluster).await;
     let client = db.client().await;
     insert_finished(&client, 1, &[("parked", "FAILED")]).await;
-    let failed = count(&client, "SELECT max(id) FROM pgtaskd.tasks").await;
+    let failed = count(&client, "SELECT max(id) FROM pgtaskd.task_view").await;
     drop(client);
     let served = Served::start(&db, "[database]\nconnect_timeout = \"1s\"\n").await;
     cluster.stop_server(true);
@@ -310,7 +310,7 @@ async fn get_tasks_pages_by_key_without_duplicate_or_gap_and_filters() {
     let expected = |queue: &str, statuses: &str| {
         let client = &client;
         let sql = format!(
-            "SELECT id FROM pgtaskd.tasks WHERE queue = '{queue}' AND status IN ({statuses})
+            "SELECT id FROM pgtaskd.task_view WHERE queue = '{queue}' AND status IN ({statuses})
               ORDER BY id DESC"
         );
         async move {

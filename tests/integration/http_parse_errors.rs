@@ -107,7 +107,7 @@ async fn a_malformed_chunked_body_gets_400_with_a_json_error() {
     assert!(json_error(&body).contains("body"), "{body}");
     let client = db.client().await;
     let tasks: i64 = client
-        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .query_one("SELECT count(*) FROM pgtaskd.task_view", &[])
         .await
         .unwrap()
         .get(0);

@@ -56,7 +56,7 @@ async fn thirty_concurrent_enqueues_with_one_key_give_one_task() {
     }
     let client = db.client().await;
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         3
     );
 }
@@ -191,7 +191,7 @@ async fn a_producer_retries_after_its_commit_answer_was_dropped_and_one_task_run
         .unwrap()
         .get(0);
     assert_eq!(
-        count(&direct, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&direct, "SELECT count(*) FROM pgtaskd.task_view").await,
         1
     );
 

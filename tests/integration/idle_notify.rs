@@ -143,7 +143,7 @@ async fn wait_idle(client: &Client, want: i64, poll: Duration) {
             .query_one(
                 "SELECT count(*) FROM pgtaskd.idle_daemons
                   WHERE expires_at > now()
-                    AND expires_at > coalesce((SELECT max(started_at) FROM pgtaskd.tasks),
+                    AND expires_at > coalesce((SELECT max(started_at) FROM pgtaskd.task_view),
                                               '-infinity') + $1 * interval '1 second'",
                 &[&ttl],
             )

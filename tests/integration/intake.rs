@@ -61,7 +61,7 @@ async fn claimed_ahead() -> ClaimedAhead {
     insert_payloads(&client, FAST).await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         FAST as i64,
         "the fast tasks to finish",
     )
@@ -84,7 +84,7 @@ async fn claimed_ahead() -> ClaimedAhead {
         async move {
             let running = count(
                 client,
-                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+                "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
             )
             .await;
             (running >= 3).then_some(())
@@ -155,7 +155,7 @@ async fn a_task_claimed_ahead_and_canceled_ends_canceled_without_being_analyzed(
     analyzer.open();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status IN ('QUEUED', 'RUNNING')",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status IN ('QUEUED', 'RUNNING')",
         0,
         "every other task to finish",
     )
@@ -232,7 +232,7 @@ async fn slow_tasks_are_claimed_only_for_free_workers() {
         assert_eq!(
             count(
                 &client,
-                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'"
+                "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'"
             )
             .await,
             2
@@ -241,7 +241,7 @@ async fn slow_tasks_are_claimed_only_for_free_workers() {
     analyzer.open();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         7,
         "every task to finish",
     )

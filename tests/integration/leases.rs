@@ -26,7 +26,7 @@ async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expire
     let mut first = DaemonProcess::start(&db, SHORT_LEASE, &[]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
         3,
         "three claims",
     )
@@ -38,7 +38,7 @@ async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expire
     let mut second = DaemonProcess::start(&db, SHORT_LEASE, &[]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         3,
         "the rescue",
     )
@@ -66,7 +66,7 @@ async fn a_frozen_daemon_that_wakes_after_a_takeover_has_its_finish_refused() {
     let mut frozen = DaemonProcess::start(&db, SHORT_LEASE, &[]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
         2,
         "two claims",
     )
@@ -77,7 +77,7 @@ async fn a_frozen_daemon_that_wakes_after_a_takeover_has_its_finish_refused() {
     let mut second = DaemonProcess::start(&db, SHORT_LEASE, &[]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         2,
         "the takeover",
     )
@@ -114,7 +114,7 @@ async fn three_daemons_share_ten_thousand_tasks_each_finished_exactly_once() {
     insert_payloads(&client, 10_000).await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         10_000,
         "10,000 tasks",
     )
@@ -274,7 +274,7 @@ async fn concurrent_rescuers_take_back_each_expired_lease_once() {
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED' AND attempt = 1"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'QUEUED' AND attempt = 1"
         )
         .await,
         300
@@ -328,7 +328,7 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
         .get(0);
     wait_count(
         &client,
-        &format!("SELECT count(*) FROM pgtaskd.tasks WHERE id = {id} AND status = 'SUCCEEDED'"),
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
         1,
         "the task to succeed on its second run",
     )
@@ -340,7 +340,10 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
         .wait_for_log("leases ran out without a heartbeat")
         .await;
     let attempt: i32 = client
-        .query_one("SELECT attempt FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .query_one(
+            "SELECT attempt FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap()
         .get(0);

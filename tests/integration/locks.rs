@@ -47,7 +47,7 @@ async fn a_producers_open_cancel_delays_neither_the_heartbeat_nor_the_finish_of_
 
     // The other tasks' leases are extended past a whole lease after the lock was taken.
     let extended_after = format!(
-        "SELECT count(*) FROM pgtaskd.tasks WHERE id = ANY(ARRAY[{},{},{}]) \
+        "SELECT count(*) FROM pgtaskd.task_view WHERE id = ANY(ARRAY[{},{},{}]) \
            AND lease_expires_at > '{locked_at}'::timestamptz + interval '{} ms'",
         ids[1],
         ids[2],
@@ -79,7 +79,7 @@ async fn a_producers_open_cancel_delays_neither_the_heartbeat_nor_the_finish_of_
     daemon.stop().await;
     let claims = count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE attempt <> 1",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE attempt <> 1",
     )
     .await;
     assert_eq!(claims, 0, "no task was claimed twice");
@@ -232,7 +232,7 @@ async fn drains_with_the_fastest_heartbeat_never_deadlock() {
         crate::support::insert_payloads(&client, TASKS).await;
         crate::support::wait_count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
             (drain * TASKS) as i64,
             "the drain",
         )

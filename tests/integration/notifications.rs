@@ -20,7 +20,7 @@ async fn intruder(db: &TestDb, owner: &Client, name: &str) -> Client {
     assert_ne!(url, db.url, "the test URL names the user");
     let client = connect(&url).await;
     let denied = client
-        .query("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .query("SELECT count(*) FROM pgtaskd.task_view", &[])
         .await
         .expect_err("the intruder cannot read the table");
     assert_eq!(
@@ -114,7 +114,7 @@ async fn a_flood_of_notifications_with_any_payload_changes_no_row_and_leaves_the
     assert_eq!(
         count(
             &owner,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status <> 'QUEUED'"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status <> 'QUEUED'"
         )
         .await,
         1

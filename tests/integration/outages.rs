@@ -31,7 +31,7 @@ async fn an_outage_longer_than_the_lease_reruns_no_finished_work() {
         async move {
             let done = count(
                 client,
-                "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+                "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
             )
             .await;
             (done >= 300).then_some(())
@@ -45,7 +45,7 @@ async fn an_outage_longer_than_the_lease_reruns_no_finished_work() {
     let client = db.client().await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         TASKS as i64,
         "every task to succeed after the outage",
     )
@@ -101,7 +101,7 @@ async fn an_outage_is_logged_once_whatever_the_tasks() {
     let mut daemon = DaemonProcess::start_with_env(&db.url, CONFIG, &[], &[("RUST_LOG", "")]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
         TASKS as i64,
         "every task to be running",
     )
@@ -109,7 +109,7 @@ async fn an_outage_is_logged_once_whatever_the_tasks() {
     let locks = client.transaction().await.unwrap();
     locks
         .execute(
-            "SELECT id FROM pgtaskd.tasks WHERE status = 'RUNNING' FOR UPDATE",
+            "SELECT id FROM pgtaskd.task_view WHERE status = 'RUNNING' FOR UPDATE",
             &[],
         )
         .await

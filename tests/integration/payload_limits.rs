@@ -37,7 +37,7 @@ async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon()
     wait_listening(&db, 2).await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         22,
         "the other daemon to do every task the first one could not start",
     )
@@ -45,7 +45,7 @@ async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon()
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'"
         )
         .await,
         1,
@@ -56,7 +56,7 @@ async fn a_daemon_at_its_byte_budget_leaves_the_tasks_behind_to_another_daemon()
     held.open();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' AND words = 1048577",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED' AND words = 1048577",
         3,
         "the large tasks, analyzed in full",
     )
@@ -115,7 +115,7 @@ async fn a_daemon_with_less_room_than_the_next_payload_waits_for_it_and_drains_e
     );
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         14,
         "every task, each large one claimed as soon as the bytes it needs were free",
     )
@@ -123,7 +123,7 @@ async fn a_daemon_with_less_room_than_the_next_payload_waits_for_it_and_drains_e
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE words = 1048577 AND attempt = 1"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE words = 1048577 AND attempt = 1"
         )
         .await,
         4

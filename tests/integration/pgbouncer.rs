@@ -47,7 +47,7 @@ async fn a_daemon_behind_pgbouncer_drains_2000_tasks_once_and_wakes_on_notificat
 
     let drain = Instant::now();
     insert_payloads(&client, 2000).await;
-    let all_done = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'";
+    let all_done = "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'";
     wait_count(
         &client,
         all_done,
@@ -147,7 +147,7 @@ async fn the_cli_works_through_pgbouncer_in_transaction_mode() {
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'CANCELED'"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'CANCELED'"
         )
         .await,
         1

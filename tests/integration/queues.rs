@@ -46,7 +46,7 @@ async fn a_paused_queue_is_skipped_while_another_is_served_and_resume_wakes_the_
     .await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'default' AND status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'default' AND status = 'SUCCEEDED'",
         3,
         "the tasks of the queue that is not paused",
     )
@@ -54,7 +54,7 @@ async fn a_paused_queue_is_skipped_while_another_is_served_and_resume_wakes_the_
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'slow' AND status = 'QUEUED' AND attempt = 0"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'slow' AND status = 'QUEUED' AND attempt = 0"
         )
         .await,
         3,
@@ -66,7 +66,7 @@ async fn a_paused_queue_is_skipped_while_another_is_served_and_resume_wakes_the_
     assert!(stdout.contains("queue slow resumed"), "{stdout}");
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'slow' AND status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'slow' AND status = 'SUCCEEDED'",
         3,
         "the resumed queue's tasks, woken by the resume's notification",
     )
@@ -106,7 +106,7 @@ async fn running_tasks_of_a_paused_queue_finish_and_producers_keep_enqueueing() 
     assert_eq!(
         count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE payload = 'three' AND status = 'QUEUED'"
+            "SELECT count(*) FROM pgtaskd.task_view WHERE payload = 'three' AND status = 'QUEUED'"
         )
         .await,
         1,
@@ -115,7 +115,7 @@ async fn running_tasks_of_a_paused_queue_finish_and_producers_keep_enqueueing() 
     analyzer.open();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         3,
         "the running tasks to finish",
     )
@@ -124,7 +124,7 @@ async fn running_tasks_of_a_paused_queue_finish_and_producers_keep_enqueueing() 
     exec(&client, "SELECT pgtaskd.resume_queue('default')").await;
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         4,
         "the task enqueued while paused",
     )
@@ -226,7 +226,7 @@ async fn http_pauses_and_resumes_a_queue_and_metrics_show_it_per_queue() {
     // The claim that took the probe saw 'held' first in claim order, and skipped it.
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'probe' AND status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'probe' AND status = 'SUCCEEDED'",
         1,
         "the probe",
     )
@@ -252,7 +252,7 @@ async fn http_pauses_and_resumes_a_queue_and_metrics_show_it_per_queue() {
     );
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         2,
         "the task of the resumed queue",
     )
@@ -343,7 +343,7 @@ async fn queue_names_over_128_bytes_are_refused_by_the_cli_http_and_the_tables()
         assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION), "{err:?}");
     }
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
         0
     );
     assert_eq!(

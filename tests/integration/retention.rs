@@ -42,7 +42,7 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
         .unwrap();
     assert_eq!(deleted, 2500);
     let left: Vec<String> = client
-        .query("SELECT payload FROM pgtaskd.tasks ORDER BY id", &[])
+        .query("SELECT payload FROM pgtaskd.task_view ORDER BY id", &[])
         .await
         .unwrap()
         .iter()
@@ -208,7 +208,7 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     ));
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks",
+        "SELECT count(*) FROM pgtaskd.task_view",
         0,
         "the rows pruned",
     )
@@ -234,7 +234,7 @@ async fn drain_without_retention(db: &TestDb, n: usize) -> i64 {
     let mut daemon = DaemonProcess::start(db, "", &[]);
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         n as i64,
         "the drain",
     )

@@ -44,7 +44,7 @@ async fn retry_puts_failed_and_canceled_tasks_back_as_new_and_refuses_the_rest()
             .query_one(
                 "SELECT status, attempt, cancel_requested, error, started_at IS NULL,
                         finished_at IS NULL, run_at <= now()
-                   FROM pgtaskd.tasks WHERE id = $1",
+                   FROM pgtaskd.task_view WHERE id = $1",
                 &[&id],
             )
             .await
@@ -73,7 +73,7 @@ async fn retry_puts_failed_and_canceled_tasks_back_as_new_and_refuses_the_rest()
     assert_eq!(status.code(), Some(3), "{stderr}");
     let running_row: (String, i32) = client
         .query_one(
-            "SELECT status, attempt FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT status, attempt FROM pgtaskd.task_view WHERE id = $1",
             &[&running],
         )
         .await
@@ -90,7 +90,7 @@ async fn retry_puts_failed_and_canceled_tasks_back_as_new_and_refuses_the_rest()
     wait_count(
         &client,
         &format!(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE id IN ({failed}, {canceled}) \
+            "SELECT count(*) FROM pgtaskd.task_view WHERE id IN ({failed}, {canceled}) \
                AND status = 'SUCCEEDED' AND attempt = 1"
         ),
         2,

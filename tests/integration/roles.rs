@@ -64,7 +64,7 @@ async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
         .unwrap()
         .get(0);
     let status: String = producer
-        .query_one("SELECT status FROM pgtaskd.tasks WHERE id = $1", &[&id])
+        .query_one("SELECT status FROM pgtaskd.task_view WHERE id = $1", &[&id])
         .await
         .unwrap()
         .get(0);
@@ -94,6 +94,18 @@ async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
     )
     .await;
     denied(&producer, "DELETE FROM pgtaskd.tasks").await;
+    // The view is read-only, to every role (schema 24).
+    denied(
+        &producer,
+        "UPDATE pgtaskd.task_view SET status = 'SUCCEEDED'",
+    )
+    .await;
+    denied(
+        &producer,
+        "INSERT INTO pgtaskd.task_view (payload) VALUES ('x')",
+    )
+    .await;
+    denied(&producer, "DELETE FROM pgtaskd.task_view").await;
     denied(&producer, "CREATE TABLE pgtaskd.mine (x int)").await;
     denied(&producer, "SELECT pgtaskd.grant_daemon('producer')").await;
 }

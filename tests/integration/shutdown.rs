@@ -131,7 +131,7 @@ async fn tasks_inserted_after_shutdown_began_stay_queued() {
     );
     let row = client
         .query_one(
-            "SELECT count(*) FROM pgtaskd.tasks
+            "SELECT count(*) FROM pgtaskd.task_view
               WHERE payload LIKE 'late %' AND status = 'QUEUED' AND attempt = 0 AND lease_owner IS NULL",
             &[],
         )
@@ -199,7 +199,7 @@ async fn sigterm_during_a_backlog_exits_0_leaving_every_row_terminal_or_queued_w
 
     let rows = client
         .query(
-            "SELECT payload, status, words, bytes, runes, attempt, lease_owner FROM pgtaskd.tasks",
+            "SELECT payload, status, words, bytes, runes, attempt, lease_owner FROM pgtaskd.task_view",
             &[],
         )
         .await
@@ -234,7 +234,7 @@ async fn sigterm_during_a_backlog_exits_0_leaving_every_row_terminal_or_queued_w
 pub(crate) async fn status_counts(client: &tokio_postgres::Client) -> Vec<(String, i64)> {
     client
         .query(
-            "SELECT status::text, count(*) FROM pgtaskd.tasks GROUP BY 1 ORDER BY 1",
+            "SELECT status::text, count(*) FROM pgtaskd.task_view GROUP BY 1 ORDER BY 1",
             &[],
         )
         .await
@@ -326,7 +326,7 @@ async fn sigterm_with_a_zero_grace_while_analyzers_run_gives_every_claim_back_an
     assert_eq!(status.code(), Some(0), "{counts:?}\n{log}");
     let leftover = client
         .query_one(
-            "SELECT count(*) FROM pgtaskd.tasks
+            "SELECT count(*) FROM pgtaskd.task_view
               WHERE status = 'QUEUED' AND (attempt <> 0 OR lease_owner IS NOT NULL)",
             &[],
         )
@@ -364,7 +364,7 @@ async fn a_release_given_up_on_that_lands_anyway_counts_as_settled_and_exits_0()
     let locker = db.client().await;
     locker
         .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM pgtaskd.tasks WHERE id = {id} FOR UPDATE"
+            "BEGIN; SELECT 1 FROM pgtaskd.task_view WHERE id = {id} FOR UPDATE"
         ))
         .await
         .unwrap();

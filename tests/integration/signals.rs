@@ -28,7 +28,7 @@ async fn in_status(client: &tokio_postgres::Client, status: &str) -> i64 {
         WAIT,
         "a status count",
         client.query_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status::text = $1",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status::text = $1",
             &[&status],
         ),
     )
@@ -95,7 +95,7 @@ async fn sigquit_skips_the_grace_gives_the_running_task_back_and_exits_0() {
     );
     let rows = client
         .query(
-            "SELECT status, attempt, lease_owner FROM pgtaskd.tasks ORDER BY id",
+            "SELECT status, attempt, lease_owner FROM pgtaskd.task_view ORDER BY id",
             &[],
         )
         .await

@@ -149,7 +149,7 @@ async fn a_daemon_is_ready_while_it_works_through_a_backlog() {
         WAIT,
         "the backlog's count",
         client.query_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'QUEUED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'QUEUED'",
             &[],
         ),
     )
@@ -165,7 +165,7 @@ async fn a_daemon_is_ready_while_it_works_through_a_backlog() {
     std::fs::write(&gate, "").unwrap();
     crate::support::wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         5,
         "the backlog to drain",
     )

@@ -165,7 +165,7 @@ async fn the_daemon_works_over_verify_full_and_every_session_is_encrypted() {
     }
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         20,
         "tasks over TLS",
     )

@@ -47,7 +47,7 @@ async fn a_producer_with_only_insert_on_the_table_notifies_an_idle_daemon() {
         notified_before_marker(&producer, &mut messages, "marker").await,
         "the trigger reads the flags with its owner's rights"
     );
-    let id = count(&owner, "SELECT max(id) FROM pgtaskd.tasks").await;
+    let id = count(&owner, "SELECT max(id) FROM pgtaskd.task_view").await;
     wait_done_promptly(&owner, id, "the task").await;
     daemon.stop().await;
 }

@@ -3,7 +3,7 @@
 //! up on a table lock held elsewhere and applies later, and resolves nothing through the
 //! migrating role's search_path; schema 18 refuses to apply over queue names longer than 128
 //! bytes until they are renamed; schema 22 grants `pgtaskd.retry_failed` to the roles that may
-//! retry.
+//! retry; schema 24 gives `pgtaskd.task_view` to every role that could read the tasks.
 
 use crate::migrate::database_at;
 use crate::support::daemon::pgtaskd;
@@ -362,4 +362,127 @@ async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
             .get(0);
         assert_eq!(may, expected, "{kind}");
     }
+}
+
+/// Schema 24's `pgtaskd.task_view` has every column of `pgtaskd.tasks`, in its order, with
+/// its names and types, and reads the same rows; every role that could read the table before
+/// the upgrade (granted by the grant functions, or by hand) reads the view after it, and the
+/// grant functions give it from then on; no role may write through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
+    let (_db, mut owner) = database_at(23).await;
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let role = |kind: &str| format!("tv_{kind}_{tag}");
+    let grant = |kind: &str, function: &str| {
+        format!(
+            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
+            role(kind)
+        )
+    };
+    let before = [
+        grant("old_daemon", "grant_daemon"),
+        grant("old_ops", "grant_operator"),
+        grant("old_app", "grant_producer"),
+        format!(
+            "CREATE ROLE {0}; GRANT USAGE ON SCHEMA pgtaskd TO {0}; GRANT SELECT ON pgtaskd.tasks TO {0};",
+            role("by_hand")
+        ),
+        format!("CREATE ROLE {};", role("stranger")),
+        "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('one', 'a'), ('two', 'b');".into(),
+        "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 1, bytes = 3, runes = 3, \
+         finished_at = now(), started_at = now(), attempt = 1 WHERE payload = 'one';"
+            .into(),
+    ]
+    .concat();
+    within(
+        WAIT,
+        "the roles and tasks of 23",
+        owner.batch_execute(&before),
+    )
+    .await
+    .unwrap();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let after = [
+        grant("new_daemon", "grant_daemon"),
+        grant("new_ops", "grant_operator"),
+        grant("new_app", "grant_producer"),
+    ]
+    .concat();
+    within(WAIT, "the roles of 24", owner.batch_execute(&after))
+        .await
+        .unwrap();
+
+    let columns = |relation: &str| {
+        format!(
+            "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) \
+               FROM pg_attribute WHERE attrelid = '{relation}'::regclass AND attnum > 0 AND NOT attisdropped"
+        )
+    };
+    let table: String = owner
+        .query_one(&columns("pgtaskd.tasks"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    let view: String = owner
+        .query_one(&columns("pgtaskd.task_view"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(view, table, "the view's columns are the table's");
+    let same: bool = owner
+        .query_one(
+            "SELECT (SELECT array_agg(t ORDER BY t.id)::text FROM pgtaskd.tasks AS t) \
+                  = (SELECT array_agg(v ORDER BY v.id)::text FROM pgtaskd.task_view AS v)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(same, "the view reads the table's rows");
+
+    for (kind, expected) in [
+        ("old_daemon", true),
+        ("new_daemon", true),
+        ("old_ops", true),
+        ("new_ops", true),
+        ("old_app", true),
+        ("new_app", true),
+        ("by_hand", true),
+        ("stranger", false),
+    ] {
+        for (privilege, may) in [
+            ("SELECT", expected),
+            ("INSERT", false),
+            ("UPDATE", false),
+            ("DELETE", false),
+        ] {
+            let sql = format!(
+                "SELECT has_table_privilege('{}', 'pgtaskd.task_view', '{privilege}')",
+                role(kind)
+            );
+            let has: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(has, may, "{kind}: {privilege}");
+        }
+    }
+    // Read as one of them, as a producer's own status query would be.
+    owner
+        .batch_execute(&format!("SET ROLE {}", role("old_app")))
+        .await
+        .unwrap();
+    let row = owner
+        .query_one(
+            "SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view \
+              WHERE payload = 'one'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCEEDED");
+    assert_eq!(row.get::<_, i64>(1), 1);
+    assert_eq!(row.get::<_, i64>(2), 3);
 }

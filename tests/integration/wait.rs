@@ -63,7 +63,7 @@ async fn finish(client: &Client, ids: &[i64]) {
         .execute(
             "SELECT * FROM pgtaskd.finish(
                  ARRAY(SELECT t.claim_token FROM unnest($1::int8[]) WITH ORDINALITY AS i(id, n)
-                         JOIN pgtaskd.tasks AS t ON t.id = i.id ORDER BY i.n),
+                         JOIN pgtaskd.task_view AS t ON t.id = i.id ORDER BY i.n),
                  $1, $2, $3, $3, $3, $4, $4, $5, false)",
             &[
                 &ids,
@@ -279,7 +279,7 @@ async fn enqueue_wait_returns_the_finished_row_with_the_options_stored() {
     let client = db.client().await;
     let delay: f64 = client
         .query_one(
-            "SELECT extract(epoch FROM run_at - created_at)::float8 FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT extract(epoch FROM run_at - created_at)::float8 FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await
@@ -295,7 +295,7 @@ async fn enqueue_wait_returns_the_finished_row_with_the_options_stored() {
     let id: i64 = stdout.trim().parse().unwrap();
     let at: String = client
         .query_one(
-            "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM pgtaskd.task_view WHERE id = $1",
             &[&id],
         )
         .await

@@ -34,12 +34,12 @@ async fn run_once_claims_no_more_tasks_than_free_permits() {
     analyzer.entered(4).await;
     // Every permit is held by a task at the gate: nothing more is claimed.
     assert_eq!(within(WAIT, "a claim", worker.run_once()).await.unwrap(), 0);
-    let running = "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING'";
+    let running = "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'";
     assert_eq!(count(&client, running).await, 4);
     analyzer.open();
     wait_count(
         &client,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         4,
         "the first four",
     )
@@ -52,7 +52,7 @@ async fn run_once_claims_no_more_tasks_than_free_permits() {
         let done = total as i64;
         wait_count(
             &client,
-            "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
             done,
             "a batch",
         )

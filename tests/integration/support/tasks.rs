@@ -89,7 +89,7 @@ pub async fn hold_snapshot(db: &TestDb) -> Client {
         WAIT,
         "a snapshot to be taken",
         holder.batch_execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.tasks",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pgtaskd.task_view",
         ),
     )
     .await
@@ -125,7 +125,7 @@ pub async fn wait_status(
 pub async fn assert_all_succeeded(client: &Client, attempt: Option<i32>) -> usize {
     let rows = client
         .query(
-            "SELECT id, payload, status, words, bytes, runes, attempt FROM pgtaskd.tasks",
+            "SELECT id, payload, status, words, bytes, runes, attempt FROM pgtaskd.task_view",
             &[],
         )
         .await

@@ -33,7 +33,7 @@ async fn ids(client: &Client, sql: &str) -> Vec<i64> {
 
 /// One column of the task `id`, as text.
 async fn column(client: &Client, id: i64, name: &str) -> Option<String> {
-    let sql = format!("SELECT {name}::text FROM pgtaskd.tasks WHERE id = $1");
+    let sql = format!("SELECT {name}::text FROM pgtaskd.task_view WHERE id = $1");
     within(WAIT, "a column", client.query_one(&sql, &[&id]))
         .await
         .expect("the task is read")
@@ -140,7 +140,7 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         .await;
     let expected = ids(
         &client,
-        "SELECT id FROM pgtaskd.tasks WHERE queue = 'mail' AND status = 'FAILED' ORDER BY id DESC",
+        "SELECT id FROM pgtaskd.task_view WHERE queue = 'mail' AND status = 'FAILED' ORDER BY id DESC",
     )
     .await;
     assert_eq!(expected.len(), 120);
@@ -421,7 +421,7 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         "SELECT count(*) FILTER (WHERE queue = 'reports' AND status = 'QUEUED' AND attempt = 0)
               + 1000 * count(*) FILTER (WHERE queue = 'reports' AND status = 'FAILED')
               + 1000000 * count(*) FILTER (WHERE queue = 'mail' AND status = 'FAILED')
-           FROM pgtaskd.tasks",
+           FROM pgtaskd.task_view",
     )
     .await;
     assert_eq!(

@@ -102,7 +102,7 @@ async fn the_task_list_pages_deep_through_a_million_finished_rows_in_chromium() 
                 .await;
             let ids: Vec<i64> = serde_json::from_value(shown[0].clone()).unwrap();
             let sql = format!(
-                "SELECT id FROM pgtaskd.tasks WHERE {condition} ORDER BY id DESC \
+                "SELECT id FROM pgtaskd.task_view WHERE {condition} ORDER BY id DESC \
                  LIMIT {PAGE_ROWS} OFFSET {}",
                 page as i64 * PAGE_ROWS
             );

@@ -18,7 +18,7 @@ async fn tally(client: &Client, queue: &str, status: &str) -> i64 {
         WAIT,
         "a count",
         client.query_one(
-            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = $1 AND status = $2",
+            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = $2",
             &[&queue, &status],
         ),
     )
@@ -81,7 +81,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "mail's highest FAILED id",
         client.query_one(
-            "SELECT max(id) FROM pgtaskd.tasks WHERE queue = 'mail' AND status = 'FAILED'",
+            "SELECT max(id) FROM pgtaskd.task_view WHERE queue = 'mail' AND status = 'FAILED'",
             &[],
         ),
     )
@@ -101,7 +101,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "the retried rows",
         client.query_one(
-            "SELECT count(*) FROM pgtaskd.tasks
+            "SELECT count(*) FROM pgtaskd.task_view
               WHERE queue = 'mail' AND status = 'QUEUED' AND attempt = 0 AND error IS NULL
                 AND output IS NULL AND words = 0 AND started_at IS NULL
                 AND finished_at IS NULL AND run_at <= now()",
@@ -122,7 +122,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         "some retried tasks failing again",
         client.batch_execute(
             "UPDATE pgtaskd.tasks SET status = 'FAILED', attempt = 1, finished_at = now(), error = 'again'
-              WHERE id IN (SELECT id FROM pgtaskd.tasks WHERE queue = 'mail' AND status = 'QUEUED' LIMIT 10)",
+              WHERE id IN (SELECT id FROM pgtaskd.task_view WHERE queue = 'mail' AND status = 'QUEUED' LIMIT 10)",
         ),
     )
     .await
@@ -189,7 +189,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "reports' ids",
         client.query(
-            "SELECT id FROM pgtaskd.tasks WHERE queue = 'reports' ORDER BY id",
+            "SELECT id FROM pgtaskd.task_view WHERE queue = 'reports' ORDER BY id",
             &[],
         ),
     )
