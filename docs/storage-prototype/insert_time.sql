@@ -15,7 +15,7 @@ DECLARE
     layout text;
 BEGIN
     FOR r IN 1..rounds LOOP
-        FOREACH layout IN ARRAY ARRAY['today', 'proposed'] LOOP
+        FOREACH layout IN ARRAY ARRAY['today', 'proposed', 'rowstate'] LOOP
             t0 := clock_timestamp();
             EXECUTE format('INSERT INTO %I.tasks (payload, queue, priority, run_at, '
                            'max_attempts, idempotency_key) '

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The storage prototype's figures (docs/storage.md, "The prototype"): today's task table
-# (schema 19) and the proposed layout, side by side, in a throwaway database.
+# (schema 19), the proposed layout and the simpler rowstate step, side by side, in a throwaway database.
 #
 #   docs/storage-prototype/run.sh            # on 127.0.0.1:5432 (trust auth), user postgres
 #   PGUSER=root docs/storage-prototype/run.sh
@@ -55,7 +55,7 @@ end_hold() {
 q -f "$here/schema.sql"
 q -c "CREATE UNLOGGED TABLE public.results (layout text, hold int, metric text, value numeric, at timestamptz DEFAULT now())"
 for hold in 0 1; do
-    for layout in today proposed; do
+    for layout in today proposed rowstate; do
         q -f "$here/schema.sql"
         [ "$hold" = 1 ] && start_hold
         q -v layout="$layout" -v hold="$hold" -v tasks="$tasks" -v per_stmt=100 -v batch="$batch" \
@@ -74,7 +74,9 @@ SELECT metric,
        round(max(value) FILTER (WHERE layout = 'today' AND hold = 0), 3) AS today,
        round(max(value) FILTER (WHERE layout = 'proposed' AND hold = 0), 3) AS proposed,
        round(max(value) FILTER (WHERE layout = 'today' AND hold = 1), 3) AS today_hold,
-       round(max(value) FILTER (WHERE layout = 'proposed' AND hold = 1), 3) AS proposed_hold
+       round(max(value) FILTER (WHERE layout = 'proposed' AND hold = 1), 3) AS proposed_hold,
+       round(max(value) FILTER (WHERE layout = 'rowstate' AND hold = 0), 3) AS rowstate,
+       round(max(value) FILTER (WHERE layout = 'rowstate' AND hold = 1), 3) AS rowstate_hold
   FROM results GROUP BY metric
  ORDER BY min(at), metric"
 q -P pager=off -At -c "
@@ -90,12 +92,22 @@ SELECT format('WAL per task over the INSERT''s alone: today %s, proposed %s (ove
        round(max(value) FILTER (WHERE layout = 'proposed' AND hold = 1 AND metric = 'wal_total_per_task')
            / max(value) FILTER (WHERE layout = 'proposed' AND hold = 1 AND metric = 'wal_insert_per_task'), 2))
   FROM results"
+q -P pager=off -At -c "
+SELECT format('rowstate: WAL per task over its INSERT''s %s, over today''s INSERT %s; with the hold %s',
+       round(max(value) FILTER (WHERE layout = 'rowstate' AND hold = 0 AND metric = 'wal_total_per_task')
+           / max(value) FILTER (WHERE layout = 'rowstate' AND hold = 0 AND metric = 'wal_insert_per_task'), 2),
+       round(max(value) FILTER (WHERE layout = 'rowstate' AND hold = 0 AND metric = 'wal_total_per_task')
+           / max(value) FILTER (WHERE layout = 'today' AND hold = 0 AND metric = 'wal_insert_per_task'), 2),
+       round(max(value) FILTER (WHERE layout = 'rowstate' AND hold = 1 AND metric = 'wal_total_per_task')
+           / max(value) FILTER (WHERE layout = 'rowstate' AND hold = 1 AND metric = 'wal_insert_per_task'), 2))
+  FROM results"
 
 echo "== where the WAL went (bytes per task by record type, no hold; pg_walinspect)"
 q -P pager=off -c "
 SELECT phase, record_type,
        max(bytes_per_task) FILTER (WHERE layout = 'today') AS today,
-       max(bytes_per_task) FILTER (WHERE layout = 'proposed') AS proposed
+       max(bytes_per_task) FILTER (WHERE layout = 'proposed') AS proposed,
+       max(bytes_per_task) FILTER (WHERE layout = 'rowstate') AS rowstate
   FROM results_wal WHERE hold = 0
  GROUP BY phase, record_type
 HAVING coalesce(max(bytes_per_task), 0) >= 1

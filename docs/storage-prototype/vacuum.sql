@@ -19,4 +19,6 @@ SELECT :'layout', :hold, 'hot_relation_bytes_after_vacuum',
        sum(pg_total_relation_size(c.oid))
   FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
  WHERE n.nspname = :'layout' AND c.relkind = 'r'
-   AND (:'layout' = 'today' OR c.relname IN ('ready', 'claims', 'cancel_requests'));
+   AND (:'layout' = 'today'
+        OR (:'layout' = 'proposed' AND c.relname IN ('ready', 'claims', 'cancel_requests'))
+        OR (:'layout' = 'rowstate' AND c.relname = 'task_state'));
