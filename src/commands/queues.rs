@@ -88,6 +88,9 @@ pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, C
         for task in &tasks {
             println!("{}", serde_json::to_string(task)?);
         }
+    } else if tasks.is_empty() {
+        // The header alone reads as a failure to print; say what was asked.
+        eprintln!("{}", no_tasks(args));
     } else {
         print!("{}", describe_list(&tasks));
     }
@@ -222,6 +225,19 @@ fn describe_list(tasks: &[Listed]) -> String {
     text
 }
 
+/// What `list` says when no task matches: the filters it was given.
+fn no_tasks(args: &ListArgs) -> String {
+    let mut text = String::from("no tasks");
+    if let Some(status) = args.status {
+        text.push(' ');
+        text.push_str(status.as_str());
+    }
+    if let Some(queue) = &args.queue {
+        text.push_str(&format!(" in queue {}", printable(queue)));
+    }
+    text
+}
+
 /// A queue's STATE in `stats`: paused, else unserved (due tasks and no live daemon serving
 /// it), else active.
 fn state(queue: &queue::QueueStats) -> &'static str {
@@ -283,7 +299,23 @@ fn describe_stats(stats: &Stats) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{error_summary, preview, printable};
+    use super::{error_summary, no_tasks, preview, printable};
+    use crate::cli::ListArgs;
+    use crate::queue::TaskStatus;
+
+    #[test]
+    fn an_empty_list_names_its_filters() {
+        let mut args = ListArgs {
+            queue: None,
+            status: None,
+            limit: 20,
+            json: false,
+        };
+        assert_eq!(no_tasks(&args), "no tasks");
+        args.status = Some(TaskStatus::Failed);
+        args.queue = Some("mail\u{1b}".to_string());
+        assert_eq!(no_tasks(&args), "no tasks FAILED in queue mail\\u{1b}");
+    }
 
     #[test]
     fn an_output_is_previewed_quoted_and_escaped() {

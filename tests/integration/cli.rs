@@ -441,3 +441,21 @@ async fn a_port_that_does_not_speak_postgresql_is_named_as_such() {
     }
     server.abort();
 }
+
+/// `list` with nothing to show prints no table (a header alone read as a failure) and says on
+/// standard error what it looked for; `--json` prints nothing at all.
+#[tokio::test]
+async fn an_empty_list_says_so_and_names_its_filters() {
+    let db = TestDb::new().await;
+    let (status, stdout, stderr) = pgtaskd(
+        Some(&db.url),
+        &["list", "--queue", "nothing-here", "--status", "failed"],
+    )
+    .await;
+    assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(stdout, "", "no table");
+    assert_eq!(stderr.trim(), "no tasks FAILED in queue nothing-here");
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["list", "--json"]).await;
+    assert_eq!(status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(stdout, "", "{stderr}");
+}
