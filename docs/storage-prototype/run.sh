@@ -13,7 +13,7 @@
 # schema.sql, drains TASKS tasks of 1 KiB (bench.sql: insert in statements of 100 rows, claim
 # and finish in batches of BATCH), ends the hold, vacuums (vacuum.sql); then times a
 # 10,000-row INSERT ... SELECT in both layouts (insert_time.sql) and runs the contract checks
-# (checks.sql). Needs psql and the pgstattuple extension (postgresql-contrib). WAL is read
+# (checks.sql), and lists the newest FAILED tasks (lists.sql). Needs psql and the pgstattuple extension (postgresql-contrib). WAL is read
 # with pg_current_wal_insert_lsn(), which counts the whole server's: run it on a server with
 # nothing else writing, or read the figures as upper bounds.
 set -euo pipefail
@@ -127,5 +127,13 @@ q -c "DELETE FROM results WHERE hold = -1"
 q -P pager=off -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON)
 SELECT status, words, bytes, runes, output, error FROM proposed.task_view WHERE id = $((tasks / 2))" \
   | grep -E 'Execution Time|^ +Buffers' | sed -n '1p;$p'
+
+echo "== the newest 50 FAILED of 20,000 finished tasks, 1% FAILED (lists.sql)"
+q -f "$here/schema.sql"
+for layout in today proposed; do
+    q -v layout="$layout" -v hold=-1 -v tasks="$tasks" -v per_stmt=100 -v batch="$batch" -f "$here/bench.sql" >/dev/null
+done
+q -c "DELETE FROM results WHERE hold = -1"
+q -P pager=off -f "$here/lists.sql" | grep -E '^--|Execution Time|_same|^ [tf] '
 
 [ "${KEEP_DB:-0}" = 1 ] || psql -X -q -d postgres -c "DROP DATABASE $db"
