@@ -312,37 +312,8 @@ async fn schema_18_refuses_to_apply_over_longer_queue_names_until_they_are_renam
 /// operators and daemons, not producers, not a role with nothing, not PUBLIC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
-    let (_db, mut owner) = database_at(21).await;
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let role = |kind: &str| format!("rf_{kind}_{tag}");
-    let grant = |kind: &str, function: &str| {
-        format!(
-            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
-            role(kind)
-        )
-    };
-    let before = [
-        grant("old_daemon", "grant_daemon"),
-        grant("old_ops", "grant_operator"),
-        grant("old_app", "grant_producer"),
-        format!("CREATE ROLE {};", role("stranger")),
-    ]
-    .concat();
-    within(WAIT, "the roles of 21", owner.batch_execute(&before))
-        .await
-        .unwrap();
-    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
-        .await
-        .unwrap();
-    let after = [
-        grant("new_daemon", "grant_daemon"),
-        grant("new_ops", "grant_operator"),
-        grant("new_app", "grant_producer"),
-    ]
-    .concat();
-    within(WAIT, "the roles of 22", owner.batch_execute(&after))
-        .await
-        .unwrap();
+    let roles = Roles::new("rf");
+    let (_db, owner) = upgrade_with_roles(21, &roles, "").await;
     for (kind, expected) in [
         ("old_daemon", true),
         ("new_daemon", true),
@@ -354,7 +325,7 @@ async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
     ] {
         let sql = format!(
             "SELECT has_function_privilege('{}', 'pgtaskd.retry_failed(text, integer, bigint)', 'EXECUTE')",
-            role(kind)
+            roles.name(kind)
         );
         let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
             .await
@@ -370,49 +341,15 @@ async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
 /// grant functions give it from then on; no role may write through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
-    let (_db, mut owner) = database_at(23).await;
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let role = |kind: &str| format!("tv_{kind}_{tag}");
-    let grant = |kind: &str, function: &str| {
-        format!(
-            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
-            role(kind)
-        )
-    };
-    let before = [
-        grant("old_daemon", "grant_daemon"),
-        grant("old_ops", "grant_operator"),
-        grant("old_app", "grant_producer"),
-        format!(
-            "CREATE ROLE {0}; GRANT USAGE ON SCHEMA pgtaskd TO {0}; GRANT SELECT ON pgtaskd.tasks TO {0};",
-            role("by_hand")
-        ),
-        format!("CREATE ROLE {};", role("stranger")),
-        "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('one', 'a'), ('two', 'b');".into(),
-        "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 1, bytes = 3, runes = 3, \
-         finished_at = now(), started_at = now(), attempt = 1 WHERE payload = 'one';"
-            .into(),
-    ]
-    .concat();
-    within(
-        WAIT,
-        "the roles and tasks of 23",
-        owner.batch_execute(&before),
-    )
-    .await
-    .unwrap();
-    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
-        .await
-        .unwrap();
-    let after = [
-        grant("new_daemon", "grant_daemon"),
-        grant("new_ops", "grant_operator"),
-        grant("new_app", "grant_producer"),
-    ]
-    .concat();
-    within(WAIT, "the roles of 24", owner.batch_execute(&after))
-        .await
-        .unwrap();
+    let roles = Roles::new("tv");
+    let setup = format!(
+        "CREATE ROLE {0}; GRANT USAGE ON SCHEMA pgtaskd TO {0}; GRANT SELECT ON pgtaskd.tasks TO {0};
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('one', 'a'), ('two', 'b');
+         UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 1, bytes = 3, runes = 3,
+                finished_at = now(), started_at = now(), attempt = 1 WHERE payload = 'one';",
+        roles.name("by_hand")
+    );
+    let (_db, owner) = upgrade_with_roles(23, &roles, &setup).await;
 
     let columns = |relation: &str| {
         format!(
@@ -460,7 +397,7 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
         ] {
             let sql = format!(
                 "SELECT has_table_privilege('{}', 'pgtaskd.task_view', '{privilege}')",
-                role(kind)
+                roles.name(kind)
             );
             let has: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
                 .await
@@ -471,7 +408,7 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
     }
     // Read as one of them, as a producer's own status query would be.
     owner
-        .batch_execute(&format!("SET ROLE {}", role("old_app")))
+        .batch_execute(&format!("SET ROLE {}", roles.name("old_app")))
         .await
         .unwrap();
     let row = owner
@@ -485,4 +422,76 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
     assert_eq!(row.get::<_, String>(0), "SUCCEEDED");
     assert_eq!(row.get::<_, i64>(1), 1);
     assert_eq!(row.get::<_, i64>(2), 3);
+}
+
+/// Role names of one test: `{prefix}_{kind}_{tag}`, the tag random so that the roles of
+/// tests run at once on one cluster never meet.
+struct Roles {
+    prefix: &'static str,
+    tag: String,
+}
+
+impl Roles {
+    fn new(prefix: &'static str) -> Roles {
+        Roles {
+            prefix,
+            tag: format!("{:08x}", fastrand::u32(..)),
+        }
+    }
+
+    fn name(&self, kind: &str) -> String {
+        format!("{}_{kind}_{}", self.prefix, self.tag)
+    }
+
+    /// The role `kind`, created and given what the grant function `function` gives.
+    fn granted(&self, kind: &str, function: &str) -> String {
+        format!(
+            "CREATE ROLE {0}; SELECT pgtaskd.{function}('{0}');",
+            self.name(kind)
+        )
+    }
+}
+
+/// A database at schema `from` where the grant functions gave a daemon, an operator and a
+/// producer role (`old_daemon`, `old_ops`, `old_app`), with a role given nothing (`stranger`)
+/// and `setup`'s statements; migrated to the latest schema, and the same three granted again
+/// by the new grant functions (`new_daemon`, `new_ops`, `new_app`).
+async fn upgrade_with_roles(
+    from: i32,
+    roles: &Roles,
+    setup: &str,
+) -> (TestDb, tokio_postgres::Client) {
+    let (db, mut owner) = database_at(from).await;
+    let before = [
+        roles.granted("old_daemon", "grant_daemon"),
+        roles.granted("old_ops", "grant_operator"),
+        roles.granted("old_app", "grant_producer"),
+        format!("CREATE ROLE {};", roles.name("stranger")),
+        setup.to_string(),
+    ]
+    .concat();
+    within(
+        WAIT,
+        "the roles before the upgrade",
+        owner.batch_execute(&before),
+    )
+    .await
+    .unwrap();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let after = [
+        roles.granted("new_daemon", "grant_daemon"),
+        roles.granted("new_ops", "grant_operator"),
+        roles.granted("new_app", "grant_producer"),
+    ]
+    .concat();
+    within(
+        WAIT,
+        "the roles after the upgrade",
+        owner.batch_execute(&after),
+    )
+    .await
+    .unwrap();
+    (db, owner)
 }
