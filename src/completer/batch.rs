@@ -15,12 +15,14 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::db::Pool;
 use crate::queue::{self, Finish, FinishError, TaskStatus};
+use crate::repeats::{log_recovery, Repeats, Say};
 
 /// The most rows one finish statement commits.
 const MAX_BATCH: usize = 512;
@@ -70,6 +72,8 @@ pub(super) struct Completion {
 /// Commit batches until the last sender is dropped, up to [`BATCHES_IN_FLIGHT`] at once.
 pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>) {
     let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    // Every batch fails while the database is away: said once, not once a batch.
+    let failures = Arc::new(Repeats::new());
     let mut commits = JoinSet::new();
     let mut carried = None;
     loop {
@@ -87,8 +91,9 @@ pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>) {
         };
         let batch = gather(first, &mut rx, &mut carried);
         let pool = pool.clone();
+        let failures = Arc::clone(&failures);
         commits.spawn(async move {
-            commit(&pool, batch).await;
+            commit(&pool, &failures, batch).await;
             drop(slot);
         });
         while let Some(done) = commits.try_join_next() {
@@ -135,8 +140,9 @@ fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
 }
 
 /// Commit one batch and answer every claim in it.
-async fn commit(pool: &Pool, mut batch: Vec<Completion>) {
+async fn commit(pool: &Pool, failures: &Repeats, mut batch: Vec<Completion>) {
     let finishes: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
+    let began = Instant::now();
     let result = match pool.get().await {
         Ok(session) => {
             session
@@ -147,18 +153,31 @@ async fn commit(pool: &Pool, mut batch: Vec<Completion>) {
     };
     match result {
         Ok(answers) => {
+            log_recovery!(failures, began = began, "finish batches working again");
             for (completion, answer) in batch.drain(..).zip(answers) {
                 let _ = completion.reply.send(Ok(answer));
             }
         }
         Err(err) => {
             let failed = BatchFailed::Statement(Arc::new(err));
-            tracing::warn!(
-                tasks = batch.len(),
-                outcome_unknown = failed.outcome_unknown(),
-                error = failed.to_string(),
-                "finish batch failed"
-            );
+            let tasks = batch.len();
+            let outcome_unknown = failed.outcome_unknown();
+            let error = failed.to_string();
+            match failures.failed() {
+                Say::First => tracing::warn!(
+                    tasks,
+                    outcome_unknown,
+                    error,
+                    "finish batch failed, its claims are settled one by one; until batches work again, their failures are logged at debug level and counted once a minute"
+                ),
+                Say::Reminder { failures, since } => tracing::warn!(
+                    failures,
+                    for_s = since.as_secs(),
+                    error,
+                    "finish batches still failing"
+                ),
+                Say::Repeat => tracing::debug!(tasks, outcome_unknown, error, "finish batch failed"),
+            }
             for completion in batch.drain(..) {
                 let _ = completion.reply.send(Err(failed.clone()));
             }

@@ -1,7 +1,8 @@
 //! Outages of the database longer than the lease (docs/design.md, "Settle before rescuing"):
 //! when the database is back, each daemon extends its leases and commits what it holds before
 //! any rescuer takes a lease back, so no finished work runs again. And the log of an outage
-//! is bounded: each kind of failure said once, and its recovery once.
+//! is bounded: each kind of failure said once (finish batches failing too), and its recovery
+//! once.
 
 use std::time::Duration;
 
@@ -166,4 +167,56 @@ async fn an_outage_is_logged_once_whatever_the_tasks() {
     );
     daemon.signal(libc::SIGTERM);
     daemon.wait().await;
+}
+
+/// Tasks that finish while the database is away fail their finish batches one after another:
+/// the first failure is said at WARN, the others at debug level, and one line says when
+/// batches work again (each batch's failure at WARN made dozens of lines of one outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_batches_failing_through_an_outage_are_said_once() {
+    const TASKS: usize = 300;
+    const CONFIG: &str = "[worker]\nconcurrency = 30\nlease = \"30s\"\npoll_interval = \"300ms\"\n\
+                          [database]\nconnect_timeout = \"1s\"\n\
+                          [queues.default]\nhandler = \"exec\"\n\
+                          command = [\"/bin/sh\", \"-c\", \"sleep 1\"]\n";
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    insert_payloads(&client, TASKS).await;
+    // The default level (`info`), as an operator runs it.
+    let mut daemon = DaemonProcess::start_with_env(&db.url, CONFIG, &[], &[("RUST_LOG", "")]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
+        30,
+        "the slots to be full",
+    )
+    .await;
+    drop(client);
+    cluster.stop_server(false);
+    // The outage's length is the scenario: every running task's command ends within it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.start_server();
+    within(
+        WAIT,
+        "the finish batches' recovery line",
+        daemon.wait_for_log("finish batches working again"),
+    )
+    .await;
+    let log = daemon.log_text();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("finish batch"))
+        .collect();
+    assert_eq!(said.len(), 1, "one WARN line:\n{}", said.join("\n"));
+    let client = db.client().await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
+        TASKS as i64,
+        "every task to succeed",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    within(WAIT, "the daemon to stop", daemon.wait()).await;
 }
