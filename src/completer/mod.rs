@@ -31,6 +31,7 @@
 //! Callers: [`crate::worker`] starts one completer and hands it every settled claim.
 
 mod batch;
+mod reachable;
 mod resolve;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,6 +87,8 @@ struct Shared {
     give_up: CancellationToken,
     /// How many claims returned unsettled because of it.
     abandoned: AtomicUsize,
+    /// One probe of an unreachable database for all the claims settled alone.
+    reachable: reachable::Reachable,
 }
 
 impl Shared {
@@ -115,6 +118,7 @@ impl Completer {
                 tally: resolve::Tally::default(),
                 give_up: CancellationToken::new(),
                 abandoned: AtomicUsize::new(0),
+                reachable: reachable::Reachable::default(),
             }),
         }
     }

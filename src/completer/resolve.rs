@@ -1,7 +1,8 @@
 //! Settling one claim alone, and what happens when a write's commit outcome is unknown.
 //!
 //! Re-read, never re-run (docs/design.md). [`write_alone`] applies the write and retries until the
-//! database answers, with capped, jittered backoff while it is down. A server error means
+//! database answers: while it is down, every claim waits for one probe of it
+//! ([`super::reachable`]); after a server error, on capped, jittered backoff of its own. A server error means
 //! nothing was written: the write is simply sent again. An outage (the connection failed, or
 //! the deadline passed, after the statement may have been sent) means the outcome is
 //! unknown: from then on, each try first re-reads the row on a fresh session (`FOR SHARE`,
@@ -23,7 +24,7 @@
 //! asked again. A stopping daemon may give up on an unreachable database
 //! ([`super::Completer::give_up`]): the claim then returns unsettled, its lease left to expire.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -41,6 +42,8 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 pub(super) struct Tally {
     /// Claims being settled alone now.
     settling: AtomicUsize,
+    /// Whether this burst was said at WARN (one not of a locked row came in it).
+    warned: AtomicBool,
     written: AtomicUsize,
     landed: AtomicUsize,
     lost: AtomicUsize,
@@ -50,9 +53,19 @@ pub(super) struct Tally {
 }
 
 impl Tally {
-    /// A claim starts settling alone; the first of a burst says so.
+    /// A claim starts settling alone; the first of a burst that is not a lock's says so at
+    /// WARN. A row locked by a claim scanning past it (held until that claim commits, a few
+    /// milliseconds) is part of a healthy drain: it waits for that lock, said at debug level.
     fn start(&self, id: i64, why: Why) {
-        if self.settling.fetch_add(1, Ordering::AcqRel) == 0 {
+        let first = self.settling.fetch_add(1, Ordering::AcqRel) == 0;
+        if why == Why::Locked {
+            if first {
+                tracing::debug!(
+                    id,
+                    "settling claims one by one: a row held locked meanwhile"
+                );
+            }
+        } else if !self.warned.swap(true, Ordering::AcqRel) {
             tracing::warn!(id, ?why, "settling claims one by one");
         }
     }
@@ -68,14 +81,33 @@ impl Tally {
         .fetch_add(1, Ordering::AcqRel);
         if self.settling.fetch_sub(1, Ordering::AcqRel) == 1 {
             let take = |n: &AtomicUsize| n.swap(0, Ordering::AcqRel);
-            tracing::info!(
-                written = take(&self.written),
-                already_landed = take(&self.landed),
-                claim_lost = take(&self.lost),
-                unsettled = take(&self.unsettled),
-                retries = take(&self.retries),
-                "claims settled one by one"
+            let (written, already_landed, claim_lost, unsettled, retries) = (
+                take(&self.written),
+                take(&self.landed),
+                take(&self.lost),
+                take(&self.unsettled),
+                take(&self.retries),
             );
+            // Summed up at the level the burst began at.
+            if self.warned.swap(false, Ordering::AcqRel) {
+                tracing::info!(
+                    written,
+                    already_landed,
+                    claim_lost,
+                    unsettled,
+                    retries,
+                    "claims settled one by one"
+                );
+            } else {
+                tracing::debug!(
+                    written,
+                    already_landed,
+                    claim_lost,
+                    unsettled,
+                    retries,
+                    "claims settled one by one"
+                );
+            }
         }
     }
 }
@@ -127,6 +159,7 @@ async fn retry(
     let mut wait = why == Why::Locked;
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
+        let seen = shared.reachable.seen();
         let write = async {
             // Waiting for someone else's lock: one claim of this daemon at a time.
             let _waiting = match wait {
@@ -165,26 +198,30 @@ async fn retry(
                 if why != Why::Alone {
                     shared.tally.retries.fetch_add(1, Ordering::Relaxed);
                 }
-                let delay = backoff.next_delay();
-                let retry_in_ms = delay.as_millis() as u64;
                 let error = err.to_string();
                 if err.is_unavailable() {
-                    // The statement may or may not have committed.
+                    // The statement may or may not have committed. Tried again once the
+                    // database gives a session: one probe for every claim waiting.
                     outcome_unknown = true;
                     tracing::debug!(
                         id,
                         attempt,
                         error,
-                        retry_in_ms,
-                        "commit outcome unknown; will re-read the row"
+                        "commit outcome unknown; will re-read the row once the database answers"
                     );
+                    tokio::select! {
+                        _ = shared.reachable.answered_since(seen, &shared.pool) => {}
+                        _ = shared.give_up.cancelled() => return shared.abandon(),
+                    }
                 } else {
                     // The server answered with an error: nothing was written.
+                    let delay = backoff.next_delay();
+                    let retry_in_ms = delay.as_millis() as u64;
                     tracing::debug!(id, attempt, error, retry_in_ms, "finish failed; retrying");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shared.give_up.cancelled() => return shared.abandon(),
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shared.give_up.cancelled() => return shared.abandon(),
+                    }
                 }
             }
             other => return other,

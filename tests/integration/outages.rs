@@ -220,3 +220,75 @@ async fn finish_batches_failing_through_an_outage_are_said_once() {
     daemon.signal(libc::SIGTERM);
     within(WAIT, "the daemon to stop", daemon.wait()).await;
 }
+
+/// Claims settled alone through an outage wait for one probe of the database, not each on
+/// a backoff of its own: sixty claims whose commands end while the database is away cost a
+/// connection attempt each, then a probe every few seconds, until it is back. A listener on
+/// the server's port counts the attempts meanwhile (accepted and closed at once, as a
+/// server that is not there yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
+    const TASKS: usize = 60;
+    const CONFIG: &str = "[worker]\nconcurrency = 60\nlease = \"60s\"\n\
+                          [database]\nconnect_timeout = \"1s\"\n\
+                          [queues.default]\nhandler = \"exec\"\n\
+                          command = [\"/bin/sh\", \"-c\", \"sleep 1\"]\n";
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    insert_payloads(&client, TASKS).await;
+    let mut daemon = DaemonProcess::start(&db, CONFIG, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
+        TASKS as i64,
+        "every task to be running",
+    )
+    .await;
+    drop(client);
+    cluster.stop_server(false);
+    let listener = within(WAIT, "the server's port to be free", async {
+        loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", cluster.port)).await {
+                Ok(listener) => return listener,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await;
+    // The outage's length is the scenario: every command ends within its first second.
+    let window = Duration::from_secs(10);
+    let mut attempts = 0usize;
+    let _ = tokio::time::timeout(window, async {
+        loop {
+            if let Ok((socket, _)) = listener.accept().await {
+                attempts += 1;
+                drop(socket);
+            }
+        }
+    })
+    .await;
+    drop(listener);
+    cluster.start_server();
+    let client = db.client().await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
+        TASKS as i64,
+        "every task to succeed",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    within(WAIT, "the daemon to stop", daemon.wait()).await;
+    eprintln!(
+        "connection attempts in {} s of outage: {attempts}",
+        window.as_secs()
+    );
+    // A try each (60), the probes (about 8 in 10 s), the heartbeat, claims and listener
+    // (about 20): each claim on its own backoff made about 8 tries more each (over 400).
+    assert!(
+        attempts < 200,
+        "{attempts} connection attempts in {} s",
+        window.as_secs()
+    );
+}
