@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0024_task_view.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0025_claim_tokens_by_timeline.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -426,7 +426,13 @@ BEGIN
         UPDATE pgtaskd.tasks AS t
            SET status = 'RUNNING',
                attempt = t.attempt + 1,
-               claim_token = pg_catalog.nextval('pgtaskd.claim_tokens'),
+               -- The server's timeline above the sequence's value (version 25): a new
+               -- primary's sequence may be behind the old one's after a failover.
+               claim_token = (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN 0::bigint
+                                          ELSE ((('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(
+                                                    pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+                                                 - 1) % 65536) << 47 END)
+                             | (pg_catalog.nextval('pgtaskd.claim_tokens') & 140737488355327),
                lease_owner = claim.owner,
                lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
                started_at = now()

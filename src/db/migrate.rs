@@ -141,6 +141,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0024_task_view",
         sql: include_str!("../../sql/0024_task_view.sql"),
     },
+    Migration {
+        version: 25,
+        name: "0025_claim_tokens_by_timeline",
+        sql: include_str!("../../sql/0025_claim_tokens_by_timeline.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -364,3 +364,107 @@ async fn a_write_refused_as_read_only_is_unavailability_and_its_session_is_disca
         .unwrap();
     assert!(matches!(enqueued, pgtaskd::queue::Enqueued::Created(id) if id > 0));
 }
+
+/// Claim the queued tasks of the default queue as `owner`: `(id, token)` of each.
+async fn claim_all(client: &Client, owner: &str) -> Vec<(i64, i64)> {
+    let rows = within(
+        WAIT,
+        "a claim",
+        client.query(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['default'], 100, $1, 60000, \
+             1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[&owner],
+        ),
+    )
+    .await
+    .unwrap();
+    rows.iter().map(|row| (row.get(0), row.get(1))).collect()
+}
+
+/// One claim, one token, across a failover that lost WAL: a standby that fell behind the
+/// primary's last claims is promoted, and its sequence of tokens is where the lost WAL left
+/// it. The claims it then makes of the same tasks take tokens above every token of the old
+/// timeline (the timeline is part of each token), so the finish of a claim the failover lost
+/// writes nothing over them. A cluster never promoted keeps the tokens of its sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_that_missed_claims_gives_none_of_their_tokens_again() {
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    let standby = Cluster::start_standby_of(&primary);
+    insert_payloads(&client, 3).await;
+    let standby_client = client_on(&standby, &db.name).await;
+    eventually(WAIT, "the tasks on the standby", || {
+        let client = &standby_client;
+        async move { (count(client, "SELECT count(*) FROM pgtaskd.tasks").await == 3).then_some(()) }
+    })
+    .await;
+    drop(standby_client);
+    // The standby stops before the claims: their WAL never reaches it.
+    standby.stop_server(true);
+    let lost = claim_all(&client, "daemon-a").await;
+    assert_eq!(lost.len(), 3, "{lost:?}");
+    assert!(
+        lost.iter().all(|&(_, token)| token < 1 << 47),
+        "timeline 1 keeps the sequence's tokens: {lost:?}"
+    );
+    drop(client);
+    primary.stop_server(false);
+    standby.start_server();
+    standby.promote();
+    let new_primary = client_on(&standby, &db.name).await;
+    let queued = eventually(WAIT, "the new primary to take writes", || {
+        let client = &new_primary;
+        async move {
+            let read_only: bool = client
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await
+                .ok()?
+                .get(0);
+            (!read_only).then_some(())
+        }
+    });
+    queued.await;
+    let again = claim_all(&new_primary, "daemon-b").await;
+    assert_eq!(
+        again.iter().map(|&(id, _)| id).collect::<Vec<_>>(),
+        lost.iter().map(|&(id, _)| id).collect::<Vec<_>>(),
+        "the same tasks, claimed again"
+    );
+    let highest_lost = lost.iter().map(|&(_, token)| token).max().unwrap();
+    for &(id, token) in &again {
+        assert!(
+            token > highest_lost,
+            "task {id}: token {token} after the failover, {highest_lost} before it"
+        );
+    }
+    // The lost claims' finishes find no claim of theirs.
+    let ids: Vec<i64> = lost.iter().map(|&(id, _)| id).collect();
+    let tokens: Vec<i64> = lost.iter().map(|&(_, token)| token).collect();
+    let n = ids.len();
+    let written: i64 = new_primary
+        .query_one(
+            "SELECT count(written) FROM pgtaskd.finish($1, $2, $3, $4, $4, $4, $5, $5, $6, false)",
+            &[
+                &tokens,
+                &ids,
+                &vec!["SUCCEEDED".to_string(); n],
+                &vec![1i64; n],
+                &vec![None::<String>; n],
+                &vec![None::<f64>; n],
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        written, 0,
+        "a lost claim's finish wrote over the new claims"
+    );
+    let running = count(
+        &new_primary,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING' AND lease_owner = 'daemon-b'",
+    )
+    .await;
+    assert_eq!(running, 3);
+}
