@@ -269,10 +269,25 @@ pub(crate) fn is_pooler_refusal(err: &DbError) -> bool {
     matches!(err, DbError::Rejected { advice, .. } if *advice == POOLER_ADVICE)
 }
 
+/// What to check when the server refused a setting sent at the session's start.
+const OPTIONS_ADVICE: &str = "check the settings the connection string sends at the     session's start (options=-c name=value in database.url, or PGOPTIONS): the server     refused one";
+
 /// A session that could not be opened, when the server answered: a rejection of the settings
-/// ([`DbError::Rejected`]), else an outage whatever its SQLSTATE (a database not accepting
-/// connections, a revoked `CONNECT`, a server starting up). `None` when no server answered.
+/// ([`DbError::Rejected`]): the role, password or database, or a startup setting the server
+/// does not know (undefined_object, 42704: `options=-c bogus=1`) or whose value it refuses
+/// (invalid_parameter_value, 22023); else an outage whatever its SQLSTATE (a database not
+/// accepting connections, a revoked `CONNECT`, a server starting up). `None` when no server
+/// answered.
 fn refused(err: &tokio_postgres::Error) -> Option<DbError> {
+    let bad_option = err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_OBJECT || *code == SqlState::INVALID_PARAMETER_VALUE
+    });
+    if bad_option {
+        return Some(DbError::Rejected {
+            cause: Cause::from(err),
+            advice: OPTIONS_ADVICE,
+        });
+    }
     rejection(err).or_else(|| {
         err.code()
             .is_some()

@@ -104,6 +104,24 @@ async fn settings_the_database_refuses_exit_78_with_the_servers_message_and_a_hi
             "database \"no_such_database\" does not exist",
             "PGDATABASE",
         ),
+        (
+            "a startup setting the server does not know",
+            format!(
+                "{} options='-c bogus_param=1'",
+                url(&cluster, "postgres", None, &db.name)
+            ),
+            "unrecognized configuration parameter \"bogus_param\"",
+            "options=-c",
+        ),
+        (
+            "a startup setting's value the server refuses",
+            format!(
+                "{} options='-c statement_timeout=xyz'",
+                url(&cluster, "postgres", None, &db.name)
+            ),
+            "statement_timeout",
+            "options=-c",
+        ),
     ];
     for (what, url, message, hint) in cases {
         let (status, stdout, stderr) = pgtaskd(&url, &["status", "1"]).await;
