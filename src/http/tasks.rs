@@ -22,8 +22,9 @@ use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, RunAt, Task, Tas
 #[serde(deny_unknown_fields)]
 struct Submission {
     payload: String,
-    #[serde(default = "default_queue")]
-    queue: String,
+    /// Absent or `null`: the default queue, as for the other optional fields.
+    #[serde(default)]
+    queue: Option<String>,
     /// Taken as any JSON value, so that a wrong one is refused with the field's own rule
     /// (`queue::enqueue::check_priority`), as the CLI refuses it, not with serde's words.
     #[serde(default)]
@@ -32,10 +33,6 @@ struct Submission {
     run_at: Option<serde_json::Value>,
     #[serde(default)]
     max_attempts: Option<serde_json::Value>,
-}
-
-fn default_queue() -> String {
-    crate::config::DEFAULT_QUEUE.to_string()
 }
 
 impl Submission {
@@ -65,7 +62,9 @@ impl Submission {
             Some(other) => return Err(BadInput::RunAt(other.to_string()).into()),
         };
         let task = queue::NewTask {
-            queue: self.queue,
+            queue: self
+                .queue
+                .unwrap_or_else(|| crate::config::DEFAULT_QUEUE.to_string()),
             payload: self.payload,
             priority,
             run_at,
@@ -182,7 +181,7 @@ fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiE
         Some("text/plain") => Submission {
             payload: String::from_utf8(body.to_vec())
                 .map_err(|_| ApiError::BadRequest("the body is not UTF-8 text".into()))?,
-            queue: default_queue(),
+            queue: None,
             priority: None,
             run_at: None,
             max_attempts: None,

@@ -159,6 +159,23 @@ async fn post_takes_priority_run_at_and_max_attempts_and_refuses_bad_ones_by_nam
         .unwrap();
     assert!(row.get::<_, bool>(0), "due in ten minutes");
     assert_eq!((row.get::<_, i16>(1), row.get::<_, i32>(2)), (0, 3));
+    // A null queue is the default queue, as the other nulls are their defaults.
+    let (status, _, body) = served
+        .post(
+            "/tasks",
+            json!({"payload": "queue null", "queue": null, "run_at": "10m"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let queue: String = client
+        .query_one(
+            "SELECT queue FROM pgtaskd.task_view WHERE id = $1",
+            &[&body["id"].as_i64().unwrap()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(queue, "default");
 
     let before = count(&client, "SELECT count(*) FROM pgtaskd.task_view").await;
     for (field, value) in [
