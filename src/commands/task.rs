@@ -150,28 +150,71 @@ fn enqueued(args: &EnqueueArgs, enqueued: queue::Enqueued) -> Result<i64, Comman
 
 /// The payload `args` name: the text itself, a file, or standard input.
 fn read_payload(args: &EnqueueArgs) -> Result<String, CommandError> {
-    let read = |result: std::io::Result<String>, what: &str| {
-        result.map_err(|source| CommandError::Input {
-            what: what.to_string(),
-            source,
-        })
-    };
     match (&args.text, &args.file) {
         (Some(text), None) if text == "-" => {
-            let mut payload = String::new();
-            read(
-                std::io::stdin()
-                    .read_to_string(&mut payload)
-                    .map(|_| payload),
-                "standard input",
-            )
+            read_bounded(std::io::stdin().lock(), "standard input")
         }
         (Some(text), None) => Ok(text.clone()),
-        (None, Some(path)) => read(std::fs::read_to_string(path), &path.display().to_string()),
+        // Not a regular file (those are streamed): a pipe, a FIFO, a device.
+        (None, Some(path)) => {
+            let what = path.display().to_string();
+            let file = std::fs::File::open(path).map_err(|source| CommandError::Input {
+                what: what.clone(),
+                source,
+            })?;
+            read_bounded(file, &what)
+        }
         _ => Err(CommandError::Usage(
             "enqueue takes TEXT, --file FILE or - (standard input)".into(),
         )),
     }
+}
+
+/// The most bytes a payload read from a pipe or a device may have: PostgreSQL's largest text
+/// value is just under 1 GiB.
+const MAX_READ_PAYLOAD: usize = 1 << 30;
+
+/// Read `reader` to its end as a payload, checked as it comes: a NUL byte (which no payload
+/// holds) stops the read at once, and so does a read past [`MAX_READ_PAYLOAD`], so that
+/// `/dev/zero` or an endless pipe is refused instead of filling the memory.
+fn read_bounded(mut reader: impl Read, what: &str) -> Result<String, CommandError> {
+    let failed = |source: std::io::Error| CommandError::Input {
+        what: what.to_string(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(failed(err)),
+        };
+        if let Some(at) = chunk[..n].iter().position(|&b| b == 0) {
+            return Err(CommandError::Usage(format!(
+                "{} (byte {} of {what})",
+                queue::enqueue::BadInput::PayloadNul,
+                bytes.len() + at
+            )));
+        }
+        if bytes.len() + n > MAX_READ_PAYLOAD {
+            return Err(failed(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "over 1 GiB, more than PostgreSQL's largest text value: nothing was enqueued",
+            )));
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(bytes).map_err(|err| {
+        failed(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the payload is not UTF-8 text (invalid bytes at offset {})",
+                err.utf8_error().valid_up_to()
+            ),
+        ))
+    })
 }
 
 /// The most of a handler's output `status` prints; `--json` gives all of it.

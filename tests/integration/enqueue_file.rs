@@ -108,3 +108,40 @@ fn tempdir() -> TempDir {
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)
 }
+
+/// What is not a regular file (a device, a pipe) is read as it comes and refused at its first
+/// NUL byte: `enqueue --file /dev/zero` ends at once (it read without bound, to gigabytes);
+/// text that is not UTF-8 on standard input is refused with its offset; nothing is inserted.
+#[tokio::test]
+async fn a_device_or_pipe_is_refused_at_its_first_bad_byte_and_nothing_is_inserted() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["enqueue", "--file", "/dev/zero"]).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("NUL"), "{stderr}");
+    assert!(stderr.contains("byte 0 of /dev/zero"), "{stderr}");
+
+    let mut command = tokio::process::Command::new(crate::support::daemon::binary());
+    command
+        .args(["enqueue", "-"])
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"valid text \xff then more").await.unwrap();
+    }
+    let output = within(WAIT, "enqueue -", child.wait_with_output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not UTF-8"), "{stderr}");
+    assert!(stderr.contains("offset 11"), "{stderr}");
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.task_view").await,
+        0
+    );
+}
