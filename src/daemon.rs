@@ -166,6 +166,7 @@ pub async fn run(
             token,
             completions: completions.clone().expect("made when http.listen is set"),
             served: config.worker.queues.clone().into(),
+            waiters: http::waiters(config.http.max_connections),
         };
         let router = http::router(state, config.http.max_body);
         tokio::spawn(http::serve(

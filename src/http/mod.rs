@@ -41,6 +41,7 @@ mod wait;
 
 pub use completions::Completions;
 pub use server::Limits;
+pub use wait::waiters;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub struct AppState {
     /// The queues this daemon serves (`worker.queues`): a task submitted to another one is
     /// answered with a warning when no live daemon serves its queue.
     pub served: Arc<[String]>,
+    /// The requests that may wait at once ([`wait::waiters`]).
+    pub waiters: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why the HTTP server could not start.

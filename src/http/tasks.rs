@@ -220,6 +220,15 @@ async fn read_until_terminal(
     id: i64,
     wait: Option<std::time::Duration>,
 ) -> Result<(bool, Response), ApiError> {
+    // Past the waiters' room, answered at once (the row as it is now), as a wait that ended.
+    let waiting = wait.and_then(|_| Arc::clone(&state.waiters).try_acquire_owned().ok());
+    if wait.is_some() && waiting.is_none() {
+        tracing::debug!(
+            id,
+            "every place for a waiting request is taken: answered at once"
+        );
+    }
+    let wait = wait.filter(|_| waiting.is_some());
     let deadline = tokio::time::Instant::now() + wait.unwrap_or_default();
     let mut watch = wait.map(|_| state.completions.watch(id));
     loop {

@@ -6,7 +6,10 @@
 //! [`MAX_WAIT`], longer is 400. Every request has the server's deadline; a request that waits
 //! has that deadline plus its wait.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Semaphore;
 
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -14,6 +17,17 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::REQUEST_TIMEOUT;
+
+/// The requests that may wait at once: `http.max_connections` less a reserve (an eighth, 1 to
+/// 16), so that connections busy waiting never take every place and a liveness probe or a
+/// prompt request still gets in (a busy connection is never closed to make room, see
+/// `connections.rs`). A wait past them is answered at once, as at the end of its wait.
+pub fn waiters(max_connections: usize) -> Arc<Semaphore> {
+    let reserve = (max_connections / 8).clamp(1, 16);
+    Arc::new(Semaphore::new(
+        max_connections.saturating_sub(reserve).max(1),
+    ))
+}
 
 /// The longest wait a request may ask for.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(60);

@@ -391,3 +391,63 @@ async fn more_stalled_clients_than_descriptors_neither_exhaust_them_nor_silence_
     );
     drop(stalled);
 }
+
+/// Requests waiting for a task (`?wait=`) never take every place of `http.max_connections`:
+/// past all but a reserve (an eighth, at least one), a wait is answered at once with the row
+/// as it is, so `/healthz`, the liveness probe, still gets in (with every place busy waiting
+/// it was refused for the whole wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_leave_room_for_healthz() {
+    const MAX_CONNECTIONS: usize = 8;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT pgtaskd.pause_queue('default')")
+        .await
+        .unwrap();
+    let id = crate::support::enqueue(&client, "never claimed").await;
+    let (daemon, port) =
+        daemon_with_http(&db, &format!("max_connections = {MAX_CONNECTIONS}\n")).await;
+    let mut waiters = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut stream = connect(port).await;
+        stream
+            .write_all(
+                format!("GET /tasks/{id}?wait=30s HTTP/1.1\r\nHost: pgtaskd\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        waiters.push(stream);
+    }
+    // The one past the waiters' room is answered at once, the task as it is.
+    let answers = waiters
+        .iter_mut()
+        .map(|stream| Box::pin(read_response(stream)));
+    let ((status, body), _, pending) = within(
+        Duration::from_secs(10),
+        "the wait past the room to be answered",
+        futures_util::future::select_all(answers),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"status\":\"QUEUED\""), "{body}");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    within(
+        Duration::from_secs(5),
+        "/healthz while the others wait",
+        healthz(&http, port),
+    )
+    .await
+    .expect("/healthz answered");
+    // The others are still waiting.
+    let still = tokio::time::timeout(
+        Duration::from_millis(200),
+        futures_util::future::select_all(pending),
+    )
+    .await;
+    assert!(still.is_err(), "a waiter was answered early");
+    daemon.stop().await;
+}
