@@ -348,7 +348,11 @@ fn describe_queue(out: &mut String, queue: &crate::config::QueueConfig, served: 
     use crate::config::HandlerConfig;
     use std::fmt::Write;
     let duration = |d: Duration| humantime::format_duration(d).to_string();
-    let _ = writeln!(out, "\n[queues.{}]", queue.name);
+    let _ = writeln!(
+        out,
+        "\n[queues.{}]",
+        crate::config::queues::toml_key(&queue.name)
+    );
     let _ = writeln!(out, "handler = {}", queue.handler.name());
     match &queue.handler {
         HandlerConfig::TextStats => {}

@@ -83,6 +83,33 @@ impl HandlerConfig {
     }
 }
 
+/// A queue's name as a TOML key: bare when it can be (`mail`), else quoted and escaped
+/// (`"mail.out"`, `"a\u001B[31m"`), so that a section or key named in a message or in
+/// `check-config`'s output can be pasted back into the file and no control character of a
+/// name reaches the terminal.
+pub(crate) fn toml_key(name: &str) -> String {
+    let bare = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        return name.to_string();
+    }
+    // A TOML basic string on one line: quotes, backslashes and control characters escaped.
+    let mut key = String::with_capacity(name.len() + 2);
+    key.push('"');
+    for c in name.chars() {
+        match c {
+            '"' => key.push_str("\\\""),
+            '\\' => key.push_str("\\\\"),
+            c if c.is_control() => key.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => key.push(c),
+        }
+    }
+    key.push('"');
+    key
+}
+
 /// One `[queues.NAME]` section, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueConfig {
@@ -152,8 +179,9 @@ pub(super) fn validate(
     for (name, section) in raw {
         let span = name.span();
         let name = name.into_inner();
+        let shown = toml_key(&name);
         if let Err(err) = crate::queue::enqueue::check_queue_name(&name) {
-            errors.0.push((span, format!("[queues.{name}]: {err}")));
+            errors.0.push((span, format!("[queues.{shown}]: {err}")));
             continue;
         }
         let Some(queue) = section.into_inner().validate(&name, span, errors) else {
@@ -161,7 +189,7 @@ pub(super) fn validate(
         };
         if !served.contains(&queue.name) {
             warnings.push(format!(
-                "[queues.{name}] is configured but worker.queues ({}) does not serve {name:?}: \
+                "[queues.{shown}] is configured but worker.queues ({}) does not serve it: \
                  this daemon never runs its handler",
                 served.join(", ")
             ));
@@ -169,7 +197,7 @@ pub(super) fn validate(
         if let Some(n) = queue.concurrency {
             if n > concurrency {
                 warnings.push(format!(
-                    "queues.{name}.concurrency is {n}, but worker.concurrency ({concurrency}) \
+                    "queues.{shown}.concurrency is {n}, but worker.concurrency ({concurrency}) \
                      caps every queue together"
                 ));
             }
@@ -188,7 +216,8 @@ impl RawQueue {
         e: &mut Errors,
     ) -> Option<QueueConfig> {
         let before = e.0.len();
-        let key = |k: &str| format!("queues.{name}.{k}");
+        let shown = toml_key(name);
+        let key = |k: &str| format!("queues.{shown}.{k}");
         let refused = |k: &str| self.refused.iter().any(|r| r == k);
         let handler = match &self.handler {
             None if refused("handler") => None,
@@ -267,7 +296,7 @@ impl RawQueue {
                         e.0.push((
                             span.clone(),
                             format!(
-                                "[queues.{name}] has handler = \"exec\" but no command: write \
+                                "[queues.{shown}] has handler = \"exec\" but no command: write \
                                  command = [\"/path/to/program\", \"arg\"]"
                             ),
                         ));
@@ -297,7 +326,7 @@ impl RawQueue {
                         e.0.push((
                             span.clone(),
                             format!(
-                                "[queues.{name}] has handler = \"http\" but no url: write \
+                                "[queues.{shown}] has handler = \"http\" but no url: write \
                                  url = \"http://127.0.0.1:8080/jobs\""
                             ),
                         ));

@@ -82,3 +82,17 @@ fn a_program_is_looked_up_as_given_or_on_path() {
     assert!(refused.is_err());
     assert!(check_program(&[], "k").is_err());
 }
+
+#[test]
+fn a_queue_name_is_shown_as_a_toml_key_bare_or_quoted_and_escaped() {
+    use super::toml_key;
+    assert_eq!(toml_key("mail"), "mail");
+    assert_eq!(toml_key("mail_out-2"), "mail_out-2");
+    assert_eq!(toml_key("mail.out"), "\"mail.out\"");
+    assert_eq!(toml_key("a b"), "\"a b\"");
+    let shown = toml_key("evil\u{1b}[31m\n");
+    assert!(!shown.chars().any(char::is_control), "{shown:?}");
+    // What is shown parses back to the name.
+    let table: toml::Table = format!("{shown} = 1").parse().unwrap();
+    assert!(table.contains_key("evil\u{1b}[31m\n"), "{table:?}");
+}
