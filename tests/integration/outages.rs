@@ -179,20 +179,7 @@ async fn finish_batches_failing_through_an_outage_are_said_once() {
                           [database]\nconnect_timeout = \"1s\"\n\
                           [queues.default]\nhandler = \"exec\"\n\
                           command = [\"/bin/sh\", \"-c\", \"sleep 1\"]\n";
-    let cluster = crate::support::Cluster::start();
-    let db = TestDb::on(&cluster).await;
-    let client = db.client().await;
-    insert_payloads(&client, TASKS).await;
-    // The default level (`info`), as an operator runs it.
-    let mut daemon = DaemonProcess::start_with_env(&db.url, CONFIG, &[], &[("RUST_LOG", "")]);
-    wait_count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
-        30,
-        "the slots to be full",
-    )
-    .await;
-    drop(client);
+    let (cluster, db, mut daemon) = running(TASKS, 30, CONFIG).await;
     cluster.stop_server(false);
     // The outage's length is the scenario: every running task's command ends within it.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -209,16 +196,7 @@ async fn finish_batches_failing_through_an_outage_are_said_once() {
         .filter(|l| l.contains(" WARN ") && l.contains("finish batch"))
         .collect();
     assert_eq!(said.len(), 1, "one WARN line:\n{}", said.join("\n"));
-    let client = db.client().await;
-    wait_count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
-        TASKS as i64,
-        "every task to succeed",
-    )
-    .await;
-    daemon.signal(libc::SIGTERM);
-    within(WAIT, "the daemon to stop", daemon.wait()).await;
+    all_succeed_then_stop(&db, TASKS, &mut daemon).await;
 }
 
 /// Claims settled alone through an outage wait for one probe of the database, not each on
@@ -233,19 +211,7 @@ async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
                           [database]\nconnect_timeout = \"1s\"\n\
                           [queues.default]\nhandler = \"exec\"\n\
                           command = [\"/bin/sh\", \"-c\", \"sleep 1\"]\n";
-    let cluster = crate::support::Cluster::start();
-    let db = TestDb::on(&cluster).await;
-    let client = db.client().await;
-    insert_payloads(&client, TASKS).await;
-    let mut daemon = DaemonProcess::start(&db, CONFIG, &[]);
-    wait_count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
-        TASKS as i64,
-        "every task to be running",
-    )
-    .await;
-    drop(client);
+    let (cluster, db, mut daemon) = running(TASKS, TASKS, CONFIG).await;
     cluster.stop_server(false);
     let listener = within(WAIT, "the server's port to be free", async {
         loop {
@@ -270,16 +236,7 @@ async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
     .await;
     drop(listener);
     cluster.start_server();
-    let client = db.client().await;
-    wait_count(
-        &client,
-        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
-        TASKS as i64,
-        "every task to succeed",
-    )
-    .await;
-    daemon.signal(libc::SIGTERM);
-    within(WAIT, "the daemon to stop", daemon.wait()).await;
+    all_succeed_then_stop(&db, TASKS, &mut daemon).await;
     eprintln!(
         "connection attempts in {} s of outage: {attempts}",
         window.as_secs()
@@ -291,4 +248,40 @@ async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
         "{attempts} connection attempts in {} s",
         window.as_secs()
     );
+}
+
+/// A cluster of its own with `tasks` tasks, and a daemon of `config` at the default log
+/// level (`info`, as an operator runs it) once `running` of them run.
+async fn running(
+    tasks: usize,
+    running: usize,
+    config: &str,
+) -> (crate::support::Cluster, TestDb, DaemonProcess) {
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    insert_payloads(&client, tasks).await;
+    let daemon = DaemonProcess::start_with_env(&db.url, config, &[], &[("RUST_LOG", "")]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
+        running as i64,
+        "the tasks to run",
+    )
+    .await;
+    (cluster, db, daemon)
+}
+
+/// Every one of `tasks` SUCCEEDED once the database is back; then the daemon stops.
+async fn all_succeed_then_stop(db: &TestDb, tasks: usize, daemon: &mut DaemonProcess) {
+    let client = db.client().await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
+        tasks as i64,
+        "every task to succeed",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    within(WAIT, "the daemon to stop", daemon.wait()).await;
 }
