@@ -24,6 +24,8 @@ use crate::db::Pool;
 use crate::queue::{self, Finish, FinishError, TaskStatus};
 use crate::repeats::{log_recovery, Repeats, Say};
 
+use super::reachable::Reachable;
+
 /// The most rows one finish statement commits.
 const MAX_BATCH: usize = 512;
 /// Finish statements that may be on their way at once.
@@ -70,7 +72,7 @@ pub(super) struct Completion {
 }
 
 /// Commit batches until the last sender is dropped, up to [`BATCHES_IN_FLIGHT`] at once.
-pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>) {
+pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>, reachable: Arc<Reachable>) {
     let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
     // Every batch fails while the database is away: said once, not once a batch.
     let failures = Arc::new(Repeats::new());
@@ -92,8 +94,9 @@ pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>) {
         let batch = gather(first, &mut rx, &mut carried);
         let pool = pool.clone();
         let failures = Arc::clone(&failures);
+        let reachable = Arc::clone(&reachable);
         commits.spawn(async move {
-            commit(&pool, &failures, batch).await;
+            commit(&pool, &failures, &reachable, batch).await;
             drop(slot);
         });
         while let Some(done) = commits.try_join_next() {
@@ -140,7 +143,12 @@ fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
 }
 
 /// Commit one batch and answer every claim in it.
-async fn commit(pool: &Pool, failures: &Repeats, mut batch: Vec<Completion>) {
+async fn commit(
+    pool: &Pool,
+    failures: &Repeats,
+    reachable: &Reachable,
+    mut batch: Vec<Completion>,
+) {
     let finishes: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
     let began = Instant::now();
     let result = match pool.get().await {
@@ -154,6 +162,7 @@ async fn commit(pool: &Pool, failures: &Repeats, mut batch: Vec<Completion>) {
     match result {
         Ok(answers) => {
             log_recovery!(failures, began = began, "finish batches working again");
+            reachable.worked();
             for (completion, answer) in batch.drain(..).zip(answers) {
                 let _ = completion.reply.send(Ok(answer));
             }

@@ -87,8 +87,8 @@ struct Shared {
     give_up: CancellationToken,
     /// How many claims returned unsettled because of it.
     abandoned: AtomicUsize,
-    /// One probe of an unreachable database for all the claims settled alone.
-    reachable: reachable::Reachable,
+    /// The turns of the claims settled alone while the database refuses them.
+    reachable: Arc<reachable::Reachable>,
 }
 
 impl Shared {
@@ -106,7 +106,8 @@ impl Completer {
     /// Start the batching task, with room for `capacity` outcomes waiting to be committed.
     pub fn start(pool: Pool, capacity: usize, metrics: Arc<Metrics>) -> Completer {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        tokio::spawn(batch::run(pool.clone(), rx));
+        let reachable = Arc::new(reachable::Reachable::default());
+        tokio::spawn(batch::run(pool.clone(), rx, Arc::clone(&reachable)));
         let alone = Semaphore::new((pool.max_size() / 4).max(1));
         Completer {
             tx,
@@ -118,7 +119,7 @@ impl Completer {
                 tally: resolve::Tally::default(),
                 give_up: CancellationToken::new(),
                 abandoned: AtomicUsize::new(0),
-                reachable: reachable::Reachable::default(),
+                reachable,
             }),
         }
     }

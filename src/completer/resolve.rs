@@ -1,8 +1,8 @@
 //! Settling one claim alone, and what happens when a write's commit outcome is unknown.
 //!
 //! Re-read, never re-run (docs/design.md). [`write_alone`] applies the write and retries until the
-//! database answers: while it is down, every claim waits for one probe of it
-//! ([`super::reachable`]); after a server error, on capped, jittered backoff of its own. A server error means
+//! database answers: while it is down, the claims take turns, one try per delay of a shared
+//! backoff ([`super::reachable`]); after a server error, on capped, jittered backoff of its own. A server error means
 //! nothing was written: the write is simply sent again. An outage (the connection failed, or
 //! the deadline passed, after the statement may have been sent) means the outcome is
 //! unknown: from then on, each try first re-reads the row on a fresh session (`FOR SHARE`,
@@ -200,8 +200,8 @@ async fn retry(
                 }
                 let error = err.to_string();
                 if err.is_unavailable() {
-                    // The statement may or may not have committed. Tried again once the
-                    // database gives a session: one probe for every claim waiting.
+                    // The statement may or may not have committed. Tried again at this
+                    // claim's turn, or at once when another write worked meanwhile.
                     outcome_unknown = true;
                     tracing::debug!(
                         id,
@@ -210,7 +210,7 @@ async fn retry(
                         "commit outcome unknown; will re-read the row once the database answers"
                     );
                     tokio::select! {
-                        _ = shared.reachable.answered_since(seen, &shared.pool) => {}
+                        _ = shared.reachable.turn(seen) => {}
                         _ = shared.give_up.cancelled() => return shared.abandon(),
                     }
                 } else {
@@ -224,7 +224,12 @@ async fn retry(
                     }
                 }
             }
-            other => return other,
+            other => {
+                if other.is_ok() {
+                    shared.reachable.worked();
+                }
+                return other;
+            }
         }
     }
 }

@@ -21,12 +21,11 @@ use super::REQUEST_TIMEOUT;
 /// The requests that may wait at once: `http.max_connections` less a reserve (an eighth, 1 to
 /// 16), so that connections busy waiting never take every place and a liveness probe or a
 /// prompt request still gets in (a busy connection is never closed to make room, see
-/// `connections.rs`). A wait past them is answered at once, as at the end of its wait.
+/// `connections.rs`). A wait past them is answered at once, as at the end of its wait; with
+/// `http.max_connections = 1`, every wait is.
 pub fn waiters(max_connections: usize) -> Arc<Semaphore> {
     let reserve = (max_connections / 8).clamp(1, 16);
-    Arc::new(Semaphore::new(
-        max_connections.saturating_sub(reserve).max(1),
-    ))
+    Arc::new(Semaphore::new(max_connections.saturating_sub(reserve)))
 }
 
 /// The longest wait a request may ask for.
@@ -74,6 +73,19 @@ pub(super) async fn deadline(request: Request, next: Next) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::waiters;
+
+    #[test]
+    fn waits_leave_a_place_free_whatever_the_cap() {
+        for (max_connections, room) in [(1, 0), (2, 1), (8, 7), (64, 56), (512, 496)] {
+            assert_eq!(
+                waiters(max_connections).available_permits(),
+                room,
+                "http.max_connections = {max_connections}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

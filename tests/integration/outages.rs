@@ -199,13 +199,13 @@ async fn finish_batches_failing_through_an_outage_are_said_once() {
     all_succeed_then_stop(&db, TASKS, &mut daemon).await;
 }
 
-/// Claims settled alone through an outage wait for one probe of the database, not each on
-/// a backoff of its own: sixty claims whose commands end while the database is away cost a
-/// connection attempt each, then a probe every few seconds, until it is back. A listener on
+/// Claims settled alone through an outage take turns, not each a backoff of its own: sixty
+/// claims whose commands end while the database is away cost a connection attempt each, then
+/// one try per delay of a shared backoff, until it is back. A listener on
 /// the server's port counts the attempts meanwhile (accepted and closed at once, as a
 /// server that is not there yet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
+async fn claims_settled_alone_through_an_outage_take_turns() {
     const TASKS: usize = 60;
     const CONFIG: &str = "[worker]\nconcurrency = 60\nlease = \"60s\"\n\
                           [database]\nconnect_timeout = \"1s\"\n\
@@ -241,7 +241,7 @@ async fn claims_settled_alone_through_an_outage_wait_for_one_probe() {
         "connection attempts in {} s of outage: {attempts}",
         window.as_secs()
     );
-    // A try each (60), the probes (about 8 in 10 s), the heartbeat, claims and listener
+    // A try each (60), a try per turn (about 8 in 10 s), the heartbeat, claims and listener
     // (about 20): each claim on its own backoff made about 8 tries more each (over 400).
     assert!(
         attempts < 200,
@@ -284,4 +284,66 @@ async fn all_succeed_then_stop(db: &TestDb, tasks: usize, daemon: &mut DaemonPro
     .await;
     daemon.signal(libc::SIGTERM);
     within(WAIT, "the daemon to stop", daemon.wait()).await;
+}
+
+/// A server that gives sessions but refuses every write as read-only (a standby at the
+/// daemon's address, simulated by a trigger that refuses the finishes with SQLSTATE 25006)
+/// is an outage for the claims settled alone: they take turns, one try per delay of a shared
+/// backoff growing to 5 s, not a retry per claim each time a session opens. Counted by the
+/// server's own count of sessions; a try discards its session, as after any outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_refused_as_read_only_are_tried_once_a_turn_not_once_a_claim() {
+    const TASKS: usize = 40;
+    const CONFIG: &str = "[worker]\nconcurrency = 40\nlease = \"60s\"\n\
+                          [database]\nconnect_timeout = \"1s\"\n\
+                          [queues.default]\nhandler = \"exec\"\n\
+                          command = [\"/bin/sh\", \"-c\", \"sleep 1\"]\n";
+    let (_cluster, db, mut daemon) = running(TASKS, TASKS, CONFIG).await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.read_only() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF OLD.status = 'RUNNING' AND NEW.status <> 'RUNNING' THEN
+                     RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction'
+                         USING ERRCODE = '25006';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER read_only BEFORE UPDATE ON pgtaskd.tasks
+                 FOR EACH ROW EXECUTE FUNCTION public.read_only();",
+        )
+        .await
+        .unwrap();
+    let sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()";
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let before = count(&client, sessions).await;
+    // The length of the refusal is the scenario: every command ends within its first second.
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    client
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let opened = count(&client, sessions).await - before;
+    client
+        .batch_execute("DROP TRIGGER read_only ON pgtaskd.tasks")
+        .await
+        .unwrap();
+    drop(client);
+    all_succeed_then_stop(&db, TASKS, &mut daemon).await;
+    eprintln!(
+        "sessions opened in {} s of refused writes: {opened}",
+        window.as_secs()
+    );
+    // A batch or two, a try per turn (about 8 in 10 s), the heartbeat and claims' own: a
+    // retry per claim at every opened session made hundreds.
+    assert!(
+        opened < 100,
+        "{opened} sessions in {} s of refused writes",
+        window.as_secs()
+    );
 }
