@@ -20,6 +20,18 @@ SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt, t.ma
        t.claim_token, t.output, t.traceparent
   FROM pgtaskd.tasks AS t;
 
+-- With the reader's rights, not the owner's (PostgreSQL 15 and later): a row-level security
+-- policy or a column grant on `pgtaskd.tasks` holds through the view as on the table. Before
+-- 15 a view reads with its owner's rights; there, give the view only to roles that may read
+-- every row of the table.
+DO $$
+BEGIN
+    IF pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.>=) 150000 THEN
+        EXECUTE 'ALTER VIEW pgtaskd.task_view SET (security_invoker = true)';
+    END IF;
+END
+$$;
+
 COMMENT ON VIEW pgtaskd.task_view IS
     'pgtaskd: every task with its state and results: SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view WHERE id = $1';
 

@@ -176,7 +176,9 @@ COMMENT ON COLUMN pgtaskd.daemons.handlers IS
 -- Where a task's state and results are read (version 24): today every column of
 -- `pgtaskd.tasks`; when the table keeps only what the producer wrote (docs/storage.md), the
 -- same columns gathered from the tables that hold the state ("Table `pgtaskd.tasks`").
-CREATE VIEW pgtaskd.task_view AS
+-- With the reader's rights (PostgreSQL 15 and later; the migration sets it where it can): a
+-- row-level security policy or a column grant on the table holds through the view.
+CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
 SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt, t.max_attempts,
        t.cancel_requested, t.words, t.bytes, t.runes, t.error, t.lease_owner,
        t.lease_expires_at, t.created_at, t.started_at, t.finished_at, t.idempotency_key,

@@ -422,6 +422,30 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
     assert_eq!(row.get::<_, String>(0), "SUCCEEDED");
     assert_eq!(row.get::<_, i64>(1), 1);
     assert_eq!(row.get::<_, i64>(2), 3);
+
+    // The view reads with the reader's rights: a row-level security policy on the table
+    // holds through it.
+    owner
+        .batch_execute(&format!(
+            "RESET ROLE;
+             ALTER TABLE pgtaskd.tasks ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY only_queue_a ON pgtaskd.tasks FOR SELECT TO {} USING (queue = 'a');
+             SET ROLE {};",
+            roles.name("old_app"),
+            roles.name("old_app")
+        ))
+        .await
+        .unwrap();
+    for relation in ["pgtaskd.tasks", "pgtaskd.task_view"] {
+        let queues: Vec<String> = owner
+            .query(&format!("SELECT queue FROM {relation} ORDER BY id"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(queues, ["a"], "{relation}");
+    }
 }
 
 /// Role names of one test: `{prefix}_{kind}_{tag}`, the tag random so that the roles of
