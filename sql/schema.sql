@@ -374,6 +374,10 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    -- Durable before the daemon runs the work (version 25): with `synchronous_commit = off` a
+    -- crash could lose a claim already answered, and the sequence's last values with it, and
+    -- the same task would be claimed again under the same token.
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
         -- No position (either half null) is before every task: all of it is "the lower

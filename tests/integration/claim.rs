@@ -363,3 +363,41 @@ async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries
     );
     holder.batch_execute("ROLLBACK").await.unwrap();
 }
+
+/// A claim's commit is flushed before its answer whatever `synchronous_commit` says (schema
+/// 25): with it off, a crash could lose a claim the daemon was answered, and the token
+/// sequence's last values with it, and the same task would be claimed again under the same
+/// token. The claim turns it on for its own transaction only.
+#[tokio::test]
+async fn a_claim_commits_synchronously_even_where_synchronous_commit_is_off() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    crate::support::enqueue(&client, "durable").await;
+    client
+        .batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    let claimed = tx
+        .query(
+            "SELECT task_id FROM pgtaskd.claim(ARRAY['default'], 10, 'me', 60000, 1048576, \
+             true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let setting: String = tx
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(setting, "on", "for the claim's commit");
+    tx.commit().await.unwrap();
+    let setting: String = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(setting, "off", "the session's own setting after it");
+}
