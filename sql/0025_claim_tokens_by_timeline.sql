@@ -20,9 +20,10 @@
 -- The same holds without a failover where commits are not flushed (`synchronous_commit =
 -- off`, on the server, the database or the role): a crash could lose a claim the daemon had
 -- been answered, and the sequence's last values with it, and the same task would be claimed
--- again under the same token. A claim's commit is now always flushed before its answer
--- (`set_config('synchronous_commit', 'on', true)` for its transaction); a claim is one
--- commit per batch of up to 500 tasks.
+-- again under the same token. A claim's commit is now always flushed locally before its
+-- answer (`off` becomes `local` for its transaction; any other setting is kept, `local`
+-- included, which the daemon uses while its server waits for a synchronous standby that is
+-- not connected); a claim is one commit per batch of up to 500 tasks.
 --
 -- Only `pgtaskd.claim` changes, its signature kept: a daemon of schema 24 may run while it
 -- is applied (its claims from then on take tokens of the new form), and stops at the schema
@@ -48,10 +49,14 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    -- Durable before the daemon runs the work (version 25): with `synchronous_commit = off` a
+    -- Flushed before the daemon runs the work (version 25): with `synchronous_commit = off` a
     -- crash could lose a claim already answered, and the sequence's last values with it, and
-    -- the same task would be claimed again under the same token.
-    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    -- the same task would be claimed again under the same token. `local`, not `on`: a daemon
+    -- whose server waits for a synchronous standby that is not there commits with `local`,
+    -- and so must its claims.
+    IF pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+    END IF;
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
         -- No position (either half null) is before every task: all of it is "the lower

@@ -374,10 +374,14 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    -- Durable before the daemon runs the work (version 25): with `synchronous_commit = off` a
+    -- Flushed before the daemon runs the work (version 25): with `synchronous_commit = off` a
     -- crash could lose a claim already answered, and the sequence's last values with it, and
-    -- the same task would be claimed again under the same token.
-    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    -- the same task would be claimed again under the same token. `local`, not `on`: a daemon
+    -- whose server waits for a synchronous standby that is not there commits with `local`,
+    -- and so must its claims.
+    IF pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
+    END IF;
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
         -- No position (either half null) is before every task: all of it is "the lower

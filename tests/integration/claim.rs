@@ -367,7 +367,8 @@ async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries
 /// A claim's commit is flushed before its answer whatever `synchronous_commit` says (schema
 /// 25): with it off, a crash could lose a claim the daemon was answered, and the token
 /// sequence's last values with it, and the same task would be claimed again under the same
-/// token. The claim turns it on for its own transaction only.
+/// token. The claim makes `off` `local` for its own transaction only, and keeps `local` (the
+/// daemon's setting while a synchronous standby is missing: `on` would wait for it forever).
 #[tokio::test]
 async fn a_claim_commits_synchronously_even_where_synchronous_commit_is_off() {
     let db = TestDb::new().await;
@@ -392,7 +393,7 @@ async fn a_claim_commits_synchronously_even_where_synchronous_commit_is_off() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(setting, "on", "for the claim's commit");
+    assert_eq!(setting, "local", "for the claim's commit");
     tx.commit().await.unwrap();
     let setting: String = client
         .query_one("SHOW synchronous_commit", &[])
@@ -400,4 +401,27 @@ async fn a_claim_commits_synchronously_even_where_synchronous_commit_is_off() {
         .unwrap()
         .get(0);
     assert_eq!(setting, "off", "the session's own setting after it");
+    // Any other setting is kept.
+    for kept in ["local", "on", "remote_write"] {
+        crate::support::enqueue(&client, "durable").await;
+        client
+            .batch_execute(&format!("SET synchronous_commit = {kept}"))
+            .await
+            .unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.query(
+            "SELECT task_id FROM pgtaskd.claim(ARRAY['default'], 10, 'me', 60000, 1048576, \
+             true, 1048576, NULL, NULL)",
+            &[],
+        )
+        .await
+        .unwrap();
+        let setting: String = tx
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(setting, kept);
+        tx.commit().await.unwrap();
+    }
 }
