@@ -16,9 +16,10 @@
 //! - [`Completer::write`] settles one claim alone, now: a release (a shutdown gives the claim
 //!   back), or a finish that never ran its analyzer.
 //!
-//! Settling one claim alone retries until the database answers, with capped, jittered
-//! backoff while it is down; after an outcome that is unknown it re-reads before writing
-//! again (`resolve.rs` holds that path and the pure decision it rests on). Claims settled
+//! Settling one claim alone retries until the database answers: while it is down, the claims
+//! take turns on one shared backoff (`reachable.rs`); after an outcome that is unknown it
+//! re-reads before writing again (`resolve.rs` holds that path and the pure decision it rests
+//! on; `tally.rs` what the log says of a burst of it). Claims settled
 //! alone never take more than a quarter of the pool at once, and a claim whose row someone
 //! else holds locked waits for it on one session at a time (docs/design.md, "No one else's
 //! lock delays a batch"): however many claims a failed batch or a producer's open
@@ -33,6 +34,7 @@
 mod batch;
 mod reachable;
 mod resolve;
+mod tally;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,7 +84,7 @@ struct Shared {
     /// Claims waiting for a row that someone else holds locked: one at a time.
     lock_wait: Semaphore,
     /// What settling alone came to since the last summary line.
-    tally: resolve::Tally,
+    tally: tally::Tally,
     /// Fired by [`Completer::give_up`]: claims still waiting for the database return.
     give_up: CancellationToken,
     /// How many claims returned unsettled because of it.
@@ -116,7 +118,7 @@ impl Completer {
                 metrics,
                 alone,
                 lock_wait: Semaphore::new(1),
-                tally: resolve::Tally::default(),
+                tally: tally::Tally::default(),
                 give_up: CancellationToken::new(),
                 abandoned: AtomicUsize::new(0),
                 reachable,

@@ -18,13 +18,13 @@
 //!
 //! Each claim settled alone is a line at debug level; at info and above, the completer says
 //! once that claims are being settled alone, and once, with counts, when the last of them is
-//! (docs/design.md, "Settle before rescuing").
+//! (`tally.rs`; docs/design.md, "Settle before rescuing").
 //!
 //! The result in memory is then accepted, written again, or dropped; the analyzer is never
 //! asked again. A stopping daemon may give up on an unreachable database
 //! ([`super::Completer::give_up`]): the claim then returns unsettled, its lease left to expire.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -36,81 +36,6 @@ use super::{Action, Claim, Shared};
 /// Retry delays while a write cannot reach the database.
 const RETRY_BASE: Duration = Duration::from_millis(50);
 const RETRY_CAP: Duration = Duration::from_secs(5);
-
-/// What settling alone came to, for the one summary line of a burst of it.
-#[derive(Debug, Default)]
-pub(super) struct Tally {
-    /// Claims being settled alone now.
-    settling: AtomicUsize,
-    /// Whether this burst was said at WARN (one not of a locked row came in it).
-    warned: AtomicBool,
-    written: AtomicUsize,
-    landed: AtomicUsize,
-    lost: AtomicUsize,
-    /// Given up on an unreachable database at a stop: still RUNNING, its lease left to expire.
-    unsettled: AtomicUsize,
-    retries: AtomicUsize,
-}
-
-impl Tally {
-    /// A claim starts settling alone; the first of a burst that is not a lock's says so at
-    /// WARN. A row locked by a claim scanning past it (held until that claim commits, a few
-    /// milliseconds) is part of a healthy drain: it waits for that lock, said at debug level.
-    fn start(&self, id: i64, why: Why) {
-        let first = self.settling.fetch_add(1, Ordering::AcqRel) == 0;
-        if why == Why::Locked {
-            if first {
-                tracing::debug!(
-                    id,
-                    "settling claims one by one: a row held locked meanwhile"
-                );
-            }
-        } else if !self.warned.swap(true, Ordering::AcqRel) {
-            tracing::warn!(id, ?why, "settling claims one by one");
-        }
-    }
-
-    /// A claim settled alone; the last of a burst sums the burst up.
-    fn end(&self, result: &Result<TaskStatus, FinishError>, had_landed: bool) {
-        match result {
-            Ok(_) if had_landed => &self.landed,
-            Ok(_) => &self.written,
-            Err(FinishError::Db(_)) => &self.unsettled,
-            Err(_) => &self.lost,
-        }
-        .fetch_add(1, Ordering::AcqRel);
-        if self.settling.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let take = |n: &AtomicUsize| n.swap(0, Ordering::AcqRel);
-            let (written, already_landed, claim_lost, unsettled, retries) = (
-                take(&self.written),
-                take(&self.landed),
-                take(&self.lost),
-                take(&self.unsettled),
-                take(&self.retries),
-            );
-            // Summed up at the level the burst began at.
-            if self.warned.swap(false, Ordering::AcqRel) {
-                tracing::info!(
-                    written,
-                    already_landed,
-                    claim_lost,
-                    unsettled,
-                    retries,
-                    "claims settled one by one"
-                );
-            } else {
-                tracing::debug!(
-                    written,
-                    already_landed,
-                    claim_lost,
-                    unsettled,
-                    retries,
-                    "claims settled one by one"
-                );
-            }
-        }
-    }
-}
 
 /// How a claim comes to be settled alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
