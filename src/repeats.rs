@@ -115,13 +115,15 @@ impl Repeats {
     }
 }
 
-/// Log failure `error` of the kind `repeats` counts, with `message`: at WARN the first time
-/// since the last success and once a [`REMINDER`] after, at DEBUG otherwise.
+/// Log failure `error` of the kind `repeats` counts, with `message` (and the fields after it,
+/// as tracing takes them): at WARN the first time since the last success and once a
+/// [`REMINDER`] after, at DEBUG otherwise.
 macro_rules! log_failure {
-    ($repeats:expr, $error:expr, $message:literal) => {
+    ($repeats:expr, $error:expr, $message:literal $(, $($field:tt)+)?) => {
         match $repeats.failed() {
             $crate::repeats::Say::First => ::tracing::warn!(
                 error = %$error,
+                $($($field)+ ,)?
                 concat!(
                     $message,
                     "; until it works again, repeats are logged at debug level and counted once a minute"
@@ -131,9 +133,12 @@ macro_rules! log_failure {
                 error = %$error,
                 failures,
                 for_s = since.as_secs(),
+                $($($field)+ ,)?
                 concat!($message, "; still failing")
             ),
-            $crate::repeats::Say::Repeat => ::tracing::debug!(error = %$error, $message),
+            $crate::repeats::Say::Repeat => {
+                ::tracing::debug!(error = %$error, $($($field)+ ,)? $message)
+            }
         }
     };
 }

@@ -207,12 +207,11 @@ fn read_bounded(mut reader: impl Read, what: &str) -> Result<String, CommandErro
         bytes.extend_from_slice(&chunk[..n]);
     }
     String::from_utf8(bytes).map_err(|err| {
+        // In the words of a streamed file's check.
+        let offset = err.utf8_error().valid_up_to() as u64;
         failed(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!(
-                "the payload is not UTF-8 text (invalid bytes at offset {})",
-                err.utf8_error().valid_up_to()
-            ),
+            queue::FileEnqueueError::NotUtf8(offset).to_string(),
         ))
     })
 }

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 
 use crate::db::Pool;
 use crate::queue::{self, Finish, FinishError, TaskStatus};
-use crate::repeats::{log_recovery, Repeats, Say};
+use crate::repeats::{log_failure, log_recovery, Repeats};
 
 use super::reachable::Reachable;
 
@@ -171,22 +171,13 @@ async fn commit(
             let failed = BatchFailed::Statement(Arc::new(err));
             let tasks = batch.len();
             let outcome_unknown = failed.outcome_unknown();
-            let error = failed.to_string();
-            match failures.failed() {
-                Say::First => tracing::warn!(
-                    tasks,
-                    outcome_unknown,
-                    error,
-                    "finish batch failed, its claims are settled one by one; until batches work again, their failures are logged at debug level and counted once a minute"
-                ),
-                Say::Reminder { failures, since } => tracing::warn!(
-                    failures,
-                    for_s = since.as_secs(),
-                    error,
-                    "finish batches still failing"
-                ),
-                Say::Repeat => tracing::debug!(tasks, outcome_unknown, error, "finish batch failed"),
-            }
+            log_failure!(
+                failures,
+                failed,
+                "finish batch failed, its claims are settled one by one",
+                tasks,
+                outcome_unknown
+            );
             for completion in batch.drain(..) {
                 let _ = completion.reply.send(Err(failed.clone()));
             }
