@@ -146,6 +146,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0025_claim_tokens_by_timeline",
         sql: include_str!("../../sql/0025_claim_tokens_by_timeline.sql"),
     },
+    Migration {
+        version: 26,
+        name: "0026_state_functions",
+        sql: include_str!("../../sql/0026_state_functions.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -221,28 +221,10 @@ async fn finish_rows(
         .collect())
 }
 
-/// `$3`: wait for the row's lock; without it, a row someone else holds fails the statement
-/// with lock_not_available (55P03), which [`release`] answers as [`FinishError::Locked`].
-const RELEASE: &str = "
-WITH unlocked AS MATERIALIZED (
-    SELECT k.id FROM pgtaskd.tasks AS k WHERE NOT $3 AND k.id = $1 FOR UPDATE NOWAIT
-), done AS (
-    UPDATE pgtaskd.tasks
-       SET status = CASE WHEN cancel_requested THEN 'CANCELED' ELSE 'QUEUED' END,
-           attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
-           started_at = CASE WHEN cancel_requested THEN started_at END,
-           finished_at = CASE WHEN cancel_requested THEN now() END,
-           lease_owner = NULL,
-           lease_expires_at = NULL
-     WHERE id = $1 AND coalesce(status, '') = 'RUNNING' AND claim_token = $2
-       AND ($3 OR id IN (SELECT unlocked.id FROM unlocked))
-    RETURNING id, status
-), notified AS (
-    -- A release that ends the task (CANCELED) tells the waiters, in the same transaction.
-    SELECT pgtaskd.notify_done(array_agg(id)) AS sent FROM done WHERE status = 'CANCELED'
-)
-SELECT (SELECT status FROM done), (SELECT status FROM pgtaskd.tasks WHERE id = $1),
-       (SELECT count(*) FROM notified)";
+/// `pgtaskd.release` (sql/0026_state_functions.sql). `$3`: wait for the row's lock; without
+/// it, a row someone else holds fails the statement with lock_not_available (55P03), which
+/// [`release`] answers as [`FinishError::Locked`].
+const RELEASE: &str = "SELECT written, current FROM pgtaskd.release($1, $2, $3)";
 
 /// Give the claim `token` of task `id` back without a result, as a shutdown does: the task becomes
 /// QUEUED for any daemon to take at once, and the claim does not count as an attempt, so
@@ -310,13 +292,11 @@ pub async fn reread(
     id: i64,
     wait: bool,
 ) -> Result<Option<ClaimState>, FinishError> {
-    let sql = if wait {
-        "SELECT status, attempt, claim_token FROM pgtaskd.tasks WHERE id = $1 FOR SHARE"
-    } else {
-        "SELECT status, attempt, claim_token FROM pgtaskd.tasks WHERE id = $1 FOR SHARE NOWAIT"
-    };
     let row = client
-        .query_typed(sql, &[(&id, Type::INT8)])
+        .query_typed(
+            "SELECT task_status, task_attempt, task_claim FROM pgtaskd.claim_state($1, $2)",
+            &[(&id, Type::INT8), (&wait, Type::BOOL)],
+        )
         .await
         .map_err(locked)?;
     Ok(row.first().map(|row| ClaimState {

@@ -30,26 +30,11 @@ pub struct Extended {
     pub beat: Beat,
 }
 
-const HEARTBEAT: &str = "
-WITH held AS MATERIALIZED (
-    SELECT k.id
-      FROM pgtaskd.tasks AS k
-     WHERE k.id = ANY($1) AND k.claim_token = ANY($2) AND coalesce(k.status, '') = 'RUNNING'
-     ORDER BY k.id
-       FOR UPDATE SKIP LOCKED
-), extended AS (
-    UPDATE pgtaskd.tasks AS t
-       SET lease_expires_at = now() + $3 * interval '1 millisecond'
-      FROM held
-     WHERE t.id = held.id
-    RETURNING t.id, t.cancel_requested
-)
-SELECT e.id, true, e.cancel_requested FROM extended AS e
-UNION ALL
-SELECT k.id, false, k.cancel_requested
-  FROM pgtaskd.tasks AS k
- WHERE k.id = ANY($1) AND k.claim_token = ANY($2) AND coalesce(k.status, '') = 'RUNNING'
-   AND k.id NOT IN (SELECT held.id FROM held)";
+/// `pgtaskd.heartbeat` (sql/0026_state_functions.sql): the claims still held are locked in
+/// id order with `SKIP LOCKED` and extended; those someone else holds are answered, not
+/// extended.
+const HEARTBEAT: &str = "SELECT task_id, task_extended, task_cancel_requested \
+     FROM pgtaskd.heartbeat($1, $2, $3)";
 
 /// Extend by `lease` the leases of the claims `tokens` of tasks `ids` (one token per id) that
 /// are still held, without waiting for any row lock. A claim missing from the result is no
@@ -90,11 +75,8 @@ pub async fn heartbeat(
         .collect())
 }
 
-const EXTEND_ONE: &str = "
-UPDATE pgtaskd.tasks
-   SET lease_expires_at = now() + $3 * interval '1 millisecond'
- WHERE id = $1 AND claim_token = $2 AND coalesce(status, '') = 'RUNNING'
-RETURNING cancel_requested";
+/// `pgtaskd.extend_lease`: the one row, waited for.
+const EXTEND_ONE: &str = "SELECT task_cancel_requested FROM pgtaskd.extend_lease($1, $2, $3)";
 
 /// Extend the lease of claim `token` of task `id`, waiting for its row if another
 /// transaction holds it (up to the session's `lock_timeout`). `None` when the claim is no

@@ -1,4 +1,4 @@
-//! The rescuer's statement: RUNNING tasks whose lease expired go back to QUEUED (with a
+//! The rescuer's function (`pgtaskd.rescue`): RUNNING tasks whose lease expired go back to QUEUED (with a
 //! backoff on `run_at`) while attempts remain, else become FAILED; a task whose cancellation
 //! was requested becomes CANCELED.
 //!
@@ -27,49 +27,9 @@ pub struct Rescued {
     pub status: TaskStatus,
 }
 
-const RESCUE: &str = "
-WITH expired AS MATERIALIZED (
-    SELECT id, attempt, claim_token, lease_owner
-      FROM pgtaskd.tasks
-     WHERE status = 'RUNNING' AND lease_expires_at < now()
-       AND lease_owner IS DISTINCT FROM $2
-     ORDER BY lease_expires_at
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
-), rescued AS (
-UPDATE pgtaskd.tasks AS t
-   SET status = CASE
-           WHEN t.cancel_requested THEN 'CANCELED'
-           WHEN t.attempt < t.max_attempts THEN 'QUEUED'
-           ELSE 'FAILED'
-       END,
-       error = CASE
-           WHEN NOT t.cancel_requested AND t.attempt >= t.max_attempts
-           THEN format('lease lost after %s attempts (last held by %s)', t.attempt, t.lease_owner)
-       END,
-       -- The n-th lost lease waits (n-1)^2 seconds, at most ten minutes, before the next try.
-       run_at = CASE
-           WHEN NOT t.cancel_requested AND t.attempt < t.max_attempts
-           THEN now() + least(power(t.attempt - 1, 2), 600) * interval '1 second'
-           ELSE t.run_at
-       END,
-       finished_at = CASE
-           WHEN t.cancel_requested OR t.attempt >= t.max_attempts THEN now()
-       END,
-       lease_owner = NULL,
-       lease_expires_at = NULL
-  FROM expired
- WHERE t.id = expired.id
-   AND t.status = 'RUNNING'
-   AND t.claim_token IS NOT DISTINCT FROM expired.claim_token
-   AND t.lease_expires_at < now()
-RETURNING t.id, expired.attempt, expired.lease_owner, t.status
-), notified AS (
-    -- The tasks this ended (FAILED, CANCELED) are announced in the same transaction.
-    SELECT pgtaskd.notify_done(array_agg(id)) AS sent FROM rescued WHERE status <> 'QUEUED'
-)
-SELECT rescued.id, rescued.attempt, rescued.lease_owner, rescued.status
-  FROM rescued CROSS JOIN notified";
+/// `pgtaskd.rescue` (sql/0026_state_functions.sql).
+const RESCUE: &str = "SELECT task_id, task_attempt, task_previous_owner, task_status \
+     FROM pgtaskd.rescue($1, $2)";
 
 /// Take back up to `limit` expired leases, other than those of instance `owner`.
 ///

@@ -308,7 +308,7 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
     let proxy = Proxy::start(
         crate::support::server_addr(),
         Fault::HalfOpen,
-        "WITH held AS MATERIALIZED",
+        "FROM pgtaskd.heartbeat(",
     )
     .await;
     let url = proxy.conninfo(&crate::support::server_user(), &db.name);

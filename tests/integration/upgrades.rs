@@ -448,6 +448,150 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
     }
 }
 
+/// Schema 26's functions of the daemon's state writes go to the roles that may finish, those
+/// granted before it (found by that right, by the grant function or by hand) and after it (by
+/// the re-created `grant_daemon`), and not to producers, operators, a role with nothing or
+/// PUBLIC; a daemon role granted before the upgrade heartbeats, re-reads, releases and
+/// rescues a claim with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish() {
+    let roles = Roles::new("sf");
+    let setup = format!(
+        "CREATE ROLE {0}; GRANT EXECUTE ON FUNCTION pgtaskd.finish(bigint[], bigint[], text[], \
+         bigint[], bigint[], bigint[], text[], text[], float8[], boolean) TO {0};",
+        roles.name("finisher")
+    );
+    let (_db, owner) = upgrade_with_roles(25, &roles, &setup).await;
+    let functions = [
+        "pgtaskd.heartbeat(bigint[], bigint[], float8)",
+        "pgtaskd.extend_lease(bigint, bigint, float8)",
+        "pgtaskd.rescue(bigint, text)",
+        "pgtaskd.release(bigint, bigint, boolean)",
+        "pgtaskd.claim_state(bigint, boolean)",
+    ];
+    for (kind, expected) in [
+        ("old_daemon", true),
+        ("new_daemon", true),
+        ("finisher", true),
+        ("old_ops", false),
+        ("new_ops", false),
+        ("old_app", false),
+        ("new_app", false),
+        ("stranger", false),
+    ] {
+        for function in functions {
+            let sql = format!(
+                "SELECT has_function_privilege('{}', '{function}', 'EXECUTE')",
+                roles.name(kind)
+            );
+            let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(may, expected, "{kind}: {function}");
+        }
+    }
+
+    // The daemon role of schema 25 uses them, with its own rights.
+    within(
+        WAIT,
+        "acting as the old daemon role",
+        owner.batch_execute(&format!(
+            "SET ROLE {}; INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', 'sf')",
+            roles.name("old_daemon")
+        )),
+    )
+    .await
+    .unwrap();
+    let claimed = within(
+        WAIT,
+        "a claim",
+        owner.query_one(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['sf'], 1, 'sf-owner', \
+             60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    let (id, token): (i64, i64) = (claimed.get(0), claimed.get(1));
+    let beat = within(
+        WAIT,
+        "a heartbeat",
+        owner.query(
+            "SELECT task_id, task_extended, task_cancel_requested \
+               FROM pgtaskd.heartbeat(ARRAY[$1::bigint], ARRAY[$2::bigint], 60000)",
+            &[&id, &token],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(beat.len(), 1);
+    assert_eq!(
+        (beat[0].get::<_, i64>(0), beat[0].get(1), beat[0].get(2)),
+        (id, true, false)
+    );
+    let extended = within(
+        WAIT,
+        "a lease extended",
+        owner.query(
+            "SELECT task_cancel_requested FROM pgtaskd.extend_lease($1, $2, 60000)",
+            &[&id, &token],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(extended.len(), 1);
+    let state = within(
+        WAIT,
+        "a re-read",
+        owner.query_one(
+            "SELECT task_status, task_attempt, task_claim FROM pgtaskd.claim_state($1, false)",
+            &[&id],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.get::<_, String>(0), state.get(1), state.get(2)),
+        ("RUNNING".to_string(), 1, Some(token))
+    );
+    let rescued = within(
+        WAIT,
+        "a rescue",
+        owner.query("SELECT task_id FROM pgtaskd.rescue(10, 'another')", &[]),
+    )
+    .await
+    .unwrap();
+    assert!(rescued.is_empty(), "a live lease is not rescued");
+    let released = within(
+        WAIT,
+        "a release",
+        owner.query_one(
+            "SELECT written, current FROM pgtaskd.release($1, $2, false)",
+            &[&id, &token],
+        ),
+    )
+    .await
+    .unwrap();
+    // `current` is the row as the statement began (read only where nothing was written).
+    assert_eq!(
+        (released.get::<_, Option<String>>(0), released.get(1)),
+        (Some("QUEUED".to_string()), Some("RUNNING".to_string()))
+    );
+    let again = within(
+        WAIT,
+        "a heartbeat of a released claim",
+        owner.query(
+            "SELECT task_id FROM pgtaskd.heartbeat(ARRAY[$1::bigint], ARRAY[$2::bigint], 60000)",
+            &[&id, &token],
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(again.is_empty(), "a released claim is no longer held");
+}
+
 /// Role names of one test: `{prefix}_{kind}_{tag}`, the tag random so that the roles of
 /// tests run at once on one cluster never meet.
 struct Roles {
