@@ -143,6 +143,13 @@ impl Place<'_> {
                 None if !message.contains(&key) => format!("{key}: {message}"),
                 None => message.to_string(),
             },
+            // A table given twice: toml names neither, its span is the header's last key.
+            None if message == "duplicate key" && header_at(self.text, span.start).is_some() => {
+                format!(
+                    "{}: the table is given twice",
+                    header_at(self.text, span.start).unwrap_or_default()
+                )
+            }
             None => message.to_string(),
         };
         self.at(span, message)
@@ -284,4 +291,12 @@ fn remove(root: &mut DeTable<'_>, path: &Path) {
 pub(super) fn index_of(section: &str, name: &str) -> Option<usize> {
     let key = keys::find(section, name)?;
     KEYS.iter().position(|k| k == key)
+}
+
+/// The table header (`[a.b]`) on the line of byte `at` of `text`, when that line is one.
+fn header_at(text: &str, at: usize) -> Option<&str> {
+    let start = text.get(..at)?.rfind('\n').map_or(0, |n| n + 1);
+    let line = text[start..].lines().next()?.trim();
+    let end = line.rfind(']')?;
+    line.starts_with('[').then(|| &line[..=end])
 }

@@ -123,6 +123,31 @@ fn unknown_keys_are_named_with_their_line() {
 }
 
 #[test]
+fn a_table_given_twice_is_named_with_its_line() {
+    let cases = [
+        (
+            "[worker]\nconcurrency = 2\n\n[worker]\nlease = \"5s\"\n",
+            4,
+            "[worker]",
+        ),
+        (
+            "[queues.a]\nhandler = \"exec\"\ncommand = [\"x\"]\n[queues.a] # again\n",
+            4,
+            "[queues.a]",
+        ),
+    ];
+    for (text, want_line, table) in cases {
+        let (line, message) = invalid(text);
+        assert_eq!(line, want_line, "{text:?}: {message}");
+        assert_eq!(
+            message,
+            format!("{table}: the table is given twice"),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
 fn bad_values_are_named_with_their_line() {
     let cases = [
         (
