@@ -1,4 +1,5 @@
--- pgtaskd schema, version 26: the daemon's last statements on task state become functions.
+-- pgtaskd schema, version 26: the daemon's last statements on task state become functions;
+-- producers read which queues are paused.
 --
 -- The claim and the finish were functions already; the heartbeat, the lease extension of a
 -- single claim, the rescue of expired leases, the release of a claim without a result and
@@ -13,6 +14,11 @@
 -- by `grant_daemon` from now on, and here to every role that may already call
 -- `pgtaskd.finish`. Nothing else changes: a daemon of schema 25 may run while this is
 -- applied, and stops at the schema check when restarted, as after every migration.
+--
+-- Producers may also read `pgtaskd.paused_queues` (`grant_producer`, and here every role
+-- that may enqueue): `pgtaskd stats` and `GET /stats` read it, and failed for a producer with
+-- "permission denied for table paused_queues"; whether its queue is paused is what a
+-- producer whose tasks wait needs to know.
 
 -- Extend by `lease_ms` the leases of the claims `tokens` of tasks `ids` (one token per id)
 -- that are still held, without waiting for any row lock: a row another transaction holds is
@@ -264,5 +270,44 @@ BEGIN
                    'pgtaskd.pause_queue(text), pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
                    'pgtaskd.retry_failed(text, integer, bigint) '
                    'TO %I', role_name);
+END
+$$;
+
+-- Every role that may enqueue reads which queues are paused.
+DO $$
+DECLARE
+    grantee oid;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee
+          FROM pg_catalog.pg_proc AS p, pg_catalog.aclexplode(p.proacl) AS a
+         WHERE p.oid OPERATOR(pg_catalog.=) 'pgtaskd.enqueue(text, text, int, timestamptz, int, text)'::pg_catalog.regprocedure::pg_catalog.oid
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON pgtaskd.paused_queues TO %s',
+                                  grantee::pg_catalog.regrole);
+    END LOOP;
+END
+$$;
+
+-- The producer's rights of version 24, and reading which queues are paused.
+CREATE OR REPLACE FUNCTION pgtaskd.grant_producer(role_name name) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view TO %I', role_name);
+    EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
+                   'traceparent) '
+                   'ON pgtaskd.tasks TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
+                   'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
+    -- Which daemons serve which queues (version 21).
+    EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
+    -- The CLI's schema check (version 23).
+    EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations TO %I', role_name);
+    -- Which queues are paused, for `pgtaskd stats` (version 26).
+    EXECUTE format('GRANT SELECT ON pgtaskd.paused_queues TO %I', role_name);
 END
 $$;

@@ -1139,6 +1139,8 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
     -- The CLI's schema check (version 23).
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations TO %I', role_name);
+    -- Which queues are paused, for `pgtaskd stats` (version 26).
+    EXECUTE format('GRANT SELECT ON pgtaskd.paused_queues TO %I', role_name);
 END
 $$;
 

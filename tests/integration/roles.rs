@@ -51,6 +51,15 @@ async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
         crate::support::daemon::pgtaskd(Some(&url), &["status", &cli_id.to_string()]).await;
     assert!(status.success(), "pgtaskd status as a producer: {stderr}");
     assert!(stdout.contains("QUEUED"), "{stdout}");
+    // `stats` reads which queues are paused (schema 26).
+    let (status, stdout, stderr) = crate::support::daemon::pgtaskd(Some(&url), &["stats"]).await;
+    assert!(status.success(), "pgtaskd stats as a producer: {stderr}");
+    assert!(stdout.contains("default"), "{stdout}");
+    denied(
+        &producer,
+        "INSERT INTO pgtaskd.paused_queues (queue) VALUES ('x')",
+    )
+    .await;
 
     producer
         .batch_execute(

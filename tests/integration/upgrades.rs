@@ -452,9 +452,10 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
 /// granted before it (found by that right, by the grant function or by hand) and after it (by
 /// the re-created `grant_daemon`), and not to producers, operators, a role with nothing or
 /// PUBLIC; a daemon role granted before the upgrade heartbeats, re-reads, releases and
-/// rescues a claim with them.
+/// rescues a claim with them. Producers read `pgtaskd.paused_queues` from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish() {
+async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish_and_paused_queues_to_producers(
+) {
     let roles = Roles::new("sf");
     let setup = format!(
         "CREATE ROLE {0}; GRANT EXECUTE ON FUNCTION pgtaskd.finish(bigint[], bigint[], text[], \
@@ -490,6 +491,25 @@ async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish() {
                 .get(0);
             assert_eq!(may, expected, "{kind}: {function}");
         }
+    }
+
+    // Producers read which queues are paused, those granted before it and after.
+    for (kind, expected) in [
+        ("old_app", true),
+        ("new_app", true),
+        ("old_daemon", true),
+        ("old_ops", true),
+        ("stranger", false),
+    ] {
+        let sql = format!(
+            "SELECT has_table_privilege('{}', 'pgtaskd.paused_queues', 'SELECT')",
+            roles.name(kind)
+        );
+        let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(may, expected, "{kind}: SELECT on paused_queues");
     }
 
     // The daemon role of schema 25 uses them, with its own rights.
