@@ -4,27 +4,18 @@
 //! A 100 MB payload read by five clients at once took the daemon from 158 to 729 MB: each
 //! answer held the row, the payload as a string and the JSON it became. Now a read of a
 //! payload over [`UNCOUNTED_PAYLOAD`] first takes its size from the budget ([`ReadBudget`]),
-//! then reads the row and writes its JSON straight from the row's buffer (no string of its
-//! own), and gives the bytes back once hyper has taken the last of the answer
-//! ([`PayloadBody`]). A read that finds no room is 503 with `Retry-After` at once, rather than
+//! then reads the row and writes its JSON from the row's buffer a chunk at a time as hyper
+//! takes it (`streamed.rs`), and gives the bytes back once hyper has taken the last of the
+//! answer. A read that finds no room is 503 with `Retry-After` at once, rather than
 //! holding its connection and its request while it waits; a read always goes when no other
 //! holds any of the budget, so a payload larger than the whole budget is still answered,
 //! alone. The bytes held by the answers thus stay under the budget plus the largest payload,
 //! as the worker's own `worker.max_inflight_bytes`.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
-
-use axum::body::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
 
 /// Payloads up to this many bytes are read with the rest of the row and not counted.
 pub(super) const UNCOUNTED_PAYLOAD: i64 = 64 << 10;
-
-/// How much of an answer hyper is given at a time, so that the body, and with it the
-/// budget's share, lives until hyper has taken the last of it.
-const CHUNK: usize = 1 << 20;
 
 /// The bytes of the answers in progress, against `http.max_inflight_bytes`.
 #[derive(Debug)]
@@ -69,61 +60,10 @@ pub(super) struct Share {
     bytes: u64,
 }
 
-impl Share {
-    /// The answer turned out to weigh `bytes` (a payload's JSON is longer than its text):
-    /// count that, whatever is left, since it is held already.
-    pub(super) fn grow_to(&mut self, bytes: u64) {
-        if bytes > self.bytes {
-            *self.budget.lock() += bytes - self.bytes;
-            self.bytes = bytes;
-        }
-    }
-}
-
 impl Drop for Share {
     fn drop(&mut self) {
         let mut held = self.budget.lock();
         *held = held.saturating_sub(self.bytes);
-    }
-}
-
-/// An answer's bytes, given to hyper a [`CHUNK`] at a time, holding its [`Share`] until the
-/// last one is taken.
-pub(super) struct PayloadBody {
-    rest: Bytes,
-    _share: Share,
-}
-
-impl PayloadBody {
-    pub(super) fn new(json: Vec<u8>, share: Share) -> PayloadBody {
-        PayloadBody {
-            rest: Bytes::from(json),
-            _share: share,
-        }
-    }
-}
-
-impl Body for PayloadBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.rest.is_empty() {
-            return Poll::Ready(None);
-        }
-        let take = self.rest.len().min(CHUNK);
-        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(take)))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.rest.len() as u64)
     }
 }
 
@@ -137,13 +77,12 @@ mod tests {
         let alone = budget.try_take(250).expect("nothing held: any size goes");
         assert!(budget.try_take(1).is_none());
         drop(alone);
-        let mut first = budget.try_take(60).unwrap();
+        let first = budget.try_take(60).unwrap();
         let second = budget.try_take(40).unwrap();
         assert!(budget.try_take(1).is_none());
         drop(second);
-        first.grow_to(90);
-        assert!(budget.try_take(11).is_none());
-        let third = budget.try_take(10).unwrap();
+        let third = budget.try_take(40).unwrap();
+        assert!(budget.try_take(1).is_none());
         drop(first);
         drop(third);
         assert_eq!(*budget.lock(), 0);

@@ -35,6 +35,7 @@ mod queues;
 mod server;
 mod socket;
 mod stats;
+mod streamed;
 mod tasks;
 mod ui;
 mod wait;

@@ -10,13 +10,14 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 
-use super::budget::{PayloadBody, ReadBudget, UNCOUNTED_PAYLOAD};
+use super::budget::{ReadBudget, UNCOUNTED_PAYLOAD};
 use super::error::ApiError;
 use super::extract::{Db, TaskId};
+use super::streamed::StreamedTask;
 use super::AppState;
 use crate::queue::enqueue::BadInput;
 use crate::queue::task::Read;
-use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, RunAt, Task, TaskStatus};
+use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, RunAt, TaskStatus};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -254,7 +255,8 @@ async fn read_until_terminal(
 }
 
 /// The answer to `GET /tasks/{id}`: the row read, or for a large payload the row read again
-/// within the budget and written as JSON straight from the row's buffer.
+/// within the budget and written as JSON straight from the row's buffer as hyper takes it
+/// (`streamed.rs`).
 async fn answer(
     state: &AppState,
     budget: &Arc<ReadBudget>,
@@ -275,19 +277,12 @@ async fn answer(
     let Some(row) = row else {
         return Err(ApiError::NoSuchTask);
     };
-    // Serializing a large text takes a while: off the runtime's threads. The share goes with
-    // it, so that a request past its deadline still counts the bytes until they are freed.
-    let (json, share) = tokio::task::spawn_blocking(move || {
-        let mut share = share;
-        // Room for the payload and the other fields at once: no doubling reallocations.
-        let mut json = Vec::with_capacity(usize::try_from(payload_bytes).unwrap_or(0) + 4096);
-        serde_json::to_writer(&mut json, &Task::<&str>::from_row(&row)).expect("a task serializes");
-        share.grow_to(json.len() as u64);
-        (json, share)
-    })
-    .await
-    .expect("serializing a task does not panic");
-    let mut response = Response::new(Body::new(PayloadBody::new(json, share)));
+    // Counting the escaped payload takes a while: off the runtime's threads. The share goes
+    // with it, so that a request past its deadline still counts the bytes until they are freed.
+    let body = tokio::task::spawn_blocking(move || StreamedTask::new(row, share))
+        .await
+        .expect("counting a task's JSON does not panic");
+    let mut response = Response::new(Body::new(body));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

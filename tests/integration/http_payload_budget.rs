@@ -171,3 +171,46 @@ async fn a_client_that_stops_reading_a_large_answer_gives_back_its_share_of_the_
     assert_eq!(task["payload"].as_str().unwrap().len(), 5 * WORDS as usize);
     daemon.stop().await;
 }
+
+/// A large payload's answer, written as the client takes it, is the payload exactly: every
+/// width of character, quotes, backslashes and control characters, cut at any chunk boundary,
+/// with the other fields around it and a `content-length` that is the body's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_payload_is_answered_exactly_with_its_length() {
+    let db = TestDb::new().await;
+    let (daemon, port) = daemon_with_http(&db, "").await;
+    let client = db.client().await;
+    // Not served by the daemon (it claims "default" only), so the row holds still.
+    let (id, payload): (i64, String) = {
+        let row = client
+            .query_one(
+                "INSERT INTO pgtaskd.tasks (queue, payload, idempotency_key)
+                 SELECT 'elsewhere', string_agg('é\"\\日🦀' || E'\\n\\t\\x01' || g, ''), 'k\"ey'
+                   FROM generate_series(1, 120000) AS g
+                 RETURNING id, payload",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(payload.len() > 2 << 20, "{}", payload.len());
+    let response = within(
+        WAIT,
+        "the read",
+        reqwest::get(format!("http://127.0.0.1:{port}/tasks/{id}")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let length = response.content_length().expect("a content-length");
+    let body = within(WAIT, "the body", response.bytes()).await.unwrap();
+    assert_eq!(body.len() as u64, length);
+    let task: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(task["payload"].as_str(), Some(payload.as_str()));
+    assert_eq!(task["id"], id);
+    assert_eq!(task["queue"], "elsewhere");
+    assert_eq!(task["idempotency_key"], "k\"ey");
+    assert_eq!(task["status"], "QUEUED");
+    daemon.stop().await;
+}
