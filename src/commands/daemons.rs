@@ -25,15 +25,20 @@ pub(super) async fn daemons(config: &Config, json: bool) -> Result<ExitCode, Com
     Ok(ExitCode::SUCCESS)
 }
 
-/// The human form: one line per daemon, or a line saying there is none.
+/// The human form: one line per daemon, each column as wide as its widest value (a long
+/// instance name or list of queues never shifts the columns after it), or a line saying
+/// there is none.
 fn describe(rows: &[Registered]) -> String {
     if rows.is_empty() {
         return "no daemon connected\n".to_string();
     }
-    let mut text = format!(
-        "{:<32} {:<10} {:<20}  {:<20}  {}\n",
-        "INSTANCE", "VERSION", "QUEUES", "STARTED", "LAST HEARTBEAT"
-    );
+    let mut lines = vec![[
+        "INSTANCE".to_string(),
+        "VERSION".to_string(),
+        "QUEUES".to_string(),
+        "STARTED".to_string(),
+        "LAST HEARTBEAT".to_string(),
+    ]];
     for row in rows {
         let queues: Vec<String> = row.queues.iter().map(|q| printable(q)).collect();
         let beat = if row.stale {
@@ -41,15 +46,72 @@ fn describe(rows: &[Registered]) -> String {
         } else {
             format!("{:.1}s ago", row.heartbeat_age_s.max(0.0))
         };
-        let _ = writeln!(
-            text,
-            "{:<32} {:<10} {:<20}  {:<20}  {}",
+        lines.push([
             printable(&row.instance),
             printable(&row.version),
             queues.join(","),
-            row.started_at.format("%Y-%m-%dT%H:%M:%SZ"),
-            beat
-        );
+            row.started_at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            beat,
+        ]);
+    }
+    let mut widths = [0; 5];
+    for line in &lines {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    for line in &lines {
+        for (i, cell) in line.iter().enumerate() {
+            if i + 1 == line.len() {
+                let _ = writeln!(text, "{cell}");
+            } else {
+                let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon(instance: &str, queues: &[&str], stale: bool) -> Registered {
+        let at = chrono::DateTime::parse_from_rfc3339("2026-12-03T09:12:44Z")
+            .unwrap()
+            .to_utc();
+        Registered {
+            instance: instance.to_string(),
+            version: "0.1.0".to_string(),
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            handlers: None,
+            started_at: at,
+            heartbeat_at: at,
+            heartbeat_every_s: 10.0,
+            heartbeat_age_s: 4.125,
+            stale,
+        }
+    }
+
+    /// Long queue lists and instance names widen their columns for every line: the columns
+    /// after them start at the same place on each line.
+    #[test]
+    fn columns_line_up_whatever_the_lengths() {
+        let many: Vec<String> = (0..12).map(|i| format!("queue-number-{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let text = describe(&[
+            daemon("web-1:4711:9f2c01", &["default"], false),
+            daemon(&"a-very-long-host-name.".repeat(3), &many, true),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let started: Vec<usize> = lines
+            .iter()
+            .map(|line| line.find("STARTED").or_else(|| line.find("2026-")).unwrap())
+            .collect();
+        assert!(started.iter().all(|&at| at == started[0]), "{text}");
+        assert!(lines[2].ends_with("4.1s ago (stale)"), "{text}");
+        assert!(lines[1].contains("default"), "{text}");
+    }
 }
