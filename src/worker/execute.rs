@@ -58,6 +58,26 @@ impl Worker {
             return;
         };
         held.hold_permit(permit);
+        // Never start work whose lease has run out, or will before the expiry loop could stop
+        // it: the task may be another daemon's by now (docs/design.md, "Work without a lease
+        // stops").
+        let by = Instant::now() + super::expiry::margin(inner.config.lease);
+        if !inner.running.leased_at(id, token, by) {
+            tracing::debug!(
+                id,
+                attempt,
+                claim = token,
+                "lease runs out before the work starts; giving the claim back"
+            );
+            drop(payload);
+            held.free_intake();
+            let action = Action::Release;
+            let result = inner.completer.write(claim, &action).await;
+            held.free_permit();
+            drop(shared);
+            self.record_outcome(claim, started, &action, result);
+            return;
+        }
         let analysis = inner.intake.analysis();
         // The analyzer (or the handler) takes the payload and lets go of it when it returns.
         let action = match &inner.handler {

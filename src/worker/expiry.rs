@@ -12,6 +12,9 @@
 //! this daemon's), never finished CANCELED. An `exec` child gets SIGTERM, then SIGKILL after
 //! `kill_after`; a request of an `http` handler is dropped; an analyzer stops at its next
 //! check. A claim whose analyzer has returned is left to its write, which its fence decides.
+//! The work of a claim whose lease runs out before it starts is never started
+//! (`execute.rs`): a daemon paused between a claim and its start (SIGSTOP, a debugger), or a
+//! claim answered after its lease, would otherwise run a task another daemon may have taken.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,12 @@ const MARGIN_TICKS: u32 = 2;
 /// How often the leases are checked: a twentieth of the lease, from 10 ms to a second.
 fn tick(lease: Duration) -> Duration {
     (lease / 20).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// How long before its lease runs out a claim's work is stopped, or not started
+/// (`execute.rs`): [`MARGIN_TICKS`] ticks.
+pub(super) fn margin(lease: Duration) -> Duration {
+    tick(lease) * MARGIN_TICKS
 }
 
 impl Worker {
@@ -46,7 +55,8 @@ impl Worker {
                 .inner
                 .running
                 .expire(Instant::now() + tick * MARGIN_TICKS);
-            if expired.is_empty() {
+            let never_started = self.inner.running.take_stopped_before_start();
+            if expired.is_empty() && never_started == 0 {
                 continue;
             }
             for (id, attempt) in &expired {
@@ -56,7 +66,7 @@ impl Worker {
                     "lease runs out without a heartbeat; stopping its work"
                 );
             }
-            unsaid += expired.len();
+            unsaid += expired.len() + never_started;
             if warned_at.is_some_and(|at| at.elapsed() < crate::repeats::REMINDER) {
                 continue;
             }
@@ -65,8 +75,9 @@ impl Worker {
                 tasks = std::mem::take(&mut unsaid),
                 lease = ?self.inner.config.lease,
                 "leases ran out without a heartbeat (none reached the database in time: an \
-                 outage, a partition, or this daemon paused): their work is stopped and the tasks \
-                 are given back, so that it never runs beside a new claim's"
+                 outage, a partition, a claim answered late, or this daemon paused): their work is \
+                 stopped, or never started, and the tasks are given back, so that it never runs \
+                 beside a new claim's"
             );
         }
     }

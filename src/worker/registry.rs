@@ -6,6 +6,7 @@
 //! clean-up of an unanswered claim gives back the rows this instance holds that are not here.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -33,6 +34,9 @@ pub(super) struct Running {
 #[derive(Debug, Default)]
 pub(super) struct Registry {
     tasks: Mutex<HashMap<i64, Running>>,
+    /// Claims whose lease had run out when their work was to start, since the expiry loop
+    /// last said so.
+    stopped_before_start: AtomicUsize,
 }
 
 impl Registry {
@@ -83,6 +87,32 @@ impl Registry {
             }
         }
         expired
+    }
+
+    /// Whether claim `token` of task `id` still holds its lease at `by`, as its work is about
+    /// to start. A claim whose lease runs out before then (its answer came late, or the daemon
+    /// was paused between the claim and the start) is marked as [`Registry::expire`] marks
+    /// one, and counted for the expiry loop to say ([`Registry::take_stopped_before_start`]).
+    pub(super) fn leased_at(&self, id: i64, token: i64, by: Instant) -> bool {
+        let mut tasks = self.lock();
+        let Some(task) = tasks.get_mut(&id).filter(|task| task.token == token) else {
+            return false;
+        };
+        if task.lease_expired {
+            return false;
+        }
+        if task.lease_until > by {
+            return true;
+        }
+        task.lease_expired = true;
+        task.cancel.cancel();
+        self.stopped_before_start.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// How many claims [`Registry::leased_at`] stopped since the last call.
+    pub(super) fn take_stopped_before_start(&self) -> usize {
+        self.stopped_before_start.swap(0, Ordering::Relaxed)
     }
 
     /// Whether claim `token` of task `id` was stopped because its lease ran out.

@@ -351,3 +351,93 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
     daemon.signal(libc::SIGTERM);
     let _ = daemon.wait().await;
 }
+
+/// Work without a lease never starts: a claim answered after its lease ran out (here the
+/// claim's statement is held three seconds by a trigger, with a lease of two; a daemon paused
+/// between a claim and its start is the same) is given back without running its handler, and
+/// the task runs once, under the claim that follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_after_its_lease_ran_out_is_given_back_unrun() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // The first claim's update waits three seconds, once, and records its token.
+    client
+        .batch_execute(
+            "CREATE TABLE public.slowed (id bigint, token bigint);
+             CREATE FUNCTION public.slow_first_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NOT EXISTS (SELECT 1 FROM public.slowed) THEN
+                     INSERT INTO public.slowed VALUES (NEW.id, NEW.claim_token);
+                     PERFORM pg_sleep(3);
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER slow_first_claim BEFORE UPDATE ON pgtaskd.tasks FOR EACH ROW
+                 WHEN (OLD.status = 'QUEUED' AND NEW.status = 'RUNNING')
+                 EXECUTE FUNCTION public.slow_first_claim();",
+        )
+        .await
+        .unwrap();
+    let scratch = crate::handlers::Scratch::new();
+    let runs = scratch.path("runs");
+    let handler = scratch.script(
+        "record.sh",
+        &format!(
+            "echo \"$PGTASKD_CLAIM\" >> {runs}\necho done",
+            runs = runs.display()
+        ),
+    );
+    let config = format!(
+        "[worker]\nqueues = [\"jobs\"]\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
+        handler.display()
+    );
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_count(
+        &client,
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
+        1,
+        "the task to succeed",
+    )
+    .await;
+    let late: i64 = client
+        .query_one("SELECT token FROM public.slowed", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    let tokens: Vec<i64> = ran.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(tokens.len(), 1, "the handler ran once: {ran:?}");
+    assert_ne!(
+        tokens[0], late,
+        "the handler ran under the claim answered after its lease"
+    );
+    let (attempt, token): (i32, i64) = {
+        let row = client
+            .query_one(
+                "SELECT attempt, claim_token FROM pgtaskd.task_view WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        (attempt, token),
+        (1, tokens[0]),
+        "given back without counting an attempt"
+    );
+    daemon
+        .wait_for_log("leases ran out without a heartbeat")
+        .await;
+    daemon.signal(libc::SIGTERM);
+    let _ = daemon.wait().await;
+}
