@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0026_state_functions.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0027_room_for_updates.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -93,7 +93,10 @@ CREATE TABLE pgtaskd.tasks (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_cost_delay = 0,
-    vacuum_truncate = false
+    vacuum_truncate = false,
+    -- Room on each page for the claim's and the finish's versions, so that each is logged
+    -- as the bytes it changed rather than the whole row again (schema 27).
+    fillfactor = 50
 );
 
 -- A queue name is 1 to 128 bytes: a pause NOTIFYs it, and the idempotency index holds it

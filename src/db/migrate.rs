@@ -151,6 +151,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0026_state_functions",
         sql: include_str!("../../sql/0026_state_functions.sql"),
     },
+    Migration {
+        version: 27,
+        name: "0027_room_for_updates",
+        sql: include_str!("../../sql/0027_room_for_updates.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

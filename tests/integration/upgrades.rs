@@ -26,14 +26,49 @@ async fn schema_8_sets_the_tables_vacuum_parameters() {
         "autovacuum_vacuum_threshold=5000",
         "autovacuum_vacuum_cost_delay=0",
         "vacuum_truncate=false",
+        "fillfactor=50",
     ] {
         assert!(options.iter().any(|o| o == option), "{option}: {options:?}");
     }
     assert_eq!(
         options.len(),
-        4,
-        "only the parameters sql/0008_autovacuum.sql explains: {options:?}"
+        5,
+        "only the parameters sql/0008_autovacuum.sql and sql/0027_room_for_updates.sql explain: {options:?}"
     );
+}
+
+/// Schema 27 leaves room on each page for the updates (`fillfactor = 50`) where the table had
+/// no fillfactor, and keeps one an operator had set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_27_sets_a_fillfactor_unless_the_operator_set_one() {
+    let fillfactor = "SELECT o FROM pg_class AS c, unnest(c.reloptions) AS o
+                      WHERE c.oid = 'pgtaskd.tasks'::regclass AND o LIKE 'fillfactor=%'";
+    for (set, expected) in [
+        ("", "fillfactor=50"),
+        (
+            "ALTER TABLE pgtaskd.tasks SET (fillfactor = 70)",
+            "fillfactor=70",
+        ),
+    ] {
+        let (_db, mut client) = database_at(26).await;
+        within(WAIT, "the operator's setting", client.batch_execute(set))
+            .await
+            .unwrap();
+        within(
+            WAIT,
+            "migrating",
+            pgtaskd::db::migrate::migrate(&mut client),
+        )
+        .await
+        .unwrap();
+        let found: Vec<String> = within(WAIT, "the fillfactor", client.query(fillfactor, &[]))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(found, [expected], "after {set:?}");
+    }
 }
 
 /// Schema 14 re-creates the insert trigger with its `WHEN` condition: an operator who had
