@@ -12,6 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::held::Held;
+use super::shared::SharedPermit;
 use super::Worker;
 use crate::analyzer::AnalyzeError;
 use crate::completer::{Action, Claim};
@@ -121,12 +122,15 @@ impl Worker {
     async fn permits(
         &self,
         cancel: &CancellationToken,
-    ) -> Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)> {
+    ) -> Option<(OwnedSemaphorePermit, Option<SharedPermit>)> {
         let draining = &self.inner.draining;
         let own = acquire(&self.inner.permits, cancel, draining).await?;
-        let shared = match &self.inner.all {
+        let shared = match &self.inner.shared {
             None => None,
-            Some(all) => Some(acquire(all, cancel, draining).await?),
+            Some(lanes) => Some(SharedPermit::new(
+                acquire(lanes.permits(), cancel, draining).await?,
+                Arc::clone(lanes),
+            )),
         };
         Some((own, shared))
     }

@@ -24,7 +24,8 @@
 //! may only take what is left of the budget (at most half of it, so that two claims on their
 //! way together stay within it). When the daemon holds nothing and no claim is on its way, a
 //! claim takes its first task whatever its size: a payload larger than the budget still runs,
-//! alone. So the bytes held stay under the budget plus the largest payload. A claim that
+//! alone. With several lanes, "the daemon" is every lane together, and a lane claims no more
+//! tasks than the permits they share could start (`shared.rs`). So the bytes held stay under the budget plus the largest payload. A claim that
 //! brought more than [`ROUND_TRIP_SAMPLE_MAX_BYTES`] of text is not timed: its round trip is
 //! mostly the transfer, and it would make the intake claim far ahead of its workers.
 //!
@@ -32,13 +33,15 @@
 //! measures its analysis and gives its room back.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 // tokio's clock, which a paused test runtime moves by hand; the system's otherwise.
 use tokio::time::Instant;
 
 use tokio::sync::Notify;
+
+use super::shared::Shared;
 
 /// The most tasks claimed ahead of the free workers: enough for two claims of
 /// `MAX_CLAIM_BATCH` on their way at once, so that a drain of short texts claims in large
@@ -64,6 +67,8 @@ pub struct Intake {
     max_bytes: u64,
     state: Mutex<State>,
     freed: Notify,
+    /// What the daemon's lanes share, when it has several (`shared.rs`).
+    shared: Option<Arc<Shared>>,
 }
 
 #[derive(Debug, Default)]
@@ -129,12 +134,30 @@ impl Intake {
     /// The intake of `concurrency` workers holding at most `max_bytes` of payload (a single
     /// larger payload aside).
     pub fn new(concurrency: usize, max_bytes: u64) -> Intake {
+        Intake::sharing(concurrency, max_bytes, None)
+    }
+
+    /// The intake of one lane of a daemon, claiming also against what the lanes `shared`.
+    pub fn sharing(concurrency: usize, max_bytes: u64, shared: Option<Arc<Shared>>) -> Intake {
         Intake {
             concurrency,
             max_bytes: max_bytes.max(1),
             state: Mutex::new(State::default()),
             freed: Notify::new(),
+            shared,
         }
+    }
+
+    /// The most tasks a claim may take now of the `tasks` this lane's own target leaves: with
+    /// shared permits, no more than those free now could start, plus the lane's claiming
+    /// ahead, less the tasks of this lane already waiting for one.
+    fn startable(&self, state: &State, target: usize, tasks: usize) -> usize {
+        let Some(shared) = &self.shared else {
+            return tasks;
+        };
+        let waiting = state.outstanding.saturating_sub(state.analyzing.len());
+        let ahead = target.saturating_sub(self.concurrency);
+        tasks.min((shared.free_permits() + ahead).saturating_sub(waiting))
     }
 
     /// The most tasks this worker keeps claimed and not yet analyzed, now.
@@ -150,7 +173,12 @@ impl Intake {
         let mut state = self.lock();
         let target = state.target(self.concurrency);
         let tasks = target.saturating_sub(state.outstanding).min(most);
-        let take_one = state.bytes_held == 0 && state.bytes_reserved == 0;
+        let tasks = self.startable(&state, target, tasks);
+        // The whole daemon's bytes, not only this lane's, for the task of any size.
+        let mut daemon = self.shared.as_ref().map(|shared| shared.bytes());
+        let take_one = state.bytes_held == 0
+            && state.bytes_reserved == 0
+            && daemon.as_ref().is_none_or(|held| **held == 0);
         let bytes = self
             .max_bytes
             .saturating_sub(state.bytes_held + state.bytes_reserved)
@@ -160,6 +188,9 @@ impl Intake {
         }
         state.outstanding += tasks;
         state.bytes_reserved += bytes;
+        if let Some(held) = daemon.as_mut() {
+            **held += bytes;
+        }
         Some(Room {
             tasks,
             bytes,
@@ -170,10 +201,14 @@ impl Intake {
     /// Whether [`Intake::reserve`] would find room for a claim of one task of no size now.
     pub fn has_room(&self) -> bool {
         let state = self.lock();
-        let tasks = state
-            .target(self.concurrency)
-            .saturating_sub(state.outstanding);
-        let take_one = state.bytes_held == 0 && state.bytes_reserved == 0;
+        let target = state.target(self.concurrency);
+        let tasks = self.startable(&state, target, target.saturating_sub(state.outstanding));
+        let take_one = state.bytes_held == 0
+            && state.bytes_reserved == 0
+            && self
+                .shared
+                .as_ref()
+                .is_none_or(|shared| *shared.bytes() == 0);
         let bytes = self
             .max_bytes
             .saturating_sub(state.bytes_held + state.bytes_reserved);
@@ -193,8 +228,13 @@ impl Intake {
             if bytes <= ROUND_TRIP_SAMPLE_MAX_BYTES {
                 fold(&mut state.round_trip, took.as_secs_f64());
             }
+            if let Some(shared) = &self.shared {
+                let mut held = shared.bytes();
+                *held = held.saturating_sub(room.bytes) + bytes;
+            }
         }
         self.freed.notify_one();
+        self.wake_lanes();
     }
 
     /// A claim for `room` took nothing (it failed).
@@ -210,7 +250,22 @@ impl Intake {
 
     /// Wait until [`Intake::reserve`] may find room again (some was given back).
     pub async fn freed(&self) {
-        self.freed.notified().await;
+        match &self.shared {
+            None => self.freed.notified().await,
+            Some(shared) => {
+                tokio::select! {
+                    _ = self.freed.notified() => {}
+                    _ = shared.freed() => {}
+                }
+            }
+        }
+    }
+
+    /// Every lane of the daemon looks for room again (bytes were given back).
+    fn wake_lanes(&self) {
+        if let Some(shared) = &self.shared {
+            shared.wake();
+        }
     }
 
     /// One claimed task left the intake (analyzed, or given up) and let go of its payload
@@ -220,8 +275,13 @@ impl Intake {
             let mut state = self.lock();
             state.outstanding = state.outstanding.saturating_sub(1);
             state.bytes_held = state.bytes_held.saturating_sub(bytes);
+            if let Some(shared) = &self.shared {
+                let mut held = shared.bytes();
+                *held = held.saturating_sub(bytes);
+            }
         }
         self.freed.notify_one();
+        self.wake_lanes();
     }
 
     /// A worker starts on one task: the time until the returned guard is dropped is that
@@ -275,165 +335,4 @@ fn fold(average: &mut Option<f64>, sample: f64) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    /// The tasks a reservation granted, 0 for none.
-    fn tasks(room: Option<Room>) -> usize {
-        room.map_or(0, |room| room.tasks)
-    }
-
-    /// Reserve `most` tasks and settle the reservation as a claim of all of them, with no
-    /// payload bytes.
-    fn claim_all(intake: &Intake, most: usize) -> usize {
-        let Some(room) = intake.reserve(most, 0) else {
-            return 0;
-        };
-        intake.claimed(room, room.tasks, 0, Duration::from_millis(1));
-        room.tasks
-    }
-
-    #[test]
-    fn claims_only_for_free_workers_until_measured() {
-        let intake = Intake::new(8, MIB);
-        assert_eq!(intake.target(), 8);
-        assert_eq!(tasks(intake.reserve(100, 0)), 8);
-        assert_eq!(tasks(intake.reserve(100, 0)), 0);
-    }
-
-    #[test]
-    fn a_claim_gives_back_the_room_it_did_not_use() {
-        let intake = Intake::new(8, MIB);
-        let room = intake.reserve(100, 0).unwrap();
-        intake.claimed(room, 5, 0, Duration::from_secs(1));
-        assert_eq!(tasks(intake.reserve(100, 0)), 3);
-        for _ in 0..3 {
-            intake.done(0);
-        }
-        assert_eq!(tasks(intake.reserve(100, 0)), 3);
-    }
-
-    #[test]
-    fn slow_tasks_add_nothing_ahead() {
-        let intake = Intake::new(8, MIB);
-        intake.claim_took(Duration::from_millis(1));
-        intake.task_took(Duration::from_secs(1));
-        assert_eq!(intake.target(), 8);
-    }
-
-    #[test]
-    fn fast_tasks_claim_what_the_workers_get_through_in_a_round_trip() {
-        let intake = Intake::new(4, MIB);
-        intake.claim_took(Duration::from_millis(1));
-        intake.task_took(Duration::from_micros(100));
-        // 4 workers * 1 ms / 0.1 ms = 40 tasks ahead.
-        assert_eq!(intake.target(), 4 + 40);
-
-        let intake = Intake::new(4, MIB);
-        intake.claim_took(Duration::from_millis(1));
-        intake.task_took(Duration::from_nanos(10));
-        assert_eq!(intake.target(), 4 + MAX_AHEAD);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_long_running_analysis_stops_the_claiming_ahead_before_it_ends() {
-        let intake = Intake::new(4, MIB);
-        intake.claim_took(Duration::from_millis(1));
-        intake.task_took(Duration::from_nanos(10));
-        assert_eq!(intake.target(), 4 + MAX_AHEAD);
-        let slow = intake.analysis();
-        // 4 workers * 1 ms / 50 ms rounds down to nothing ahead.
-        tokio::time::advance(Duration::from_millis(50)).await;
-        assert_eq!(intake.target(), 4);
-        drop(slow);
-        // Finished, its 50 ms weigh in the average: still nothing ahead.
-        assert_eq!(intake.target(), 4);
-    }
-
-    #[test]
-    fn a_claim_that_brought_much_text_is_not_timed() {
-        let intake = Intake::new(4, 1 << 40);
-        intake.task_took(Duration::from_micros(100));
-        let room = intake.reserve(4, 0).unwrap();
-        // A second for 200 MiB: the transfer, not the round trip.
-        intake.claimed(room, 1, 200 * MIB, Duration::from_secs(1));
-        assert_eq!(intake.target(), 4);
-        let room = intake.reserve(1, 0).unwrap();
-        intake.claimed(room, 1, 1000, Duration::from_millis(1));
-        assert_eq!(intake.target(), 4 + 40);
-    }
-
-    #[test]
-    fn reserve_never_exceeds_the_asked_for_batch() {
-        let intake = Intake::new(8, MIB);
-        assert_eq!(tasks(intake.reserve(5, 0)), 5);
-        assert_eq!(tasks(intake.reserve(5, 0)), 3);
-    }
-
-    #[test]
-    fn a_claim_may_use_half_the_byte_budget_and_take_one_only_when_nothing_is_held() {
-        let intake = Intake::new(8, 100 * MIB);
-        let first = intake.reserve(1, 0).unwrap();
-        assert_eq!(first.bytes, 50 * MIB);
-        assert!(first.take_one);
-        // A second claim on its way at once: the other half, and no task of any size.
-        let second = intake.reserve(1, 0).unwrap();
-        assert_eq!(second.bytes, 50 * MIB);
-        assert!(!second.take_one);
-        assert_eq!(intake.reserve(1, 0), None, "the budget is reserved");
-        // The first took one payload of 200 MiB, larger than the whole budget.
-        intake.claimed(first, 1, 200 * MIB, Duration::from_millis(1));
-        intake.unreserve(second);
-        assert_eq!(intake.bytes(), (200 * MIB, 0));
-        assert_eq!(
-            intake.reserve(1, 0),
-            None,
-            "over budget: nothing more is claimed"
-        );
-        intake.done(200 * MIB);
-        assert_eq!(intake.bytes(), (0, 0));
-        assert!(intake.reserve(1, 0).unwrap().take_one);
-    }
-
-    #[test]
-    fn no_room_is_reserved_for_a_task_larger_than_the_bytes_left() {
-        let intake = Intake::new(8, 100 * MIB);
-        let room = intake.reserve(1, 0).unwrap();
-        intake.claimed(room, 1, 80 * MIB, Duration::from_millis(1));
-        // 20 MiB are left: a claim for a task of 30 MiB would find nothing to take.
-        assert_eq!(intake.reserve(1, 30 * MIB), None);
-        assert_eq!(intake.bytes(), (80 * MIB, 0), "nothing stays reserved");
-        assert_eq!(intake.reserve(1, 20 * MIB).unwrap().bytes, 20 * MIB);
-    }
-
-    #[test]
-    fn bytes_held_leave_only_the_rest_of_the_budget() {
-        let intake = Intake::new(8, 100 * MIB);
-        let room = intake.reserve(1, 0).unwrap();
-        intake.claimed(room, 1, 80 * MIB, Duration::from_millis(1));
-        let room = intake.reserve(1, 0).unwrap();
-        assert_eq!(room.bytes, 20 * MIB);
-        assert!(!room.take_one);
-    }
-
-    #[tokio::test]
-    async fn done_wakes_a_waiting_claimer() {
-        let intake = std::sync::Arc::new(Intake::new(1, MIB));
-        assert_eq!(claim_all(&intake, 1), 1);
-        let waiter = {
-            let intake = std::sync::Arc::clone(&intake);
-            tokio::spawn(async move {
-                intake.freed().await;
-                tasks(intake.reserve(1, 0))
-            })
-        };
-        intake.done(0);
-        let reserved = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("woken within 5 s")
-            .expect("waiter did not panic");
-        assert_eq!(reserved, 1);
-    }
-}
+mod tests;

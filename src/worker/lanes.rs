@@ -3,8 +3,9 @@
 //! `http` handler, its own concurrency). Each lane claims only its own queues, sized by its own
 //! intake, so a queue of slow commands never holds claims that its few slots cannot start, and
 //! never takes the place of another queue's tasks. The lanes share the instance id (every
-//! claim's `lease_owner`), the pool, the metrics and, when there are several,
-//! `worker.concurrency` permits that cap them all together. Each has its own idle flag, keyed
+//! claim's `lease_owner`), the pool, the metrics and, when there are several, the
+//! `worker.concurrency` permits that cap them all together and the payload bytes they hold
+//! together (`shared.rs`). Each has its own idle flag, keyed
 //! `instance/queue`.
 //!
 //! [`Workers`] is what the daemon drives: every listener event and every stop goes to each lane.
@@ -12,9 +13,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::shared::Shared;
 use super::{Withheld, Worker};
 use crate::analyzer::Analyzer;
 use crate::config::{Config, HandlerConfig, QueueConfig};
@@ -29,8 +30,8 @@ pub struct Lane {
     pub name: String,
     /// Its queue's handler, when not the text analyzer.
     pub handler: Option<LaneHandler>,
-    /// The permits every lane shares, when there are several.
-    pub all: Option<Arc<Semaphore>>,
+    /// The permits and bytes every lane shares, when there are several (`shared.rs`).
+    pub shared: Option<Arc<Shared>>,
     /// The queues left out of claims, shared by every lane ([`Withheld`]).
     pub withheld: Arc<Withheld>,
 }
@@ -70,7 +71,7 @@ impl Workers {
             .cloned()
             .collect();
         let count = sections.len() + usize::from(!plain.is_empty());
-        let all = (count > 1).then(|| Arc::new(Semaphore::new(config.worker.concurrency)));
+        let shared = (count > 1).then(|| Shared::new(config.worker.concurrency));
         // The in-flight byte budget is shared out, so that the daemon's total stays within it.
         let bytes = (config.worker.max_inflight_bytes / count.max(1) as u64).max(1);
         let needs_http = sections
@@ -96,7 +97,7 @@ impl Workers {
                 Lane {
                     name,
                     handler,
-                    all: all.clone(),
+                    shared: shared.clone(),
                     withheld: Arc::clone(&withheld),
                 },
             )
@@ -164,13 +165,18 @@ impl Workers {
     }
 
     /// Wait until every lane had a claim answered, or completed a scan for work, after this
-    /// call.
+    /// call: every lane's count is read first, then they are waited for together (one after
+    /// the other, each lane's next scan was waited for after the one before it: about a poll
+    /// tick per lane, 20 s to ready with 30 lanes).
     pub async fn scanned(&self) {
-        for lane in &self.lanes {
+        let waits = self.lanes.iter().map(|lane| {
             let mut scans = lane.scans();
             let seen = *scans.borrow_and_update();
-            let _ = scans.wait_for(|n| *n > seen).await;
-        }
+            async move {
+                let _ = scans.wait_for(|n| *n > seen).await;
+            }
+        });
+        futures_util::future::join_all(waits).await;
     }
 
     /// Run every lane's producer loop until `stop` fires.

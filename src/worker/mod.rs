@@ -73,6 +73,7 @@ mod idle;
 pub mod intake;
 mod lanes;
 mod registry;
+mod shared;
 mod shutdown;
 mod summary;
 mod withheld;
@@ -113,8 +114,9 @@ struct Inner {
     handler: Option<lanes::LaneHandler>,
     /// The lane's name (its queue), empty for the default lane: its idle flag and its log.
     lane: String,
-    /// `worker.concurrency` permits shared by every lane of the daemon, when it has several.
-    all: Option<Arc<Semaphore>>,
+    /// `worker.concurrency` permits and the payload bytes shared by every lane of the daemon,
+    /// when it has several (`shared.rs`).
+    shared: Option<Arc<shared::Shared>>,
     /// The queues left out of claims (`withheld.rs`), shared by every lane of the daemon.
     withheld: Arc<Withheld>,
     /// Written as `lease_owner`: every claim and write is fenced on it.
@@ -184,7 +186,11 @@ impl Worker {
                     COMPLETION_QUEUE_PER_WORKER * config.concurrency + MAX_AHEAD,
                     Arc::clone(&metrics),
                 ),
-                intake: Intake::new(config.concurrency, config.max_inflight_bytes),
+                intake: Intake::sharing(
+                    config.concurrency,
+                    config.max_inflight_bytes,
+                    lane.shared.clone(),
+                ),
                 metrics,
                 scans: watch::channel(0).0,
                 permits: Arc::new(Semaphore::new(config.concurrency)),
@@ -192,7 +198,7 @@ impl Worker {
                 analyzer,
                 handler: lane.handler,
                 lane: lane.name,
-                all: lane.all,
+                shared: lane.shared,
                 withheld: lane.withheld,
                 instance,
                 config,

@@ -737,3 +737,60 @@ async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
     daemon.signal(libc::SIGTERM);
     assert!(daemon.wait().await.success());
 }
+
+/// A lane whose slow commands hold every one of the daemon's `worker.concurrency` permits
+/// claims no task of its other queues, which could not start: a second daemon serving them
+/// gets every one at once (a hostile review: a default-queue task waited 28 s behind an exec
+/// queue's timeouts, RUNNING under the busy daemon, while a second daemon sat idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_holding_every_permit_leaves_the_other_queues_to_other_daemons() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let started = scratch.path("started");
+    let handler = scratch.script(
+        "slow.sh",
+        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
+    );
+    let busy_config = format!(
+        "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",
+        handler.display()
+    );
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'a'), ('jobs', 'b')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut busy = DaemonProcess::start(&db, &busy_config, &[]);
+    scratch.pids("started", 2).await;
+    let mut free = DaemonProcess::start(
+        &db,
+        "[worker]\nqueues = [\"default\"]\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    free.wait_for_log("ready").await;
+    // A few statements, so that the busy daemon's default lane is woken several times.
+    for _ in 0..5 {
+        client
+            .execute(
+                "INSERT INTO pgtaskd.tasks (payload) SELECT 'word ' || g FROM generate_series(1, 4) AS g",
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'default' AND status = 'SUCCEEDED'",
+        20,
+        "every default task to succeed while the busy daemon's permits are held",
+    )
+    .await;
+    busy.signal(libc::SIGKILL);
+    busy.wait().await;
+    free.signal(libc::SIGTERM);
+    let _ = free.wait().await;
+}

@@ -1,0 +1,91 @@
+//! What the lanes of one daemon share (`lanes.rs`), when it has several: the
+//! `worker.concurrency` permits that cap their analyzers and handlers together, the payload
+//! bytes they hold together, and a wake for every lane when either is given back.
+//!
+//! Each lane's intake (`intake.rs`) claims against both: no more tasks than the shared
+//! permits free now could start (plus the lane's own claiming ahead), so that a lane whose
+//! slow commands hold every permit never makes another lane claim tasks that would wait for
+//! one, RUNNING under a lease that no other daemon can take over (a hostile review: a
+//! default-queue task waited 28 s behind an `exec` queue's timeouts while a second daemon
+//! sat idle); and a task larger than the byte budget is taken only while the whole daemon
+//! holds no payload, not while one lane does not, so that N lanes never hold N such payloads
+//! at once (the review: four lanes held four 100 MB payloads, 391 MiB, with a budget of 64 MiB).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// How long a lane waiting for room sleeps at most before it looks again: a wake of
+/// [`Shared::freed`] can come between its look and its wait.
+pub(super) const LOOK_AGAIN: Duration = Duration::from_millis(50);
+
+/// The permits, bytes and wake the lanes of one daemon share.
+#[derive(Debug)]
+pub struct Shared {
+    permits: Arc<Semaphore>,
+    /// Payload bytes held or reserved by every lane together.
+    bytes: Mutex<u64>,
+    freed: Notify,
+}
+
+impl Shared {
+    /// For lanes that run at most `concurrency` tasks together.
+    pub fn new(concurrency: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            permits: Arc::new(Semaphore::new(concurrency)),
+            bytes: Mutex::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    /// The shared permits free now.
+    pub(super) fn free_permits(&self) -> usize {
+        self.permits.available_permits()
+    }
+
+    /// The shared permits, for one task to take one of.
+    pub(super) fn permits(&self) -> &Arc<Semaphore> {
+        &self.permits
+    }
+
+    /// Payload bytes held or reserved by every lane, locked: a lane's intake changes its
+    /// count under its own lock, then this one.
+    pub(super) fn bytes(&self) -> MutexGuard<'_, u64> {
+        self.bytes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A permit or bytes were given back: every lane waiting for room looks again.
+    pub(super) fn wake(&self) {
+        self.freed.notify_waiters();
+    }
+
+    /// Until [`Shared::wake`], or [`LOOK_AGAIN`].
+    pub(super) async fn freed(&self) {
+        let _ = tokio::time::timeout(LOOK_AGAIN, self.freed.notified()).await;
+    }
+}
+
+/// One of the shared permits, held by one task: giving it back wakes every lane.
+pub(super) struct SharedPermit {
+    permit: Option<OwnedSemaphorePermit>,
+    shared: Arc<Shared>,
+}
+
+impl SharedPermit {
+    pub(super) fn new(permit: OwnedSemaphorePermit, shared: Arc<Shared>) -> SharedPermit {
+        SharedPermit {
+            permit: Some(permit),
+            shared,
+        }
+    }
+}
+
+impl Drop for SharedPermit {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.shared.wake();
+    }
+}
