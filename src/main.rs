@@ -19,7 +19,14 @@ fn main() -> ExitCode {
         Command::Man { dir } => return commands::man(dir.as_deref()),
         _ => {}
     }
-    let overlay = Overlay::from_env(&flags(&cli));
+    let mut overlay = Overlay::from_env(&flags(&cli));
+    // Only these start a queue's program: the others must work while one is missing.
+    if !matches!(
+        cli.command,
+        Command::Run { .. } | Command::CheckConfig { .. }
+    ) {
+        overlay = overlay.without_program_checks();
+    }
     let config = match Config::load_with(cli.config.as_deref(), &overlay) {
         Ok(config) => config,
         Err(err) => {

@@ -96,6 +96,9 @@ pub struct Overlay {
     pub(super) warnings: Vec<String>,
     /// Variables that cannot be read (not UTF-8): `NAME="VALUE"` and what is wrong.
     pub(super) errors: Vec<(String, String)>,
+    /// Whether an `exec` queue's program is left unchecked: for the commands that never start
+    /// one ([`Overlay::without_program_checks`]).
+    pub(super) skip_program_checks: bool,
 }
 
 impl Overlay {
@@ -103,6 +106,15 @@ impl Overlay {
     /// with its dashes, and its value).
     pub fn from_env(flags: &[(&'static str, String)]) -> Overlay {
         Overlay::new(std::env::vars_os(), flags)
+    }
+
+    /// The same, for a command that never starts a queue's program: a missing or
+    /// non-executable `command` of an `exec` queue is not an error then, so that a half-done
+    /// deploy does not keep an operator from `status`, `cancel` or `list` (only `run` and
+    /// `check-config` check it).
+    pub fn without_program_checks(mut self) -> Overlay {
+        self.skip_program_checks = true;
+        self
     }
 
     /// The overlay of the variables `vars` and `flags`.

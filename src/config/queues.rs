@@ -165,13 +165,15 @@ pub(super) struct RawQueue {
     pub(super) refused: Vec<String>,
 }
 
-/// Validate every section; `served` are `worker.queues`, for the warnings. Every error of
-/// every section is added to `errors`, each at its position; the sections given are those
-/// without one.
+/// Validate every section; `served` are `worker.queues`, for the warnings; with
+/// `check_programs`, each `exec` program must exist and be executable. Every error of every
+/// section is added to `errors`, each at its position; the sections given are those without
+/// one.
 pub(super) fn validate(
     raw: BTreeMap<Spanned<String>, Spanned<RawQueue>>,
     served: &[String],
     concurrency: usize,
+    check_programs: bool,
     warnings: &mut Vec<String>,
     errors: &mut Errors,
 ) -> Vec<QueueConfig> {
@@ -184,7 +186,10 @@ pub(super) fn validate(
             errors.0.push((span, format!("[queues.{shown}]: {err}")));
             continue;
         }
-        let Some(queue) = section.into_inner().validate(&name, span, errors) else {
+        let Some(queue) = section
+            .into_inner()
+            .validate(&name, span, check_programs, errors)
+        else {
             continue;
         };
         if !served.contains(&queue.name) {
@@ -213,6 +218,7 @@ impl RawQueue {
         self,
         name: &str,
         span: std::ops::Range<usize>,
+        check_programs: bool,
         e: &mut Errors,
     ) -> Option<QueueConfig> {
         let before = e.0.len();
@@ -303,7 +309,7 @@ impl RawQueue {
                         Vec::new()
                     }
                     Some(command) => e.check(Some(command), Vec::new(), |command| {
-                        check_program(command.get_ref(), &key("command"))
+                        check_program(command.get_ref(), &key("command"), check_programs)
                             .map(|()| command.get_ref().clone())
                             .map_err(|message| (command.span(), message))
                     }),
@@ -387,13 +393,17 @@ impl RawQueue {
     }
 }
 
-/// The program of `command` exists and is executable: a path as given, a bare name on `PATH`.
-fn check_program(command: &[String], key: &str) -> Result<(), String> {
+/// `command` names a program; with `exists`, it exists and is executable: a path as given, a
+/// bare name on `PATH`.
+fn check_program(command: &[String], key: &str, exists: bool) -> Result<(), String> {
     let Some(program) = command.first().filter(|p| !p.is_empty()) else {
         return Err(format!(
             "{key} is empty: write the program and its arguments, [\"/path/to/program\", \"arg\"]"
         ));
     };
+    if !exists {
+        return Ok(());
+    }
     let found = if program.contains('/') {
         executable(Path::new(program))
     } else {

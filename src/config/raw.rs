@@ -131,8 +131,9 @@ impl RawConfig {
         }
     }
 
-    /// The validated configuration, or every value out of range.
-    pub(super) fn validate(self) -> Result<Config, Vec<Invalid>> {
+    /// The validated configuration, or every value out of range; with `check_programs`, an
+    /// `exec` queue's program must exist and be executable.
+    pub(super) fn validate(self, check_programs: bool) -> Result<Config, Vec<Invalid>> {
         let mut errors = Errors::default();
         let e = &mut errors;
         let db = &self.database;
@@ -275,6 +276,7 @@ impl RawConfig {
             self.queues,
             &worker.queues,
             worker.concurrency,
+            check_programs,
             &mut warnings,
             &mut errors,
         );

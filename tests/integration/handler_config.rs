@@ -134,3 +134,42 @@ async fn every_mistake_of_every_queue_section_is_named_at_once() {
         "one error each, no more:\n{stderr}"
     );
 }
+
+/// A queue's program that is missing (a half-done deploy) stops `run` and `check-config`
+/// only: the commands that never start it read the same file and work (a hostile review:
+/// `status`, `cancel`, `list` and `stats` all exited 78 over it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_program_stops_only_the_commands_that_start_it() {
+    let db = crate::support::TestDb::new().await;
+    let client = db.client().await;
+    let id = crate::support::enqueue(&client, "a few words").await;
+    let config = TempPath::write(
+        "[worker]\nqueues = [\"default\", \"gone\"]\n\n\
+         [queues.gone]\nhandler = \"exec\"\ncommand = [\"/nonexistent/pgtaskd-handler\"]\n",
+    );
+    let path = config.path().display().to_string();
+    let id = id.to_string();
+    for args in [
+        vec!["status", id.as_str()],
+        vec!["list"],
+        vec!["stats"],
+        vec!["cancel", id.as_str()],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--config", path.as_str()]);
+        let (status, stdout, stderr) = pgtaskd(Some(&db.url), &all).await;
+        assert!(status.success(), "{args:?}: {status:?} {stdout} {stderr}");
+    }
+    for args in [vec!["check-config"], vec!["run"]] {
+        let mut all = args.clone();
+        all.extend(["--config", path.as_str()]);
+        let (status, _, stderr) = pgtaskd(Some(&db.url), &all).await;
+        assert_eq!(status.code(), Some(78), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(
+                "queues.gone.command: /nonexistent/pgtaskd-handler is not an executable file"
+            ),
+            "{args:?}: {stderr}"
+        );
+    }
+}

@@ -72,15 +72,18 @@ fn a_url_must_be_absolute_http_or_https() {
 
 #[test]
 fn a_program_is_looked_up_as_given_or_on_path() {
-    assert!(check_program(&["sh".into()], "k").is_ok());
-    assert!(check_program(&["/bin/sh".into(), "-c".into()], "k").is_ok());
-    assert!(check_program(&["/nonexistent/prog".into()], "k").is_err());
+    assert!(check_program(&["sh".into()], "k", true).is_ok());
+    assert!(check_program(&["/bin/sh".into(), "-c".into()], "k", true).is_ok());
+    assert!(check_program(&["/nonexistent/prog".into()], "k", true).is_err());
     let plain = std::env::temp_dir().join(format!("pgtaskd-not-executable-{}", std::process::id()));
     std::fs::write(&plain, "not a program").unwrap();
-    let refused = check_program(&[plain.display().to_string()], "k");
+    let refused = check_program(&[plain.display().to_string()], "k", true);
     std::fs::remove_file(&plain).unwrap();
     assert!(refused.is_err());
-    assert!(check_program(&[], "k").is_err());
+    assert!(check_program(&[], "k", true).is_err());
+    // For the commands that never start it: named, not looked up.
+    assert!(check_program(&["/nonexistent/prog".into()], "k", false).is_ok());
+    assert!(check_program(&[], "k", false).is_err());
 }
 
 #[test]
