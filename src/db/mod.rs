@@ -21,7 +21,7 @@ mod refusal;
 pub mod settings;
 pub mod tls;
 
-pub use pool::{Outage, Pool, Session};
+pub use pool::{Outage, Pool, Session, RETIRE_AFTER_BYTES};
 pub use settings::{BadConnectionString, ConnectSettings, DATABASE_URL_ENV};
 
 pub(crate) use refusal::is_pooler_refusal;

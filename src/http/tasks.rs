@@ -100,6 +100,7 @@ pub(super) async fn submit(
     drop(body);
     let (code, id, status) = {
         let session = state.pool.get().await?;
+        session.carried(task.payload.len() as u64);
         match session.bounded(queue::enqueue(&session, &task)).await? {
             Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
             Enqueued::Existing(id) => {
@@ -272,6 +273,7 @@ async fn answer(
         .ok_or(ApiError::ReadBudget)?;
     let row = {
         let session = state.pool.get().await?;
+        session.carried(u64::try_from(payload_bytes).unwrap_or(0));
         session.bounded(queue::task::get_row(&session, id)).await?
     };
     let Some(row) = row else {

@@ -307,6 +307,14 @@ impl Worker {
                 ))
                 .await?;
             let took = sent.elapsed();
+            // One message per task: the largest payload is what its buffers grew to.
+            let largest = batch
+                .tasks
+                .iter()
+                .filter(|task| task.payload.is_some())
+                .map(|task| task.bytes)
+                .max();
+            client.carried(largest.unwrap_or(0));
             if inner.handler.is_some() && !batch.tasks.is_empty() {
                 self.read_traceparents(&client, &mut batch.tasks).await;
             }
