@@ -51,8 +51,14 @@ pub struct Recovered {
 
 impl Repeats {
     /// No failure yet.
-    pub fn new() -> Repeats {
-        Repeats::default()
+    pub const fn new() -> Repeats {
+        Repeats {
+            state: Mutex::new(State {
+                since: None,
+                failures: 0,
+                said_at: None,
+            }),
+        }
     }
 
     /// Count a failure at `now`, and say how to log it.

@@ -6,12 +6,20 @@
 //! (inputs are validated first, so it is a bug). Either way the body names no detail; the
 //! log has it.
 
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::db::DbError;
 use crate::queue::TaskStatus;
+use crate::repeats::{log_failure, log_recovery, Repeats};
+
+/// The requests the database could not serve since the last it did: an outage is said once
+/// at WARN (with a reminder a minute), not once per request, and its end once
+/// ([`database_answered`]).
+static DATABASE_FAILURES: Repeats = Repeats::new();
 
 /// The seconds a read refused by the budget of `http.max_inflight_bytes` is told to wait.
 const RETRY_AFTER: &str = "2";
@@ -88,7 +96,11 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let body = match &self {
             ApiError::Db(err) if err.is_transient() => {
-                tracing::warn!(error = %err, "HTTP request could not be served by the database");
+                log_failure!(
+                    DATABASE_FAILURES,
+                    err,
+                    "HTTP requests cannot be served by the database"
+                );
                 serde_json::json!({ "error": "database unavailable" })
             }
             ApiError::Db(err) => {
@@ -116,4 +128,20 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// After each request: a success of a route that reads the database (`/tasks`, `/queues`,
+/// `/stats`) ends an outage the log said, once.
+pub(super) async fn database_answered(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let reads_database =
+        path.starts_with("/tasks") || path.starts_with("/queues/") || path.starts_with("/stats");
+    let response = next.run(request).await;
+    if reads_database && response.status().is_success() {
+        log_recovery!(
+            DATABASE_FAILURES,
+            "HTTP requests served by the database again"
+        );
+    }
+    response
 }

@@ -138,6 +138,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn(wait::deadline))
+        .layer(middleware::from_fn(error::database_answered))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             reject_declared_oversize(max_body, request, next)
         }))

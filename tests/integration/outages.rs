@@ -347,3 +347,60 @@ async fn writes_refused_as_read_only_are_tried_once_a_turn_not_once_a_claim() {
         window.as_secs()
     );
 }
+
+/// HTTP requests through an outage: each is 503 "database unavailable", the log says so once
+/// at WARN (not once per request: a dashboard polling through a long outage filled the log),
+/// and says once when a request is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_through_an_outage_are_said_once_and_so_is_the_recovery() {
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let id = crate::support::enqueue(&client, "a few words").await;
+    let mut daemon = DaemonProcess::start_with_env(
+        &db.url,
+        "[http]\nlisten = \"127.0.0.1:0\"\n[database]\nconnect_timeout = \"1s\"\n",
+        &[],
+        &[("RUST_LOG", "")],
+    );
+    wait_count(
+        &client,
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
+        1,
+        "the task to succeed",
+    )
+    .await;
+    drop(client);
+    let addr = daemon.http_addr().await;
+    let url = format!("http://{addr}/tasks/{id}");
+    let get = || async {
+        within(WAIT, "GET /tasks/{id}", reqwest::get(&url))
+            .await
+            .expect("an answer")
+            .status()
+            .as_u16()
+    };
+    assert_eq!(get().await, 200);
+    cluster.stop_server(false);
+    for _ in 0..10 {
+        assert_eq!(get().await, 503, "an outage is unavailable");
+    }
+    let said = daemon
+        .log_text()
+        .matches("HTTP requests cannot be served by the database")
+        .count();
+    assert_eq!(said, 1, "{}", daemon.log_text());
+    cluster.start_server();
+    eventually(WAIT, "a read served again", || async {
+        (get().await == 200).then_some(())
+    })
+    .await;
+    within(
+        WAIT,
+        "the recovery line",
+        daemon.wait_for_log("HTTP requests served by the database again"),
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    let _ = daemon.wait().await;
+}
