@@ -129,6 +129,15 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// A command that records its pid in the file `started` of `scratch`, then sleeps for ever.
+fn slow_handler(scratch: &Scratch) -> PathBuf {
+    let started = scratch.path("started");
+    scratch.script(
+        "slow.sh",
+        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
+    )
+}
+
 async fn wait_file(path: &Path) -> String {
     eventually(
         WAIT,
@@ -469,11 +478,7 @@ async fn slow_slots_hold_few_claims_and_a_sigkill_of_the_daemon_kills_its_childr
     let db = TestDb::new().await;
     let client = db.client().await;
     let scratch = Scratch::new();
-    let started = scratch.path("started");
-    let handler = scratch.script(
-        "slow.sh",
-        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
-    );
+    let handler = slow_handler(&scratch);
     let config = exec_config(&handler, "concurrency = 2\n");
     client
         .execute(
@@ -747,11 +752,7 @@ async fn a_lane_holding_every_permit_leaves_the_other_queues_to_other_daemons() 
     let db = TestDb::new().await;
     let client = db.client().await;
     let scratch = Scratch::new();
-    let started = scratch.path("started");
-    let handler = scratch.script(
-        "slow.sh",
-        &format!("echo $$ >> {}\nexec sleep 1000", started.display()),
-    );
+    let handler = slow_handler(&scratch);
     let busy_config = format!(
         "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
          [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",

@@ -312,27 +312,9 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
     )
     .await;
     let url = proxy.conninfo(&crate::support::server_user(), &db.name);
-    let config = format!(
-        "[worker]\nqueues = [\"jobs\"]\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\nkill_after = \"1s\"\n",
-        handler.display()
-    );
-    let mut daemon = DaemonProcess::start_url(&url, &config, &[]);
-    let id: i64 = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    wait_count(
-        &client,
-        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
-        1,
-        "the task to succeed on its second run",
-    )
-    .await;
+    let mut daemon =
+        DaemonProcess::start_url(&url, &jobs_config(&handler, "kill_after = \"1s\"\n"), &[]);
+    let id = run_one_job(&client, "the task to succeed on its second run").await;
     assert!(proxy.triggered(), "a heartbeat was held");
     let ran = std::fs::read_to_string(&runs).unwrap_or_default();
     assert_eq!(ran, "alone\n", "the second run overlapped the first");
@@ -387,27 +369,8 @@ async fn a_claim_answered_after_its_lease_ran_out_is_given_back_unrun() {
             runs = runs.display()
         ),
     );
-    let config = format!(
-        "[worker]\nqueues = [\"jobs\"]\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n",
-        handler.display()
-    );
-    let mut daemon = DaemonProcess::start(&db, &config, &[]);
-    let id: i64 = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    wait_count(
-        &client,
-        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
-        1,
-        "the task to succeed",
-    )
-    .await;
+    let mut daemon = DaemonProcess::start(&db, &jobs_config(&handler, ""), &[]);
+    let id = run_one_job(&client, "the task to succeed").await;
     let late: i64 = client
         .query_one("SELECT token FROM public.slowed", &[])
         .await
@@ -440,4 +403,34 @@ async fn a_claim_answered_after_its_lease_ran_out_is_given_back_unrun() {
         .await;
     daemon.signal(libc::SIGTERM);
     let _ = daemon.wait().await;
+}
+
+/// A daemon serving only the queue `jobs` with `handler` as its `exec` command (and the
+/// section's `extra` keys), a lease of two seconds.
+fn jobs_config(handler: &std::path::Path, extra: &str) -> String {
+    format!(
+        "[worker]\nqueues = [\"jobs\"]\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\n{extra}",
+        handler.display()
+    )
+}
+
+/// Enqueue one task of `jobs` and wait until it is SUCCEEDED (`what` names the wait); its id.
+async fn run_one_job(client: &tokio_postgres::Client, what: &str) -> i64 {
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_count(
+        client,
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
+        1,
+        what,
+    )
+    .await;
+    id
 }
