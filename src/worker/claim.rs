@@ -197,7 +197,7 @@ impl Worker {
     /// but in no registry, and would wait for their lease to expire. Give each back, as a
     /// shutdown does. Their analyzers never ran. Called only while no claim is on its way.
     async fn release_unanswered(&self) -> Result<(), DbError> {
-        let given = self.give_back_held(true).await?;
+        let given = self.give_back_held(true, false).await?;
         if given.given_back > 0 {
             tracing::warn!(
                 tasks = given.given_back,
@@ -211,10 +211,10 @@ impl Worker {
     }
 
     /// Give back the rows RUNNING under this instance (with `unregistered_only`, those no
-    /// claim of the registry holds), each fenced on its claim's token and without waiting for
-    /// a row someone else holds: QUEUED, the attempt not counted; CANCELED if a cancel was
-    /// requested. A failure of the database ends the round; the rows not given back are
-    /// counted as left.
+    /// claim of the registry holds), each fenced on its claim's token: QUEUED, the attempt not
+    /// counted; CANCELED if a cancel was requested. A row someone else holds is waited for
+    /// only with `wait` (the last look of a stop, under its own bound), else left. A failure
+    /// of the database ends the round; the rows not given back are counted as left.
     ///
     /// # Errors
     ///
@@ -222,6 +222,7 @@ impl Worker {
     pub(super) async fn give_back_held(
         &self,
         unregistered_only: bool,
+        wait: bool,
     ) -> Result<GivenBack, DbError> {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
@@ -240,7 +241,7 @@ impl Worker {
         let total = held.len();
         for (n, (id, attempt, token)) in held.into_iter().enumerate() {
             match client
-                .bounded(queue::release(&client, token, id, false))
+                .bounded(queue::release(&client, token, id, wait))
                 .await
             {
                 Ok(status) => {

@@ -7,7 +7,8 @@
 //! back. When that bound passes, the completer gives up, and one last look at the table
 //! ([`SWEEP_BOUND`]) counts what is really unsettled: a write given up on may have landed
 //! anyway, and the rows still RUNNING under this instance are given back if the database
-//! answers now. Only claims the database never took back count: a daemon told to stop while
+//! answers now, a row someone else holds locked waited for within that bound (a producer's
+//! transaction that lets go of it a moment later no longer leaves the claim to its lease). Only claims the database never took back count: a daemon told to stop while
 //! the database is unreachable exits, those claims left RUNNING for their leases to expire.
 //!
 //! Called by [`crate::daemon`] after [`Worker::run`] returned.
@@ -98,13 +99,14 @@ impl Worker {
     }
 
     /// After every task ended: give back each row still RUNNING under this instance (a
-    /// write given up on that did not land), as a shutdown releases its claims. Returns how
-    /// many could not be given back.
+    /// write given up on that did not land), as a shutdown releases its claims, waiting for a
+    /// row someone else holds (the caller bounds the wait). Returns how many could not be
+    /// given back.
     ///
     /// # Errors
     ///
     /// The database did not answer the look-up.
     async fn release_held(&self) -> Result<usize, DbError> {
-        Ok(self.give_back_held(false).await?.left)
+        Ok(self.give_back_held(false, true).await?.left)
     }
 }
