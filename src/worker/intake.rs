@@ -24,8 +24,8 @@
 //! may only take what is left of the budget (at most half of it, so that two claims on their
 //! way together stay within it). When the daemon holds nothing and no claim is on its way, a
 //! claim takes its first task whatever its size: a payload larger than the budget still runs,
-//! alone. With several lanes, "the daemon" is every lane together, and a lane claims no more
-//! tasks than the permits they share could start (`shared.rs`). So the bytes held stay under the budget plus the largest payload. A claim that
+//! alone. With several lanes, one lane at a time may take such a task, and a lane claims no
+//! more tasks than the permits they share could start, and none ahead (`shared.rs`). So the bytes held stay under the budget plus the largest payload. A claim that
 //! brought more than [`ROUND_TRIP_SAMPLE_MAX_BYTES`] of text is not timed: its round trip is
 //! mostly the transfer, and it would make the intake claim far ahead of its workers.
 //!
@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
-use super::shared::Shared;
+use super::shared::{Lanes, Shared};
 
 /// The most tasks claimed ahead of the free workers: enough for two claims of
 /// `MAX_CLAIM_BATCH` on their way at once, so that a drain of short texts claims in large
@@ -69,6 +69,8 @@ pub struct Intake {
     freed: Notify,
     /// What the daemon's lanes share, when it has several (`shared.rs`).
     shared: Option<Arc<Shared>>,
+    /// This lane's number among them.
+    lane: usize,
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +118,9 @@ impl Drop for Analysis<'_> {
         if let Some(since) = state.analyzing.remove(&self.ticket) {
             fold(&mut state.per_task, since.elapsed().as_secs_f64());
         }
+        if let Some(shared) = &self.intake.shared {
+            self.intake.publish(&state, Some(&mut shared.lanes()));
+        }
     }
 }
 
@@ -139,25 +144,48 @@ impl Intake {
 
     /// The intake of one lane of a daemon, claiming also against what the lanes `shared`.
     pub fn sharing(concurrency: usize, max_bytes: u64, shared: Option<Arc<Shared>>) -> Intake {
+        let lane = shared.as_ref().map_or(0, |shared| shared.join());
         Intake {
             concurrency,
             max_bytes: max_bytes.max(1),
             state: Mutex::new(State::default()),
             freed: Notify::new(),
             shared,
+            lane,
         }
     }
 
     /// The most tasks a claim may take now of the `tasks` this lane's own target leaves: with
-    /// shared permits, no more than those free now could start, plus the lane's claiming
-    /// ahead, less the tasks of this lane already waiting for one.
-    fn startable(&self, state: &State, target: usize, tasks: usize) -> usize {
-        let Some(shared) = &self.shared else {
-            return tasks;
-        };
-        let waiting = state.outstanding.saturating_sub(state.analyzing.len());
-        let ahead = target.saturating_sub(self.concurrency);
-        tasks.min((shared.free_permits() + ahead).saturating_sub(waiting))
+    /// shared permits, no more than those free now could start, less the tasks every lane has
+    /// claimed and not started.
+    fn startable(&self, lanes: Option<&Lanes>, tasks: usize) -> usize {
+        match (&self.shared, lanes) {
+            (Some(shared), Some(lanes)) => {
+                tasks.min(shared.free_permits().saturating_sub(lanes.waiting()))
+            }
+            _ => tasks,
+        }
+    }
+
+    /// Whether a claim may take a task of any size: this lane holds nothing, and no other
+    /// lane holds or claims such a task.
+    fn may_take_one(&self, state: &State, lanes: Option<&Lanes>) -> bool {
+        state.bytes_held == 0
+            && state.bytes_reserved == 0
+            && lanes.is_none_or(|lanes| lanes.oversize.is_none_or(|lane| lane == self.lane))
+    }
+
+    /// Write this lane's tasks claimed and not started where the other lanes see them.
+    fn publish(&self, state: &State, lanes: Option<&mut Lanes>) {
+        if let Some(lanes) = lanes {
+            lanes.waiting[self.lane] = state.outstanding.saturating_sub(state.analyzing.len());
+            if lanes.oversize == Some(self.lane)
+                && state.bytes_held == 0
+                && state.bytes_reserved == 0
+            {
+                lanes.oversize = None;
+            }
+        }
     }
 
     /// The most tasks this worker keeps claimed and not yet analyzed, now.
@@ -171,14 +199,11 @@ impl Intake {
     /// reservation is settled with [`Intake::claimed`] or [`Intake::unreserve`].
     pub fn reserve(&self, most: usize, need: u64) -> Option<Room> {
         let mut state = self.lock();
+        let mut lanes = self.shared.as_ref().map(|shared| shared.lanes());
         let target = state.target(self.concurrency);
         let tasks = target.saturating_sub(state.outstanding).min(most);
-        let tasks = self.startable(&state, target, tasks);
-        // The whole daemon's bytes, not only this lane's, for the task of any size.
-        let mut daemon = self.shared.as_ref().map(|shared| shared.bytes());
-        let take_one = state.bytes_held == 0
-            && state.bytes_reserved == 0
-            && daemon.as_ref().is_none_or(|held| **held == 0);
+        let tasks = self.startable(lanes.as_deref(), tasks);
+        let take_one = self.may_take_one(&state, lanes.as_deref());
         let bytes = self
             .max_bytes
             .saturating_sub(state.bytes_held + state.bytes_reserved)
@@ -188,9 +213,12 @@ impl Intake {
         }
         state.outstanding += tasks;
         state.bytes_reserved += bytes;
-        if let Some(held) = daemon.as_mut() {
-            **held += bytes;
+        if let Some(lanes) = lanes.as_deref_mut() {
+            if take_one {
+                lanes.oversize = Some(self.lane);
+            }
         }
+        self.publish(&state, lanes.as_deref_mut());
         Some(Room {
             tasks,
             bytes,
@@ -201,14 +229,10 @@ impl Intake {
     /// Whether [`Intake::reserve`] would find room for a claim of one task of no size now.
     pub fn has_room(&self) -> bool {
         let state = self.lock();
+        let lanes = self.shared.as_ref().map(|shared| shared.lanes());
         let target = state.target(self.concurrency);
-        let tasks = self.startable(&state, target, target.saturating_sub(state.outstanding));
-        let take_one = state.bytes_held == 0
-            && state.bytes_reserved == 0
-            && self
-                .shared
-                .as_ref()
-                .is_none_or(|shared| *shared.bytes() == 0);
+        let tasks = self.startable(lanes.as_deref(), target.saturating_sub(state.outstanding));
+        let take_one = self.may_take_one(&state, lanes.as_deref());
         let bytes = self
             .max_bytes
             .saturating_sub(state.bytes_held + state.bytes_reserved);
@@ -229,8 +253,13 @@ impl Intake {
                 fold(&mut state.round_trip, took.as_secs_f64());
             }
             if let Some(shared) = &self.shared {
-                let mut held = shared.bytes();
-                *held = held.saturating_sub(room.bytes) + bytes;
+                let mut lanes = shared.lanes();
+                // A claim that may take a task of any size took none over its room: the
+                // exception is free for the other lanes again.
+                if room.take_one && bytes <= room.bytes && lanes.oversize == Some(self.lane) {
+                    lanes.oversize = None;
+                }
+                self.publish(&state, Some(&mut lanes));
             }
         }
         self.freed.notify_one();
@@ -276,8 +305,7 @@ impl Intake {
             state.outstanding = state.outstanding.saturating_sub(1);
             state.bytes_held = state.bytes_held.saturating_sub(bytes);
             if let Some(shared) = &self.shared {
-                let mut held = shared.bytes();
-                *held = held.saturating_sub(bytes);
+                self.publish(&state, Some(&mut shared.lanes()));
             }
         }
         self.freed.notify_one();
@@ -291,6 +319,9 @@ impl Intake {
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.analyzing.insert(ticket, Instant::now());
+        if let Some(shared) = &self.shared {
+            self.publish(&state, Some(&mut shared.lanes()));
+        }
         Analysis {
             intake: self,
             ticket,

@@ -3,13 +3,16 @@
 //! bytes they hold together, and a wake for every lane when either is given back.
 //!
 //! Each lane's intake (`intake.rs`) claims against both: no more tasks than the shared
-//! permits free now could start (plus the lane's own claiming ahead), so that a lane whose
-//! slow commands hold every permit never makes another lane claim tasks that would wait for
-//! one, RUNNING under a lease that no other daemon can take over (a hostile review: a
-//! default-queue task waited 28 s behind an `exec` queue's timeouts while a second daemon
-//! sat idle); and a task larger than the byte budget is taken only while the whole daemon
-//! holds no payload, not while one lane does not, so that N lanes never hold N such payloads
-//! at once (the review: four lanes held four 100 MB payloads, 391 MiB, with a budget of 64 MiB).
+//! permits free now could start, less the tasks every lane has claimed and not started (no
+//! claiming ahead), so that a lane whose slow commands hold every permit never makes another
+//! lane claim tasks that would wait for one, RUNNING under a lease that no other daemon can
+//! take over (a hostile review: a default-queue task waited 28 s behind an `exec` queue's
+//! timeouts while a second daemon sat idle; counting each lane's own only, lanes that looked
+//! at once still did, 4 times in 10); and one lane at a time may take a task larger than its
+//! share of the byte budget, so that N lanes never hold N such payloads at once (the review:
+//! four lanes held four 100 MB payloads, 391 MiB, with a budget of 64 MiB), while small tasks
+//! of the other lanes never keep it waiting (a payload larger than its lane's share waited
+//! as long as any other lane held a byte).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -20,13 +23,29 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// [`Shared::freed`] can come between its look and its wait.
 pub(super) const LOOK_AGAIN: Duration = Duration::from_millis(50);
 
-/// The permits, bytes and wake the lanes of one daemon share.
+/// The permits, counts and wake the lanes of one daemon share.
 #[derive(Debug)]
 pub struct Shared {
     permits: Arc<Semaphore>,
-    /// Payload bytes held or reserved by every lane together.
-    bytes: Mutex<u64>,
+    lanes: Mutex<Lanes>,
     freed: Notify,
+}
+
+/// What every lane's intake writes of itself, under one lock.
+#[derive(Debug, Default)]
+pub(super) struct Lanes {
+    /// Each lane's tasks claimed, or being claimed, and not started: by lane number.
+    pub(super) waiting: Vec<usize>,
+    /// The lane that holds, or is claiming, a task of any size ([`Room::take_one`]
+    /// (super::intake::Room)): one at a time.
+    pub(super) oversize: Option<usize>,
+}
+
+impl Lanes {
+    /// Tasks claimed and not started by every lane.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.iter().sum()
+    }
 }
 
 impl Shared {
@@ -34,7 +53,7 @@ impl Shared {
     pub fn new(concurrency: usize) -> Arc<Shared> {
         Arc::new(Shared {
             permits: Arc::new(Semaphore::new(concurrency)),
-            bytes: Mutex::new(0),
+            lanes: Mutex::new(Lanes::default()),
             freed: Notify::new(),
         })
     }
@@ -49,10 +68,17 @@ impl Shared {
         &self.permits
     }
 
-    /// Payload bytes held or reserved by every lane, locked: a lane's intake changes its
-    /// count under its own lock, then this one.
-    pub(super) fn bytes(&self) -> MutexGuard<'_, u64> {
-        self.bytes
+    /// A new lane's number.
+    pub(super) fn join(&self) -> usize {
+        let mut lanes = self.lanes();
+        lanes.waiting.push(0);
+        lanes.waiting.len() - 1
+    }
+
+    /// What every lane wrote of itself, locked: a lane's intake changes it under its own
+    /// lock, then this one.
+    pub(super) fn lanes(&self) -> MutexGuard<'_, Lanes> {
+        self.lanes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }

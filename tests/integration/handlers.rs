@@ -795,3 +795,50 @@ async fn a_lane_holding_every_permit_leaves_the_other_queues_to_other_daemons() 
     free.signal(libc::SIGTERM);
     let _ = free.wait().await;
 }
+
+/// The same when both queues' tasks come in one transaction, so that the busy daemon's lanes
+/// look for work at the same moment: the default lane never claims more than the permits the
+/// other lane's claim leaves (a hostile review: counting its own tasks only, it claimed all
+/// 30 default tasks while the slow lane took both permits, 4 trials in 10). Three trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_that_look_at_once_leave_the_tasks_they_cannot_start_to_other_daemons() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let handler = slow_handler(&scratch);
+    let busy_config = format!(
+        "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",
+        handler.display()
+    );
+    let mut free = DaemonProcess::start(
+        &db,
+        "[worker]\nqueues = [\"default\"]\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    free.wait_for_log("ready").await;
+    for trial in 1..=3i64 {
+        let mut busy = DaemonProcess::start(&db, &busy_config, &[]);
+        busy.wait_for_log("ready").await;
+        client
+            .batch_execute(
+                "BEGIN;
+                 INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'a'), ('jobs', 'b');
+                 INSERT INTO pgtaskd.tasks (payload) SELECT 'word ' || g FROM generate_series(1, 30) AS g;
+                 COMMIT;",
+            )
+            .await
+            .unwrap();
+        wait_count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'default' AND status = 'SUCCEEDED'",
+            30 * trial,
+            "every default task to succeed while the busy daemon's permits are held",
+        )
+        .await;
+        busy.signal(libc::SIGKILL);
+        busy.wait().await;
+    }
+    free.signal(libc::SIGTERM);
+    let _ = free.wait().await;
+}

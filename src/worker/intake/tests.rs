@@ -162,8 +162,9 @@ async fn done_wakes_a_waiting_claimer() {
     assert_eq!(reserved, 1);
 }
 
-/// Two lanes sharing two permits: while the other lane's tasks hold both, a lane claims
-/// nothing (its tasks could not start), and one permit given back lets it claim one.
+/// Two lanes sharing two permits: tasks one lane claimed count against the other at once,
+/// before they start; while they run, holding both permits, the other lane claims nothing
+/// (its tasks could not start); one permit given back lets it claim one.
 #[tokio::test]
 async fn a_lane_claims_no_more_than_the_shared_permits_free_could_start() {
     let shared = Shared::new(2);
@@ -172,8 +173,12 @@ async fn a_lane_claims_no_more_than_the_shared_permits_free_could_start() {
     let room = other.reserve(10, 0).expect("both permits are free");
     assert_eq!(room.tasks, 2);
     other.unreserve(room);
-    // The slow lane's two tasks start: they hold both permits.
     assert_eq!(claim_all(&slow, 2), 2);
+    assert!(
+        other.reserve(10, 0).is_none(),
+        "the slow lane's claimed tasks will take both permits"
+    );
+    // They start: they hold both permits.
     let first = Arc::clone(shared.permits()).try_acquire_owned().unwrap();
     let _one = slow.analysis();
     let second = Arc::clone(shared.permits()).try_acquire_owned().unwrap();
@@ -188,10 +193,10 @@ async fn a_lane_claims_no_more_than_the_shared_permits_free_could_start() {
     drop(second);
 }
 
-/// A task larger than the budget is taken only while no lane holds any payload: four lanes
-/// never hold four of them.
+/// One lane at a time takes a task larger than its share of the budget: four lanes never
+/// hold four of them; small tasks another lane holds do not keep it waiting.
 #[test]
-fn a_task_of_any_size_is_taken_only_while_no_lane_holds_payload() {
+fn one_lane_at_a_time_takes_a_task_of_any_size() {
     let shared = Shared::new(4);
     let lanes: Vec<Intake> = (0..4)
         .map(|_| Intake::sharing(4, 16 * MIB, Some(Arc::clone(&shared))))
@@ -203,13 +208,22 @@ fn a_task_of_any_size_is_taken_only_while_no_lane_holds_payload() {
     lanes[0].claimed(first, 1, 100 * MIB, Duration::ZERO);
     for lane in &lanes[1..] {
         let room = lane.reserve(1, 100 * MIB);
-        assert!(room.is_none(), "another lane holds a payload: {room:?}");
+        assert!(room.is_none(), "another lane holds one: {room:?}");
         let small = lane.reserve(1, MIB).expect("room for what fits its share");
         assert!(!small.take_one);
         lane.unreserve(small);
     }
+    // A small task held by a third lane does not keep the second waiting.
+    let small = lanes[2].reserve(1, MIB).unwrap();
+    lanes[2].claimed(small, 1, MIB, Duration::ZERO);
     lanes[0].done(100 * MIB);
-    assert!(lanes[1]
+    let room = lanes[1]
+        .reserve(1, 100 * MIB)
+        .expect("the first lane let go of its task");
+    assert!(room.take_one);
+    // A claim that could take one but took a small task frees the exception at once.
+    lanes[1].claimed(room, 1, MIB, Duration::ZERO);
+    assert!(lanes[3]
         .reserve(1, 100 * MIB)
         .is_some_and(|room| room.take_one));
 }
