@@ -83,7 +83,7 @@ pub const KEYS: &[Key] = &[
     key("retention", "finished_after", Kind::Text),
     flagged("http", "listen", Kind::Text, "--http-listen"),
     key("http", "token_file", Kind::Text),
-    key("http", "max_body", Kind::Count),
+    key("http", "max_body", Kind::Size),
     key("http", "max_connections", Kind::Count),
     key("http", "header_timeout", Kind::Text),
     key("http", "max_inflight_bytes", Kind::Size),

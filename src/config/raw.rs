@@ -94,7 +94,8 @@ struct RawRetention {
 struct RawHttp {
     listen: Option<Spanned<String>>,
     token_file: Option<PathBuf>,
-    max_body: Option<Spanned<usize>>,
+    #[serde(default, deserialize_with = "size")]
+    max_body: Option<Spanned<u64>>,
     max_connections: Option<Spanned<usize>>,
     #[serde(default, deserialize_with = "duration")]
     header_timeout: Option<Spanned<Duration>>,
@@ -193,7 +194,8 @@ impl RawConfig {
             listen: e.check(h.listen.as_ref(), None, |v| listen_address(v).map(Some)),
             token_file: h.token_file.clone(),
             max_body: e.check(h.max_body.as_ref(), DEFAULT_HTTP_MAX_BODY, |v| {
-                positive("http.max_body", v)
+                positive_size("http.max_body", v)
+                    .map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX))
             }),
             max_connections: e.check(
                 h.max_connections.as_ref(),

@@ -265,6 +265,9 @@ fn sizes_take_iec_and_si_units() {
         let config =
             Config::from_toml(&format!("[worker]\nmax_inflight_bytes = {text}\n"), "t").unwrap();
         assert_eq!(config.worker.max_inflight_bytes, bytes, "{text}");
+        // http.max_body too, as every size key.
+        let config = Config::from_toml(&format!("[http]\nmax_body = {text}\n"), "t").unwrap();
+        assert_eq!(config.http.max_body as u64, bytes, "{text}");
     }
 }
 

@@ -12,9 +12,7 @@ fn expected(key: &str) -> Option<&'static str> {
             "a connection string in quotes (a postgresql:// URL or key=value pairs)"
         }
         "database.pooler" => "\"none\" or \"transaction\"",
-        "database.pool_size" | "worker.concurrency" | "http.max_body" | "http.max_connections" => {
-            COUNT
-        }
+        "database.pool_size" | "worker.concurrency" | "http.max_connections" => COUNT,
         "database.connect_timeout"
         | "database.statement_timeout"
         | "worker.poll_interval"
@@ -27,9 +25,10 @@ fn expected(key: &str) -> Option<&'static str> {
         | "vacuum_health.check_interval"
         | "vacuum_health.xmin_horizon_warning" => DURATION,
         "worker.queues" => "a list of queue names, such as [\"default\", \"mail\"]",
-        "worker.max_inflight_bytes" | "worker.max_payload_bytes" | "http.max_inflight_bytes" => {
-            SIZE
-        }
+        "worker.max_inflight_bytes"
+        | "worker.max_payload_bytes"
+        | "http.max_body"
+        | "http.max_inflight_bytes" => SIZE,
         "http.listen" => "HOST:PORT in quotes, such as \"127.0.0.1:8080\" or \"localhost:8080\"",
         "http.token_file" => "a file path in quotes",
         "log.format" => "\"text\" or \"json\"",
