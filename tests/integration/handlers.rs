@@ -743,6 +743,26 @@ async fn a_nul_in_an_output_or_an_error_fails_that_attempt_alone() {
     assert!(daemon.wait().await.success());
 }
 
+/// A daemon of two permits serving `default` and, in a lane of its own, `jobs` with `handler`.
+fn busy_config(handler: &Path) -> String {
+    format!(
+        "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
+         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",
+        handler.display()
+    )
+}
+
+/// A daemon serving `default` only, ready.
+async fn default_only_daemon(db: &TestDb) -> DaemonProcess {
+    let mut daemon = DaemonProcess::start(
+        db,
+        "[worker]\nqueues = [\"default\"]\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    daemon.wait_for_log("ready").await;
+    daemon
+}
+
 /// A lane whose slow commands hold every one of the daemon's `worker.concurrency` permits
 /// claims no task of its other queues, which could not start: a second daemon serving them
 /// gets every one at once (a hostile review: a default-queue task waited 28 s behind an exec
@@ -753,11 +773,7 @@ async fn a_lane_holding_every_permit_leaves_the_other_queues_to_other_daemons() 
     let client = db.client().await;
     let scratch = Scratch::new();
     let handler = slow_handler(&scratch);
-    let busy_config = format!(
-        "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",
-        handler.display()
-    );
+    let busy_config = busy_config(&handler);
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'a'), ('jobs', 'b')",
@@ -767,12 +783,7 @@ async fn a_lane_holding_every_permit_leaves_the_other_queues_to_other_daemons() 
         .unwrap();
     let mut busy = DaemonProcess::start(&db, &busy_config, &[]);
     scratch.pids("started", 2).await;
-    let mut free = DaemonProcess::start(
-        &db,
-        "[worker]\nqueues = [\"default\"]\npoll_interval = \"200ms\"\n",
-        &[],
-    );
-    free.wait_for_log("ready").await;
+    let mut free = default_only_daemon(&db).await;
     // A few statements, so that the busy daemon's default lane is woken several times.
     for _ in 0..5 {
         client
@@ -806,17 +817,8 @@ async fn lanes_that_look_at_once_leave_the_tasks_they_cannot_start_to_other_daem
     let client = db.client().await;
     let scratch = Scratch::new();
     let handler = slow_handler(&scratch);
-    let busy_config = format!(
-        "[worker]\nqueues = [\"default\", \"jobs\"]\nconcurrency = 2\npoll_interval = \"200ms\"\n\n\
-         [queues.jobs]\nhandler = \"exec\"\ncommand = [\"{}\"]\ntimeout = \"10m\"\n",
-        handler.display()
-    );
-    let mut free = DaemonProcess::start(
-        &db,
-        "[worker]\nqueues = [\"default\"]\npoll_interval = \"200ms\"\n",
-        &[],
-    );
-    free.wait_for_log("ready").await;
+    let busy_config = busy_config(&handler);
+    let mut free = default_only_daemon(&db).await;
     for trial in 1..=3i64 {
         let mut busy = DaemonProcess::start(&db, &busy_config, &[]);
         busy.wait_for_log("ready").await;
