@@ -178,6 +178,13 @@ impl Pool {
     }
 }
 
+/// An answer or a statement larger than this retires its session: the connection keeps read
+/// and write buffers as large as the largest message it carried for as long as it lives, so a
+/// pool whose sessions each once carried a 100 MB payload held that much each (a hostile
+/// review: a daemon's resident memory rose by one payload per session, 105 to 778 MiB over
+/// 24 payloads of 100 MB, and stayed there).
+pub const RETIRE_AFTER_BYTES: u64 = 4 << 20;
+
 /// One pooled session; dereferences to the [`Client`].
 pub struct Session {
     object: Option<deadpool_postgres::Object>,
@@ -188,6 +195,15 @@ pub struct Session {
 }
 
 impl Session {
+    /// This session carried `bytes` of payload in one message (a row, a statement): past
+    /// [`RETIRE_AFTER_BYTES`], it is closed when dropped rather than given back to the pool,
+    /// and its buffers with it.
+    pub fn carried(&self, bytes: u64) {
+        if bytes > RETIRE_AFTER_BYTES {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Run one database operation on this session under the pool's deadline. A deadline
     /// that passes is an outage (the outcome of what was sent is unknown), and marks the
     /// session for discarding, as does any outage the operation reports.
@@ -221,24 +237,6 @@ impl Session {
                 ))
                 .into())
             }
-        }
-    }
-}
-
-/// An answer or a statement larger than this retires its session: the connection keeps read
-/// and write buffers as large as the largest message it carried for as long as it lives, so a
-/// pool whose sessions each once carried a 100 MB payload held that much each (a hostile
-/// review: a daemon's resident memory rose by one payload per session, 105 to 778 MiB over
-/// 24 payloads of 100 MB, and stayed there).
-pub const RETIRE_AFTER_BYTES: u64 = 4 << 20;
-
-impl Session {
-    /// This session carried `bytes` of payload in one message (a row, a statement): past
-    /// [`RETIRE_AFTER_BYTES`],
-    /// it is closed when dropped rather than given back to the pool, and its buffers with it.
-    pub fn carried(&self, bytes: u64) {
-        if bytes > RETIRE_AFTER_BYTES {
-            self.broken.store(true, Ordering::Relaxed);
         }
     }
 }

@@ -36,27 +36,25 @@ impl Worker {
         let inner = &self.inner;
         let Some(payload) = payload else {
             // Over worker.max_payload_bytes: the text was never loaded, and never will be.
-            held.free_intake();
             let limit = inner.config.max_payload_bytes.unwrap_or_default();
             let action = Action::Finish(Outcome::Failed(format!(
                 "payload of {bytes} bytes is over worker.max_payload_bytes ({limit}); not run"
             )));
-            let result = inner.completer.write(claim, &action).await;
-            self.record_outcome(claim, started, &action, result);
-            return;
+            return self
+                .settle_unstarted(claim, started, &mut held, action)
+                .await;
         };
         let Some((permit, shared)) = self.permits(&cancel).await else {
             // Never started: a cancel request makes it CANCELED, a shutdown gives it back.
             drop(payload);
-            held.free_intake();
             let action = if cancel.is_cancelled() && !self.released_unfinished(id, token) {
                 Action::Finish(Outcome::Canceled)
             } else {
                 Action::Release
             };
-            let result = inner.completer.write(claim, &action).await;
-            self.record_outcome(claim, started, &action, result);
-            return;
+            return self
+                .settle_unstarted(claim, started, &mut held, action)
+                .await;
         };
         held.hold_permit(permit);
         // Never start work whose lease has run out, or will before the expiry loop could stop
@@ -71,13 +69,10 @@ impl Worker {
                 "lease runs out before the work starts; giving the claim back"
             );
             drop(payload);
-            held.free_intake();
-            let action = Action::Release;
-            let result = inner.completer.write(claim, &action).await;
-            held.free_permit();
-            drop(shared);
-            self.record_outcome(claim, started, &action, result);
-            return;
+            // Its permits go back once the claim is (`held` and `shared` dropped on return).
+            return self
+                .settle_unstarted(claim, started, &mut held, Action::Release)
+                .await;
         }
         let analysis = inner.intake.analysis();
         // The analyzer (or the handler) takes the payload and lets go of it when it returns.
@@ -107,6 +102,20 @@ impl Worker {
                 result
             }
         };
+        self.record_outcome(claim, started, &action, result);
+    }
+
+    /// Settle a claim whose work never started (its payload let go of already) with
+    /// `action`: its intake bytes given back, the action written, the outcome recorded.
+    async fn settle_unstarted(
+        &self,
+        claim: Claim,
+        started: Instant,
+        held: &mut Held,
+        action: Action,
+    ) {
+        held.free_intake();
+        let result = self.inner.completer.write(claim, &action).await;
         self.record_outcome(claim, started, &action, result);
     }
 

@@ -54,7 +54,7 @@ impl Worker {
             let expired = self
                 .inner
                 .running
-                .expire(Instant::now() + tick * MARGIN_TICKS);
+                .expire(Instant::now() + margin(self.inner.config.lease));
             let never_started = self.inner.running.take_stopped_before_start();
             if expired.is_empty() && never_started == 0 {
                 continue;

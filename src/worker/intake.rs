@@ -25,7 +25,8 @@
 //! way together stay within it). When the daemon holds nothing and no claim is on its way, a
 //! claim takes its first task whatever its size: a payload larger than the budget still runs,
 //! alone. With several lanes, one lane at a time may take such a task, and a lane claims no
-//! more tasks than the permits they share could start, and none ahead (`shared.rs`). So the bytes held stay under the budget plus the largest payload. A claim that
+//! more tasks than the permits they share could start, and none ahead (`shared.rs`). So the
+//! bytes held stay under the budget plus the largest payload. A claim that
 //! brought more than [`ROUND_TRIP_SAMPLE_MAX_BYTES`] of text is not timed: its round trip is
 //! mostly the transfer, and it would make the intake claim far ahead of its workers.
 //!
@@ -118,9 +119,7 @@ impl Drop for Analysis<'_> {
         if let Some(since) = state.analyzing.remove(&self.ticket) {
             fold(&mut state.per_task, since.elapsed().as_secs_f64());
         }
-        if let Some(shared) = &self.intake.shared {
-            self.intake.publish(&state, Some(&mut shared.lanes()));
-        }
+        self.intake.publish_now(&state);
     }
 }
 
@@ -175,16 +174,19 @@ impl Intake {
             && lanes.is_none_or(|lanes| lanes.oversize.is_none_or(|lane| lane == self.lane))
     }
 
-    /// Write this lane's tasks claimed and not started where the other lanes see them.
-    fn publish(&self, state: &State, lanes: Option<&mut Lanes>) {
-        if let Some(lanes) = lanes {
-            lanes.waiting[self.lane] = state.outstanding.saturating_sub(state.analyzing.len());
-            if lanes.oversize == Some(self.lane)
-                && state.bytes_held == 0
-                && state.bytes_reserved == 0
-            {
-                lanes.oversize = None;
-            }
+    /// Write this lane's tasks claimed and not started where the other lanes see them, and
+    /// let go of the task of any size once this lane holds nothing.
+    fn publish(&self, state: &State, lanes: &mut Lanes) {
+        lanes.waiting[self.lane] = state.outstanding.saturating_sub(state.analyzing.len());
+        if lanes.oversize == Some(self.lane) && state.bytes_held == 0 && state.bytes_reserved == 0 {
+            lanes.oversize = None;
+        }
+    }
+
+    /// [`Intake::publish`], taking the shared lock, when there are lanes to tell.
+    fn publish_now(&self, state: &State) {
+        if let Some(shared) = &self.shared {
+            self.publish(state, &mut shared.lanes());
         }
     }
 
@@ -217,8 +219,8 @@ impl Intake {
             if take_one {
                 lanes.oversize = Some(self.lane);
             }
+            self.publish(&state, lanes);
         }
-        self.publish(&state, lanes.as_deref_mut());
         Some(Room {
             tasks,
             bytes,
@@ -259,7 +261,7 @@ impl Intake {
                 if room.take_one && bytes <= room.bytes && lanes.oversize == Some(self.lane) {
                     lanes.oversize = None;
                 }
-                self.publish(&state, Some(&mut lanes));
+                self.publish(&state, &mut lanes);
             }
         }
         self.freed.notify_one();
@@ -304,9 +306,7 @@ impl Intake {
             let mut state = self.lock();
             state.outstanding = state.outstanding.saturating_sub(1);
             state.bytes_held = state.bytes_held.saturating_sub(bytes);
-            if let Some(shared) = &self.shared {
-                self.publish(&state, Some(&mut shared.lanes()));
-            }
+            self.publish_now(&state);
         }
         self.freed.notify_one();
         self.wake_lanes();
@@ -319,9 +319,7 @@ impl Intake {
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.analyzing.insert(ticket, Instant::now());
-        if let Some(shared) = &self.shared {
-            self.publish(&state, Some(&mut shared.lanes()));
-        }
+        self.publish_now(&state);
         Analysis {
             intake: self,
             ticket,

@@ -4,9 +4,8 @@
 //! intake, so a queue of slow commands never holds claims that its few slots cannot start, and
 //! never takes the place of another queue's tasks. The lanes share the instance id (every
 //! claim's `lease_owner`), the pool, the metrics and, when there are several, the
-//! `worker.concurrency` permits that cap them all together and the payload bytes they hold
-//! together (`shared.rs`). Each has its own idle flag, keyed
-//! `instance/queue`.
+//! `worker.concurrency` permits that cap them all together and what each has claimed of them
+//! (`shared.rs`). Each has its own idle flag, keyed `instance/queue`.
 //!
 //! [`Workers`] is what the daemon drives: every listener event and every stop goes to each lane.
 
@@ -30,7 +29,7 @@ pub struct Lane {
     pub name: String,
     /// Its queue's handler, when not the text analyzer.
     pub handler: Option<LaneHandler>,
-    /// The permits and bytes every lane shares, when there are several (`shared.rs`).
+    /// The permits and counts every lane shares, when there are several (`shared.rs`).
     pub shared: Option<Arc<Shared>>,
     /// The queues left out of claims, shared by every lane ([`Withheld`]).
     pub withheld: Arc<Withheld>,

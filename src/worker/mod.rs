@@ -114,8 +114,8 @@ struct Inner {
     handler: Option<lanes::LaneHandler>,
     /// The lane's name (its queue), empty for the default lane: its idle flag and its log.
     lane: String,
-    /// `worker.concurrency` permits and the payload bytes shared by every lane of the daemon,
-    /// when it has several (`shared.rs`).
+    /// `worker.concurrency` permits and counts shared by every lane of the daemon, when it
+    /// has several (`shared.rs`).
     shared: Option<Arc<shared::Shared>>,
     /// The queues left out of claims (`withheld.rs`), shared by every lane of the daemon.
     withheld: Arc<Withheld>,

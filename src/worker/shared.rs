@@ -1,6 +1,7 @@
 //! What the lanes of one daemon share (`lanes.rs`), when it has several: the
-//! `worker.concurrency` permits that cap their analyzers and handlers together, the payload
-//! bytes they hold together, and a wake for every lane when either is given back.
+//! `worker.concurrency` permits that cap their analyzers and handlers together, each lane's
+//! count of tasks claimed and not started, the one lane that may hold a task of any size, and a
+//! wake for every lane when a permit or payload bytes are given back.
 //!
 //! Each lane's intake (`intake.rs`) claims against both: no more tasks than the shared
 //! permits free now could start, less the tasks every lane has claimed and not started (no
