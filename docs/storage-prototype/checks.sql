@@ -74,4 +74,19 @@ through the view
 INSERT INTO v (payload, idempotency_key) VALUES ('again', 'key-1')
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
 \set ON_ERROR_STOP on
+
+\echo '-- and the other way round: a view with no trigger (automatically updatable, the state'
+\echo '-- columns read through subqueries) takes ON CONFLICT and RETURNING, but refuses COPY'
+CREATE TEMP VIEW u AS
+SELECT t.id, t.queue, t.payload, t.idempotency_key,
+       (SELECT v.status FROM proposed.task_view AS v WHERE v.id = t.id) AS status
+  FROM proposed.tasks AS t;
+INSERT INTO u (payload, idempotency_key) VALUES ('through u', 'key-u') RETURNING status;
+INSERT INTO u (payload, idempotency_key) VALUES ('again', 'key-u')
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+\set ON_ERROR_STOP off
+COPY u (payload) FROM stdin;
+refused
+\.
+\set ON_ERROR_STOP on
 \echo '-- checks done'
