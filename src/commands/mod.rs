@@ -23,6 +23,7 @@ use crate::daemon::DaemonError;
 use crate::db::migrate::{self, SchemaError};
 use crate::db::{BadConnectionString, ConnectSettings, DbError};
 use crate::queue::TaskStatus;
+use tokio_postgres::error::SqlState;
 
 mod analyze;
 mod bench;
@@ -132,14 +133,16 @@ impl CommandError {
     }
 }
 
-/// An outage is 69, never "not found"; settings the database refuses (a wrong password, an
-/// unknown role, no such database) are a configuration error, 78; any other database error
-/// is a runtime failure.
+/// An outage is 69, never "not found", and so is an answer that says "not now" (a statement
+/// timeout, a lock timeout, a deadlock, a full disk: the HTTP API's 503); settings the
+/// database refuses (a wrong password, an unknown role, no such database) and a role without
+/// the rights the command needs are a configuration error, 78; any other database error is a
+/// runtime failure.
 fn db_exit_code(err: &DbError) -> u8 {
-    if err.is_unavailable() {
-        EXIT_UNAVAILABLE
-    } else if err.is_rejected() {
+    if err.is_rejected() || err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
         EXIT_CONFIG
+    } else if err.is_transient() {
+        EXIT_UNAVAILABLE
     } else {
         EXIT_RUNTIME
     }

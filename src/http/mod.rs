@@ -92,6 +92,11 @@ pub enum HttpError {
     },
     #[error("http.token_file {0} is empty")]
     EmptyToken(String),
+    #[error(
+        "http.token_file {path} holds {what}: a token is one line of visible ASCII \
+         characters (no spaces), as an Authorization header can carry it"
+    )]
+    UnusableToken { path: String, what: &'static str },
     #[error("cannot listen on {addr}")]
     Bind {
         addr: String,
@@ -104,7 +109,9 @@ pub enum HttpError {
 ///
 /// # Errors
 ///
-/// An unreadable or empty file.
+/// An unreadable or empty file, or one whose token no client could send: white space or a
+/// line break inside it, or a character outside visible ASCII (an HTTP header value holds no
+/// line break, and a client's non-ASCII bytes would never compare equal).
 pub fn read_token(path: &Path) -> Result<Arc<str>, HttpError> {
     let text = std::fs::read_to_string(path).map_err(|source| HttpError::TokenFile {
         path: path.display().to_string(),
@@ -113,6 +120,19 @@ pub fn read_token(path: &Path) -> Result<Arc<str>, HttpError> {
     let token = text.trim();
     if token.is_empty() {
         return Err(HttpError::EmptyToken(path.display().to_string()));
+    }
+    let unusable = |what| HttpError::UnusableToken {
+        path: path.display().to_string(),
+        what,
+    };
+    if token.contains(['\n', '\r']) {
+        return Err(unusable("more than one line"));
+    }
+    if token.chars().any(char::is_whitespace) {
+        return Err(unusable("white space inside the token"));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(unusable("a character outside visible ASCII"));
     }
     Ok(Arc::from(token))
 }

@@ -121,6 +121,30 @@ async fn check_config_refuses_a_token_file_that_cannot_be_read() {
     );
 }
 
+/// A token no client could send (a line break inside, a space, a byte outside visible ASCII)
+/// is a configuration error for every command that reads it, never a daemon that answers
+/// every request 401 or a probe that panics.
+#[tokio::test]
+async fn a_token_no_client_could_send_exits_78_for_check_config_run_and_probe() {
+    for (token, what) in [
+        ("tok\nsecondline\n", "more than one line"),
+        ("tok en\n", "white space inside the token"),
+        ("tök\n", "outside visible ASCII"),
+    ] {
+        let file = TempPath::write(token);
+        let toml = format!(
+            "[http]\nlisten = \"127.0.0.1:1\"\ntoken_file = \"{}\"\n",
+            file.path().display()
+        );
+        for args in [&["check-config"][..], &["run"], &["probe"], &["probe", "--ready"]] {
+            let (code, _, stderr) = with_config(&toml, args).await;
+            assert_eq!(code, Some(78), "{token:?} {args:?}: {stderr}");
+            assert!(stderr.contains(what), "{token:?} {args:?}: {stderr}");
+            assert!(!stderr.contains("panicked"), "{token:?} {args:?}: {stderr}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn check_config_with_connect_checks_the_schema() {
     let db = TestDb::new().await;

@@ -292,6 +292,34 @@ async fn run_waits_for_a_database_that_is_down_at_start() {
     assert_eq!(daemon.wait().await.code(), Some(0));
 }
 
+/// A statement the server cancels for its `statement_timeout` (here behind another session's
+/// lock) is "not now", as the HTTP API's 503 says it: 69, never a runtime failure.
+#[tokio::test]
+async fn a_statement_timeout_behind_a_lock_exits_69() {
+    let db = TestDb::new().await;
+    let mut holder = db.client().await;
+    let lock = holder.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE pgtaskd.tasks IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let output = crate::support::within(
+        WAIT,
+        "pgtaskd status behind a lock",
+        tokio::process::Command::new(crate::support::daemon::binary())
+            .args(["status", "1"])
+            .env_remove("PGTASKD_CONFIG")
+            .env("PGTASKD_DATABASE_URL", &db.url)
+            .env("PGTASKD_DATABASE_STATEMENT_TIMEOUT", "500ms")
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("statement timeout"), "{stderr}");
+    lock.rollback().await.unwrap();
+}
+
 #[tokio::test]
 async fn status_against_a_server_that_never_answers_exits_69_at_the_connect_timeout() {
     // Accepts connections and says nothing: only the connect deadline ends the wait.

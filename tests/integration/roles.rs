@@ -37,6 +37,31 @@ async fn denied(client: &Client, sql: &str) {
     );
 }
 
+/// A role without the rights a command needs is a configuration error (78, as a refused
+/// password is), saying the server's words: a producer's `retry`, a role granted nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_the_role_has_no_right_to_exits_78() {
+    let (_cluster, db, owner, _producer, url) =
+        database_with_role("grant_producer", "producer").await;
+    owner
+        .batch_execute(
+            "CREATE ROLE nobody LOGIN; \
+             INSERT INTO pgtaskd.tasks (payload) VALUES ('x');",
+        )
+        .await
+        .unwrap();
+    let (status, _, stderr) =
+        crate::support::daemon::pgtaskd(Some(&url), &["retry", "1"]).await;
+    assert_eq!(status.code(), Some(78), "a producer's retry: {stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    let url = db.url.replace("user=postgres", "user=nobody");
+    for args in [&["status", "1"][..], &["stats"], &["enqueue", "x"]] {
+        let (status, _, stderr) = crate::support::daemon::pgtaskd(Some(&url), args).await;
+        assert_eq!(status.code(), Some(78), "{args:?} as nobody: {stderr}");
+        assert!(stderr.contains("permission denied"), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
     let (_cluster, _db, _owner, producer, url) =
