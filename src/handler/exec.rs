@@ -116,6 +116,13 @@ pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &Cancellati
     answer(spec, program, status, stop, pipes)
 }
 
+/// Send `signal` to the child's group and to the child itself: a child that moved itself
+/// into another group (its own `setpgid`) is out of the group's reach, never out of this.
+fn stop_child(child: &Child, group: &child::Group, signal: libc::c_int) {
+    group.signal(signal);
+    child.signal(signal);
+}
+
 /// Why the daemon stopped the child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -150,7 +157,7 @@ async fn supervise(
             // A cancel also wins over a timeout or an overflow already stopping the child.
             () = &mut canceled, if stop != Some(Stop::Canceled) => Stop::Canceled,
             () = &mut kill, if kill_armed => {
-                group.signal(libc::SIGKILL);
+                stop_child(child, group, libc::SIGKILL);
                 kill_armed = false;
                 continue;
             }
@@ -164,12 +171,12 @@ async fn supervise(
         pipes.stdin = None;
         match stopping {
             Stop::Over => {
-                group.signal(libc::SIGKILL);
+                stop_child(child, group, libc::SIGKILL);
                 kill_armed = false;
             }
             // The first stop asks; SIGKILL follows `kill_after` later.
             _ if stop.is_none() => {
-                group.signal(libc::SIGTERM);
+                stop_child(child, group, libc::SIGTERM);
                 kill.as_mut().reset(after(spec.kill_after));
                 kill_armed = true;
             }

@@ -136,7 +136,12 @@ async fn a_token_no_client_could_send_exits_78_for_check_config_run_and_probe() 
             "[http]\nlisten = \"127.0.0.1:1\"\ntoken_file = \"{}\"\n",
             file.path().display()
         );
-        for args in [&["check-config"][..], &["run"], &["probe"], &["probe", "--ready"]] {
+        for args in [
+            &["check-config"][..],
+            &["run"],
+            &["probe"],
+            &["probe", "--ready"],
+        ] {
             let (code, _, stderr) = with_config(&toml, args).await;
             assert_eq!(code, Some(78), "{token:?} {args:?}: {stderr}");
             assert!(stderr.contains(what), "{token:?} {args:?}: {stderr}");

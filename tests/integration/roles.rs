@@ -50,8 +50,7 @@ async fn a_command_the_role_has_no_right_to_exits_78() {
         )
         .await
         .unwrap();
-    let (status, _, stderr) =
-        crate::support::daemon::pgtaskd(Some(&url), &["retry", "1"]).await;
+    let (status, _, stderr) = crate::support::daemon::pgtaskd(Some(&url), &["retry", "1"]).await;
     assert_eq!(status.code(), Some(78), "a producer's retry: {stderr}");
     assert!(stderr.contains("permission denied"), "{stderr}");
     let url = db.url.replace("user=postgres", "user=nobody");

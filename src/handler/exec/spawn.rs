@@ -165,6 +165,18 @@ impl Child {
         self.pid
     }
 
+    /// Send `signal` to the child itself, unless it was reaped (its pid may then be
+    /// another's). The group's signal misses a child that left its group (`setpgid` into
+    /// another group of the daemon's session): this one does not.
+    pub fn signal(&self, signal: libc::c_int) {
+        if self.status.is_none() {
+            // SAFETY: a plain system call on our own unreaped child.
+            unsafe {
+                libc::kill(self.pid, signal);
+            }
+        }
+    }
+
     /// Wait for the child to exit and reap it. Cancel-safe: nothing is lost when dropped
     /// unfinished.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {

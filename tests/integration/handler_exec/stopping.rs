@@ -24,6 +24,39 @@ async fn a_timeout_terminates_the_group() {
     wait_gone(&pids).await;
 }
 
+/// A child that moves itself out of its group (into the daemon's, as its session allows) is
+/// still stopped by its timeout: the signals go to it as well as to the group it left.
+#[tokio::test]
+async fn a_child_that_leaves_its_group_is_still_stopped() {
+    let dir = TempDir::new();
+    let started = dir.fifo("started");
+    let script = "import os, sys, time\n\
+                  os.setpgid(0, os.getpgid(os.getppid()))\n\
+                  open(sys.argv[1], 'w').write(str(os.getpid()))\n\
+                  time.sleep(1000)\n";
+    let started_path = started.to_string_lossy().to_string();
+    let mut spec = spec(argv(&["python3", "-c", script, &started_path]));
+    spec.timeout = Duration::from_secs(1);
+    spec.kill_after = Duration::from_secs(1);
+    let running =
+        tokio::spawn(async move { run(&spec, &job(), b"", &CancellationToken::new()).await });
+    let pid = pids_in(
+        &within(
+            WAIT,
+            "the child to leave its group",
+            tokio::fs::read_to_string(&started),
+        )
+        .await
+        .expect("read the gate (python3 is needed)"),
+    )[0];
+    let ran = within(WAIT, "the run of a child out of its group", running)
+        .await
+        .expect("the run panicked");
+    let failure = failed(ran);
+    assert_eq!(failure.kind, FailureKind::Timeout, "{}", failure.message);
+    assert!(gone(pid), "the child {pid} runs on after its timeout");
+}
+
 #[tokio::test]
 async fn a_cancel_waits_for_a_child_that_ignores_sigterm_then_kills_it() {
     let dir = TempDir::new();
