@@ -348,11 +348,11 @@ fn parse_rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// A positive duration such as "250ms" or "10s".
+/// A positive duration such as "250ms" or "10s", of at most 100 years.
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
-    if duration.is_zero() {
-        return Err("the timeout must be longer than zero".to_string());
+    if duration.is_zero() || duration > crate::config::DURATION_MAX {
+        return Err("the timeout must be longer than zero and at most 100 years".to_string());
     }
     Ok(duration)
 }

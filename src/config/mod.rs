@@ -33,6 +33,7 @@ use serde::Deserialize;
 pub use keys::{Key, KEYS};
 pub use overlay::{Overlay, Source};
 pub use queues::{HandlerConfig, QueueConfig};
+pub use values::DURATION_MAX;
 
 #[cfg(test)]
 mod env_tests;

@@ -253,6 +253,23 @@ fn a_statement_timeout_the_server_would_refuse_or_round_to_off_is_named_with_its
     }
 }
 
+/// A duration past what a clock reading can have added to it (a handler's `timeout` of
+/// u64::MAX seconds panicked the daemon at the first task) is refused with its line, in every
+/// section; 100 years is still taken.
+#[test]
+fn a_duration_over_100_years_is_named_with_its_line() {
+    for toml in [
+        "[worker]\nlease = \"18446744073709551615s\"\n",
+        "[queues.hooks]\nhandler = \"http\"\nurl = \"http://127.0.0.1:9/x\"\ntimeout = \"18446744073709551615s\"\n",
+        "[queues.jobs]\nhandler = \"exec\"\ncommand = [\"/bin/true\"]\nkill_after = \"101years\"\n",
+    ] {
+        let (line, message) = invalid(toml);
+        assert_eq!(line, toml.lines().count(), "{toml}: {message}");
+        assert!(message.contains("longer than 100 years"), "{toml}: {message}");
+    }
+    Config::from_toml("[shutdown]\ngrace = \"100years\"\n", "t").expect("100 years is taken");
+}
+
 #[test]
 fn sizes_take_iec_and_si_units() {
     for (text, bytes) in [

@@ -13,21 +13,30 @@ use toml::Spanned;
 /// A value refused: where it stands in the file, and why.
 pub(super) type Invalid = (std::ops::Range<usize>, String);
 
-/// Deserialize a duration string such as `"250ms"` or `"30s"`.
+/// The longest duration any key takes: 100 years ("100years", of 365.25 days each, as the
+/// duration syntax counts them). Longer ones add to a clock reading past what it can hold.
+pub const DURATION_MAX: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Deserialize a duration string such as `"250ms"` or `"30s"`, of at most [`DURATION_MAX`].
 pub(super) fn duration<'de, D>(deserializer: D) -> Result<Option<Spanned<Duration>>, D::Error>
 where
     D: Deserializer<'de>,
 {
     let text = Spanned::<String>::deserialize(deserializer)?;
     let span = text.span();
-    humantime::parse_duration(text.get_ref())
-        .map(|d| Some(Spanned::new(span, d)))
-        .map_err(|err| {
-            serde::de::Error::custom(format!(
-                "invalid duration {:?}: {err} (write e.g. \"250ms\", \"30s\", \"5m\")",
-                text.get_ref()
-            ))
-        })
+    let duration = humantime::parse_duration(text.get_ref()).map_err(|err| {
+        serde::de::Error::custom(format!(
+            "invalid duration {:?}: {err} (write e.g. \"250ms\", \"30s\", \"5m\")",
+            text.get_ref()
+        ))
+    })?;
+    if duration > DURATION_MAX {
+        return Err(serde::de::Error::custom(format!(
+            "duration {:?} is longer than 100 years, the longest any key takes",
+            text.get_ref()
+        )));
+    }
+    Ok(Some(Spanned::new(span, duration)))
 }
 
 /// Deserialize a size: a number of bytes, or a string such as `"256MiB"` or `"1GB"`.

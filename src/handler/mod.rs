@@ -81,6 +81,8 @@ pub enum FailureKind {
     Unreachable,
     /// The output was not valid UTF-8 or was over `max_output`.
     Output,
+    /// The daemon's own code running the handler panicked (a bug of pgtaskd's).
+    Panic,
 }
 
 impl FailureKind {
@@ -93,6 +95,7 @@ impl FailureKind {
             FailureKind::Status5xx => "status_5xx",
             FailureKind::Unreachable => "unreachable",
             FailureKind::Output => "output",
+            FailureKind::Panic => "panic",
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The handlers' metrics, per queue: how long each run of an `exec` or `http` handler took,
 //! the failed attempts by kind (exit, signal, timeout, status_4xx, status_5xx, unreachable,
-//! output), and the attempts put back for a retry. Updated by the worker's lanes
+//! output, panic), and the attempts put back for a retry. Updated by the worker's lanes
 //! (`src/worker/handle.rs`) as each run returns.
 
 use prometheus_client::encoding::EncodeLabelSet;

@@ -277,7 +277,7 @@ async fn acquire(
 }
 
 /// The message of a panic payload, as far as it is text.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

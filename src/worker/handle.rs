@@ -7,10 +7,14 @@
 //! Like the analyzer, the handler is always awaited to its end (the child gone, the request
 //! dropped) before the claim is finished or released. Called by `execute.rs`.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Instant;
+
+use futures_util::FutureExt;
 
 use tokio_util::sync::CancellationToken;
 
+use super::execute::panic_message;
 use super::lanes::LaneHandler;
 use super::Worker;
 use crate::completer::{Action, Claim};
@@ -47,18 +51,31 @@ impl Worker {
             "handler run"
         );
         let started = Instant::now();
-        let ran = match (&queue.handler, &lane.http) {
-            (HandlerConfig::Exec(spec), _) => {
-                exec::run(spec, &job, payload.as_str().as_bytes(), cancel).await
+        let run = async {
+            match (&queue.handler, &lane.http) {
+                (HandlerConfig::Exec(spec), _) => {
+                    exec::run(spec, &job, payload.as_str().as_bytes(), cancel).await
+                }
+                (HandlerConfig::Http(spec), Some(client)) => {
+                    client
+                        .post(spec, &job, bytes::Bytes::from_owner(payload), cancel)
+                        .await
+                }
+                (HandlerConfig::Http(_), None) | (HandlerConfig::TextStats, _) => {
+                    unreachable!("a lane has a handler only for exec and http, and http a client")
+                }
             }
-            (HandlerConfig::Http(spec), Some(client)) => {
-                client
-                    .post(spec, &job, bytes::Bytes::from_owner(payload), cancel)
-                    .await
-            }
-            (HandlerConfig::Http(_), None) | (HandlerConfig::TextStats, _) => {
-                unreachable!("a lane has a handler only for exec and http, and http a client")
-            }
+        };
+        // A panic of the code running the handler (the child is gone with its dropped
+        // future, the request dropped) fails the task as the analyzer's does, rather than
+        // unwinding through the claim and leaving it RUNNING.
+        let ran = match AssertUnwindSafe(run).catch_unwind().await {
+            Ok(ran) => ran,
+            Err(panic) => Ran::Failed(Failure {
+                kind: FailureKind::Panic,
+                message: format!("handler panicked: {}", panic_message(panic.as_ref())),
+                retry: Retry::Never,
+            }),
         };
         let seconds = started.elapsed().as_secs_f64();
         let metrics = &self.inner.metrics;
