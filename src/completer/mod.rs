@@ -89,17 +89,24 @@ struct Shared {
     give_up: CancellationToken,
     /// How many claims returned unsettled because of it.
     abandoned: AtomicUsize,
+    /// Those claims and what was to be written to them, for the stop's last look
+    /// ([`Completer::take_abandoned`]).
+    given_up: std::sync::Mutex<Vec<(Claim, Action)>>,
     /// The turns of the claims settled alone while the database refuses them.
     reachable: Arc<reachable::Reachable>,
 }
 
 impl Shared {
-    /// A claim given up on: counted, and answered as an outage, so that the caller logs that
-    /// its lease will expire.
-    fn abandon(&self) -> Result<TaskStatus, FinishError> {
+    /// A claim given up on: counted, kept with its action for the stop's last look, and
+    /// answered as an outage.
+    fn abandon(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
         self.abandoned.fetch_add(1, Ordering::Relaxed);
+        self.given_up
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((claim, action.clone()));
         Err(FinishError::Db(DbError::unavailable(
-            "the daemon stopped before the database answered",
+            "the stop's bound passed before the database took it",
         )))
     }
 }
@@ -121,6 +128,7 @@ impl Completer {
                 tally: tally::Tally::default(),
                 give_up: CancellationToken::new(),
                 abandoned: AtomicUsize::new(0),
+                given_up: std::sync::Mutex::new(Vec::new()),
                 reachable,
             }),
         }
@@ -134,9 +142,39 @@ impl Completer {
         self.shared.give_up.cancel();
     }
 
+    /// Whether [`Completer::give_up`] was called.
+    pub fn gave_up(&self) -> bool {
+        self.shared.give_up.is_cancelled()
+    }
+
     /// How many claims [`Completer::give_up`] left unsettled.
     pub fn abandoned(&self) -> usize {
         self.shared.abandoned.load(Ordering::Relaxed)
+    }
+
+    /// The claims [`Completer::give_up`] left unsettled, each with what was to be written
+    /// to it: the stop's last look writes them once more (fenced on their tokens, so a
+    /// write that landed meanwhile is not written twice) before giving back the rest.
+    pub fn take_abandoned(&self) -> Vec<(Claim, Action)> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .given_up
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The database took a write of the daemon's (the lease heartbeat): a claim waiting its
+    /// turn to be settled alone tries again now.
+    pub fn database_answered(&self) {
+        self.shared.reachable.worked();
+    }
+
+    /// The daemon is stopping: claims waiting their turn to be settled alone try again now,
+    /// and at least every 200 ms from now on, so that the stop's bound is not spent asleep.
+    pub fn hurry(&self) {
+        self.shared.reachable.hurry();
     }
 
     /// Queue `outcome` of `claim` for the next batch, waiting for room in the queue. Returns
@@ -223,7 +261,7 @@ impl Pending {
             match tokio::select! {
                 biased;
                 answer = receiver => answer,
-                _ = self.shared.give_up.cancelled() => return self.shared.abandon(),
+                _ = self.shared.give_up.cancelled() => return self.shared.abandon(self.claim, &self.action),
             } {
                 // Someone else held the row for a moment (often this daemon's heartbeat):
                 // into the next batch, a few times.

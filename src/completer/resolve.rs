@@ -107,7 +107,7 @@ async fn retry(
         let result = tokio::select! {
             biased;
             result = write => result,
-            _ = shared.give_up.cancelled() => return shared.abandon(),
+            _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
         };
         match result {
             Err(FinishError::Locked) => {
@@ -136,7 +136,7 @@ async fn retry(
                     );
                     tokio::select! {
                         _ = shared.reachable.turn(seen) => {}
-                        _ = shared.give_up.cancelled() => return shared.abandon(),
+                        _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
                     }
                 } else {
                     // The server answered with an error: nothing was written.
@@ -145,7 +145,7 @@ async fn retry(
                     tracing::debug!(id, attempt, error, retry_in_ms, "finish failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = shared.give_up.cancelled() => return shared.abandon(),
+                        _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
                     }
                 }
             }

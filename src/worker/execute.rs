@@ -253,6 +253,9 @@ impl Worker {
                     "finish left undone: the row was locked; the lease will expire"
                 );
             }
+            (Err(FinishError::Db(err)), _) if self.inner.completer.gave_up() => {
+                tracing::warn!(id, attempt, error = %err, "finish not taken yet; the stop's last look writes it once more, else its lease expires");
+            }
             (Err(FinishError::Db(err)), _) => {
                 tracing::error!(id, attempt, error = %err, "finish failed; the lease will expire");
             }

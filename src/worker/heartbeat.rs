@@ -55,6 +55,8 @@ impl Worker {
             };
             let extended = match extended {
                 Ok(extended) => {
+                    // A write the database took: claims waiting their turn to settle try now.
+                    self.inner.completer.database_answered();
                     log_recovery!(failures, "lease heartbeat working again");
                     extended
                 }

@@ -4,9 +4,10 @@
 //! The grace bounds the wait for the analyzers; giving the claims back has a bound of its own,
 //! [`settle_bound`]: one more grace, but never less than [`SETTLE_AT_LEAST`], so that a grace
 //! of zero ("do not wait for the analyzers") still waits for the database to take the tasks
-//! back. When that bound passes, the completer gives up, and one last look at the table
-//! ([`SWEEP_BOUND`]) counts what is really unsettled: a write given up on may have landed
-//! anyway, and the rows still RUNNING under this instance are given back if the database
+//! back; the completer's waits are hurried from the stop's start (no turn over 200 ms). When
+//! that bound passes, the completer gives up, and one last look at the table ([`SWEEP_BOUND`])
+//! writes once more each result it gave up on and counts what is really unsettled: a write
+//! given up on may have landed anyway, and the rows still RUNNING under this instance are given back if the database
 //! answers now, a row someone else holds locked waited for within that bound (a producer's
 //! transaction that lets go of it a moment later no longer leaves the claim to its lease). Only claims the database never took back count: a daemon told to stop while
 //! the database is unreachable exits, those claims left RUNNING for their leases to expire.
@@ -18,7 +19,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Worker;
+use crate::completer::Action;
 use crate::db::DbError;
+use crate::queue::{self, FinishError};
 
 /// The least time the last writes get, whatever the grace ("Two-phase shutdown" in
 /// docs/design.md).
@@ -43,6 +46,7 @@ impl Worker {
         let tracker = &self.inner.tracker;
         tracker.close();
         self.inner.draining.cancel();
+        self.inner.completer.hurry();
         let running = self.running();
         if running > 0 {
             tracing::info!(
@@ -76,9 +80,11 @@ impl Worker {
         );
         self.inner.completer.give_up();
         tracker.wait().await;
-        self.inner.heartbeat_stop.cancel();
         let abandoned = self.inner.completer.abandoned();
-        match tokio::time::timeout(SWEEP_BOUND, self.release_held()).await {
+        let looked = tokio::time::timeout(SWEEP_BOUND, self.last_look()).await;
+        // After the last look, so that the stop's summary counts what it wrote.
+        self.inner.heartbeat_stop.cancel();
+        match looked {
             Ok(Ok(0)) => {
                 tracing::info!("every claim was settled after all");
                 0
@@ -98,15 +104,43 @@ impl Worker {
         }
     }
 
-    /// After every task ended: give back each row still RUNNING under this instance (a
-    /// write given up on that did not land), as a shutdown releases its claims, waiting for a
-    /// row someone else holds (the caller bounds the wait). Returns how many could not be
-    /// given back.
+    /// After every task ended: write once more what the completer gave up on (a result
+    /// computed is committed, not thrown away, when the database is back by now: each write
+    /// fenced on its claim's token, so one that landed meanwhile is not written twice), then
+    /// give back each row still RUNNING under this instance, as a shutdown releases its
+    /// claims, waiting for a row someone else holds (the caller bounds the wait). Returns how
+    /// many could not be given back.
     ///
     /// # Errors
     ///
-    /// The database did not answer the look-up.
-    async fn release_held(&self) -> Result<usize, DbError> {
+    /// The database did not answer.
+    async fn last_look(&self) -> Result<usize, DbError> {
+        let given_up = self.inner.completer.take_abandoned();
+        if !given_up.is_empty() {
+            let client = self.inner.pool.get().await?;
+            let mut written = 0;
+            for (claim, action) in given_up {
+                let Action::Finish(outcome) = &action else {
+                    continue; // a release: given back below
+                };
+                let finish = queue::finish(&client, claim.token, claim.id, outcome, true);
+                match client.bounded(finish).await {
+                    Ok(status) => {
+                        written += 1;
+                        self.inner.summary.recovered(status, &action);
+                    }
+                    Err(FinishError::Db(err)) => return Err(err),
+                    // Landed meanwhile, or changed by someone else: nothing to write.
+                    Err(_) => {}
+                }
+            }
+            if written > 0 {
+                tracing::info!(
+                    written,
+                    "results given up on were committed at the stop's last look"
+                );
+            }
+        }
         Ok(self.give_back_held(false, true).await?.left)
     }
 }

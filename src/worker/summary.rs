@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Worker;
-use crate::queue::TaskStatus;
+use crate::completer::Action;
+use crate::queue::{Outcome, TaskStatus};
 
 /// How often the summary is written while tasks come.
 pub const EVERY: Duration = Duration::from_secs(60);
@@ -59,6 +60,16 @@ impl Summary {
             Some(TaskStatus::Running) | None => &self.dropped,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A claim counted as dropped was written after all (the stop's last look): counted
+    /// with `status` instead.
+    pub(super) fn recovered(&self, status: TaskStatus, action: &Action) {
+        let _ = self
+            .dropped
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let retried = matches!(action, Action::Finish(Outcome::Retry { .. }));
+        self.settled(Some(status), retried);
     }
 
     /// The figures since the last call, which start again from zero.

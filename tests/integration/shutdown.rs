@@ -285,6 +285,37 @@ async fn a_stop_while_the_database_is_down_gives_up_after_the_grace_and_leaves_t
     second.stop().await;
 }
 
+/// A stop during a short outage commits the result once the database is back within the
+/// stop's bound, rather than sleeping through it on the outage's grown backoff and giving
+/// the claim back (its work then ran again). The server is away from before the result until
+/// 3 s into the stop's 6 s (1 s of grace, then 5 s to settle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_held_through_a_short_outage_is_committed_by_the_stop() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let held = GatedAnalyzer::closed();
+    let config = "[shutdown]\ngrace = \"1s\"\n[worker]\nlease = \"30s\"\n";
+    let mut first = InProcessDaemon::start(&db, db.config(config), held.clone()).await;
+    let id = enqueue(&client, "finished while the server is down").await;
+    held.entered(1).await;
+    drop(client);
+    cluster.stop_server(true);
+    // The result is held while the server is away, long enough for the retries' delays to
+    // grow to seconds.
+    held.open();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.shutdown.trigger();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.start_server();
+    let result = within(Duration::from_secs(30), "the stop", first.join_result()).await;
+    assert!(result.is_ok(), "every claim settled: {result:?}");
+    let client = db.client().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!((task.status, task.attempt), (TaskStatus::Succeeded, 1));
+    assert_eq!(held.calls(), 1, "the analyzer ran once");
+}
+
 /// `shutdown.grace = "0s"` means "do not wait for the analyzers", not "do not wait for the
 /// database to take the tasks back": stopped while two large texts are being analyzed and the
 /// rest of the backlog is claimed ahead, the daemon stops the analyzers at once, gives every
