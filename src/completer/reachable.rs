@@ -76,6 +76,19 @@ impl Reachable {
         self.woken.notify_waiters();
     }
 
+    /// Wait until a write worked after `seen` was read (at once if one did already).
+    pub(super) async fn worked_since(&self, seen: u64) {
+        loop {
+            let woken = self.woken.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.worked.load(Ordering::Acquire) != seen {
+                return;
+            }
+            woken.await;
+        }
+    }
+
     /// The daemon is stopping: the claim waiting its delay tries at once, and no turn is
     /// longer than [`HURRIED_CAP`] from now on.
     pub(super) fn hurry(&self) {

@@ -139,12 +139,17 @@ async fn retry(
                         _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
                     }
                 } else {
-                    // The server answered with an error: nothing was written.
+                    // The server answered with an error: nothing was written. Tried again
+                    // after this claim's delay, or, for an answer that says "not now" (a
+                    // statement timeout behind a table lock that is gone now), at once when
+                    // another write worked.
+                    let transient = err.is_transient();
                     let delay = backoff.next_delay();
                     let retry_in_ms = delay.as_millis() as u64;
                     tracing::debug!(id, attempt, error, retry_in_ms, "finish failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
+                        _ = shared.reachable.worked_since(seen), if transient => {}
                         _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
                     }
                 }

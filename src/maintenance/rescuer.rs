@@ -9,6 +9,10 @@
 //! answers again before it takes back anything. Every daemon lost the database with it, and
 //! a live one extends its leases (a third of a lease) and commits the results it held
 //! within that lease; only the claims of daemons that did not come back are then expired.
+//! "Answers" means takes a rescue: each rescue statement, and the probe while the rescuer
+//! waits, waits for `pgtaskd.tasks` at most a quarter of a lease (at most 1 s), so that a
+//! lock another transaction holds on the table, which blocks every daemon's heartbeat and
+//! finish, counts as the database being away, not as leases that expired.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +20,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::jitter;
-use crate::db::{DbError, Pool};
+use tokio_postgres::error::SqlState;
+
+use crate::db::{DbError, Pool, Session};
 use crate::metrics::Metrics;
 use crate::queue::{self, TaskStatus};
 
@@ -45,11 +51,11 @@ pub async fn run(
         }
         let now = Instant::now();
         let result = if gate.allows(now, lease) {
-            run_once(&pool, &instance).await.map(|rescued| {
+            run_once(&pool, &instance, lease).await.map(|rescued| {
                 metrics.rescued(rescued);
             })
         } else {
-            probe(&pool).await
+            probe(&pool, &instance, lease).await
         };
         match (result, &gate) {
             (Ok(()), Gate::Down) => {
@@ -61,6 +67,13 @@ pub async fn run(
             }
             (Ok(()), _) => {}
             (Err(err), Gate::Down) => tracing::debug!(error = %err, "rescuer could not run"),
+            (Err(err), _) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::warn!(
+                    error = %err,
+                    "pgtaskd.tasks is locked by another transaction; expired leases are taken back one lease after it is free"
+                );
+                gate = Gate::Down;
+            }
             (Err(err), _) => {
                 tracing::warn!(error = %err, "rescuer could not run; it waits for the database");
                 gate = Gate::Down;
@@ -91,13 +104,51 @@ impl Gate {
     }
 }
 
-/// Whether the database answers.
-async fn probe(pool: &Pool) -> Result<(), DbError> {
+/// Whether the database would take a rescue now: the rescue's statement taking nothing
+/// (`LIMIT 0`), which still waits for the table as a rescue would, within [`lock_wait`]. A
+/// plain `SELECT 1` answers while another transaction holds `pgtaskd.tasks` locked, which
+/// blocks every daemon's heartbeat and finish too.
+async fn probe(pool: &Pool, instance: &str, lease: Duration) -> Result<(), DbError> {
     let client = pool.get().await?;
-    client
-        .bounded(async { client.simple_query("SELECT 1").await.map_err(DbError::from) })
-        .await?;
+    rescue_within(&client, 0, instance, lease).await?;
     Ok(())
+}
+
+/// How long a rescue waits for a lock on `pgtaskd.tasks` before it gives up: a quarter of
+/// a lease, between 10 ms and 1 s. A rescue queued behind a long lock (a producer's `LOCK
+/// TABLE`, an index built in an open transaction) would run the moment it goes, before the
+/// live daemons' heartbeats and finishes, blocked as long, have landed.
+fn lock_wait(lease: Duration) -> Duration {
+    (lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// One rescue statement taking back at most `limit` leases, in a transaction of its own
+/// whose `lock_timeout` is [`lock_wait`].
+async fn rescue_within(
+    client: &Session,
+    limit: i64,
+    instance: &str,
+    lease: Duration,
+) -> Result<Vec<queue::Rescued>, DbError> {
+    let begin = format!(
+        "BEGIN; SET LOCAL lock_timeout = {}",
+        lock_wait(lease).as_millis()
+    );
+    client
+        .bounded(async {
+            client.batch_execute(&begin).await?;
+            match queue::rescue(client, limit, instance).await {
+                Ok(rescued) => {
+                    client.batch_execute("COMMIT").await?;
+                    Ok(rescued)
+                }
+                Err(err) => {
+                    client.batch_execute("ROLLBACK").await?;
+                    Err(err)
+                }
+            }
+        })
+        .await
 }
 
 /// Take back every expired lease now; returns how many tasks were taken back.
@@ -105,16 +156,13 @@ async fn probe(pool: &Pool) -> Result<(), DbError> {
 /// # Errors
 ///
 /// Database failures.
-pub async fn run_once(pool: &Pool, instance: &str) -> Result<usize, DbError> {
+pub async fn run_once(pool: &Pool, instance: &str, lease: Duration) -> Result<usize, DbError> {
     let client = pool.get().await?;
     let mut total = 0;
     let mut by_status = [0usize; 3];
     let mut owners = std::collections::BTreeSet::new();
     let result = loop {
-        let rescued = match client
-            .bounded(queue::rescue(&client, BATCH, instance))
-            .await
-        {
+        let rescued = match rescue_within(&client, BATCH, instance, lease).await {
             Ok(rescued) => rescued,
             Err(err) => break Err(err),
         };

@@ -165,7 +165,7 @@ async fn a_task_that_loses_every_lease_ends_failed_after_max_attempts() {
         eventually(WAIT, "the lease to be rescued", || {
             let pool = &pool;
             async move {
-                (pgtaskd::maintenance::rescuer::run_once(pool, "rescuer")
+                (pgtaskd::maintenance::rescuer::run_once(pool, "rescuer", Duration::from_secs(30))
                     .await
                     .unwrap()
                     == 1)
@@ -206,7 +206,7 @@ async fn an_expired_lease_of_a_canceled_task_ends_canceled() {
     eventually(WAIT, "the rescue", || {
         let pool = &pool;
         async move {
-            (pgtaskd::maintenance::rescuer::run_once(pool, "r")
+            (pgtaskd::maintenance::rescuer::run_once(pool, "r", Duration::from_secs(30))
                 .await
                 .unwrap()
                 == 1)

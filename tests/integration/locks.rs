@@ -253,3 +253,55 @@ async fn drains_with_the_fastest_heartbeat_never_deadlock() {
             .join("\n")
     );
 }
+
+/// A lock on the whole table held longer than a lease (a producer's `LOCK TABLE`, an index
+/// built in an open transaction) blocks every daemon's heartbeat and finish, and every
+/// rescue: another daemon's rescuer must not take back the finished tasks the moment the lock
+/// goes, before their finishes, blocked as long, land. Their work ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_lock_longer_than_a_lease_makes_no_finished_task_run_again() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let config = "[worker]\nconcurrency = 8\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+                  [database]\nstatement_timeout = \"3s\"\n";
+    let held = GatedAnalyzer::closed();
+    let first = InProcessDaemon::start(&db, db.config(config), held.clone()).await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(enqueue(&client, &format!("finished behind a lock {i}")).await);
+    }
+    held.entered(8).await;
+    // The second daemon comes only now: the tasks are the first one's, and its rescuer runs
+    // every second.
+    let other = GatedAnalyzer::counting();
+    let second = InProcessDaemon::start(&db, db.config(config), other.clone()).await;
+
+    let mut locker = db.client().await;
+    let lock = within(WAIT, "BEGIN", locker.transaction()).await.unwrap();
+    within(
+        WAIT,
+        "the table lock",
+        lock.batch_execute("LOCK TABLE pgtaskd.tasks IN SHARE MODE"),
+    )
+    .await
+    .unwrap();
+    // The work returns while the table is locked, held past a statement timeout and a
+    // lease after it: long enough for a rescuer that counts a mere answer as the database
+    // being back to start a rescue that waits for the lock.
+    held.open();
+    held.returned(8).await;
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    within(WAIT, "COMMIT", lock.commit()).await.unwrap();
+
+    for &id in &ids {
+        let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+        assert_eq!(task.attempt, 1, "task {id} was claimed again");
+    }
+    assert_eq!(
+        other.calls(),
+        0,
+        "the second daemon ran a finished task again"
+    );
+    second.stop().await;
+    first.stop().await;
+}
