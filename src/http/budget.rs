@@ -1,5 +1,5 @@
-//! The byte budget of the answers that carry a large payload (`http.max_inflight_bytes`),
-//! taken by `GET /tasks/{id}` (`tasks.rs`).
+//! The byte budget of the answers that carry a large payload or output
+//! (`http.max_inflight_bytes`), taken by `GET /tasks/{id}` (`tasks.rs`).
 //!
 //! A 100 MB payload read by five clients at once took the daemon from 158 to 729 MB: each
 //! answer held the row, the payload as a string and the JSON it became. Now a read of a
@@ -14,7 +14,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Payloads up to this many bytes are read with the rest of the row and not counted.
+/// Payloads and outputs up to this many bytes together are read with the rest of the row
+/// and not counted.
 pub(super) const UNCOUNTED_PAYLOAD: i64 = 64 << 10;
 
 /// The bytes of the answers in progress, against `http.max_inflight_bytes`.

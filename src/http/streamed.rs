@@ -1,7 +1,7 @@
-//! The answer of `GET /tasks/{id}` for a large payload: the JSON written as hyper takes it,
-//! the payload escaped a chunk at a time straight from the row the database sent
-//! ([`StreamedTask`]), so that an answer holds the row and one chunk, not the whole JSON
-//! besides (a 50 MB payload took the daemon from 11 to 148 MB of peak RSS when the JSON was
+//! The answer of `GET /tasks/{id}` for a large payload or output: the JSON written as hyper
+//! takes it, the payload and the output escaped a chunk at a time straight from the row the
+//! database sent ([`StreamedTask`]), so that an answer holds the row and one chunk, not the
+//! whole JSON besides (a 50 MB payload took the daemon from 11 to 148 MB of peak RSS when the JSON was
 //! built whole).
 //!
 //! The escaping is serde_json's, chunk by chunk: each chunk ends on a character boundary and
@@ -10,6 +10,7 @@
 //! keeps its `content-length`.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::error::Error;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -54,71 +55,102 @@ fn escaped_chunk(text: &[u8], from: usize) -> (Bytes, usize) {
     (json.slice(1..json.len() - 1), end)
 }
 
-/// The answer of one task whose payload is escaped as hyper takes it: the JSON before the
-/// payload's text, the text, the JSON after it. Holds its [`Share`] of the read budget until
-/// the last byte is taken.
+/// One piece of the answer: JSON written whole, or a text column of the row escaped a chunk
+/// at a time from `at`.
+enum Part {
+    Fixed(Bytes),
+    Text { column: usize, at: usize },
+}
+
+/// The answer of one task whose payload and output are escaped as hyper takes them: the JSON
+/// around them, and their texts. Holds its [`Share`] of the read budget until the last byte
+/// is taken.
 pub(super) struct StreamedTask {
-    before: Option<Bytes>,
+    parts: VecDeque<Part>,
     row: Row,
-    payload: usize,
-    at: usize,
-    after: Option<Bytes>,
     left: u64,
     _share: Share,
 }
 
 impl StreamedTask {
-    /// The answer for `row`, a row of `queue::task::get_row`. Escapes the payload once to
-    /// count its length: run it off the runtime's threads.
+    /// The answer for `row`, a row of `queue::task::get_row`. Escapes the payload and the
+    /// output once to count their length: run it off the runtime's threads.
     pub(super) fn new(row: Row, share: Share) -> StreamedTask {
-        // The fields with an empty payload, cut where the payload's text goes: no string
-        // field before it can hold `"payload":""` unescaped.
+        // The fields with an empty payload and output, cut where their texts go: no string
+        // field can hold `"payload":""` or `"output":""` unescaped.
         let mut task = Task::<&str>::from_row(&row);
         task.payload = "";
-        let json = serde_json::to_vec(&task).expect("a task serializes");
-        let key = b"\"payload\":\"\"";
-        let at = json
-            .windows(key.len())
-            .position(|w| w == key)
-            .expect("a task's JSON has its payload");
-        let json = Bytes::from(json);
-        let before = json.slice(..at + key.len() - 1);
-        let after = json.slice(at + key.len() - 1..);
-        let payload = row
-            .columns()
-            .iter()
-            .position(|c| c.name() == "payload")
-            .expect("the row has a payload");
-        let text = row.get::<_, RawText<'_>>(payload).0;
-        let mut length = (before.len() + after.len()) as u64;
-        let mut from = 0;
-        while from < text.len() {
-            let (chunk, next) = escaped_chunk(text, from);
-            length += chunk.len() as u64;
-            from = next;
+        let mut texts = vec![(b"\"payload\":\"\"".as_slice(), "payload")];
+        if task.output.is_some() {
+            task.output = Some(String::new());
+            texts.push((b"\"output\":\"\"".as_slice(), "output"));
         }
+        let json = Bytes::from(serde_json::to_vec(&task).expect("a task serializes"));
+        let mut cuts: Vec<(usize, usize)> = texts
+            .into_iter()
+            .map(|(key, name)| {
+                let at = json
+                    .windows(key.len())
+                    .position(|w| w == key)
+                    .expect("a task's JSON has its payload and output");
+                let column = row
+                    .columns()
+                    .iter()
+                    .position(|c| c.name() == name)
+                    .expect("the row has the column");
+                // Between the empty string's quotes.
+                (at + key.len() - 1, column)
+            })
+            .collect();
+        cuts.sort_unstable();
+        let mut parts = VecDeque::new();
+        let mut length = 0u64;
+        let mut from = 0;
+        for (cut, column) in cuts {
+            parts.push_back(Part::Fixed(json.slice(from..cut)));
+            length += (cut - from) as u64;
+            let text = row.get::<_, RawText<'_>>(column).0;
+            let mut at = 0;
+            while at < text.len() {
+                let (chunk, next) = escaped_chunk(text, at);
+                length += chunk.len() as u64;
+                at = next;
+            }
+            parts.push_back(Part::Text { column, at: 0 });
+            from = cut;
+        }
+        parts.push_back(Part::Fixed(json.slice(from..)));
+        length += (json.len() - from) as u64;
         StreamedTask {
-            before: Some(before),
+            parts,
             row,
-            payload,
-            at: 0,
-            after: Some(after),
             left: length,
             _share: share,
         }
     }
 
     fn next(&mut self) -> Option<Bytes> {
-        if let Some(before) = self.before.take() {
-            return Some(before);
+        loop {
+            match self.parts.front_mut()? {
+                Part::Fixed(_) => {
+                    let Some(Part::Fixed(bytes)) = self.parts.pop_front() else {
+                        unreachable!("the front part is fixed");
+                    };
+                    if !bytes.is_empty() {
+                        return Some(bytes);
+                    }
+                }
+                Part::Text { column, at } => {
+                    let text = self.row.get::<_, RawText<'_>>(*column).0;
+                    if *at < text.len() {
+                        let (chunk, next) = escaped_chunk(text, *at);
+                        *at = next;
+                        return Some(chunk);
+                    }
+                    self.parts.pop_front();
+                }
+            }
         }
-        let text = self.row.get::<_, RawText<'_>>(self.payload).0;
-        if self.at < text.len() {
-            let (chunk, next) = escaped_chunk(text, self.at);
-            self.at = next;
-            return Some(chunk);
-        }
-        self.after.take()
     }
 }
 

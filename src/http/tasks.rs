@@ -264,16 +264,24 @@ async fn answer(
     id: i64,
     read: Read,
 ) -> Result<Response, ApiError> {
-    let payload_bytes = match read {
+    let (payload_bytes, output_bytes) = match read {
         Read::Whole(task) => return Ok(Json(task).into_response()),
-        Read::WithoutPayload { payload_bytes, .. } => payload_bytes,
+        Read::WithoutPayload {
+            payload_bytes,
+            output_bytes,
+            ..
+        } => (
+            u64::try_from(payload_bytes).unwrap_or(0),
+            u64::try_from(output_bytes).unwrap_or(0),
+        ),
     };
+    // Both held once, in the row's buffer, escaped a chunk at a time.
     let share = budget
-        .try_take(u64::try_from(payload_bytes).unwrap_or(0))
+        .try_take(payload_bytes.saturating_add(output_bytes))
         .ok_or(ApiError::ReadBudget)?;
     let row = {
         let session = state.pool.get().await?;
-        session.carried(u64::try_from(payload_bytes).unwrap_or(0));
+        session.carried(payload_bytes.saturating_add(output_bytes));
         session.bounded(queue::task::get_row(&session, id)).await?
     };
     let Some(row) = row else {

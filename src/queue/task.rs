@@ -125,21 +125,23 @@ pub(crate) use shown_run_at;
 
 /// The columns of a [`Task`], with `$payload` for the payload.
 macro_rules! columns {
-    ($payload:literal) => {
+    ($payload:literal, $output:literal) => {
         concat!(
             "id, queue, idempotency_key, ",
             $payload,
             ", status, priority, ",
             shown_run_at!(),
             ", attempt, max_attempts, \
-            cancel_requested, words, bytes, runes, error, output, traceparent, lease_owner, \
+            cancel_requested, words, bytes, runes, error, ",
+            $output,
+            ", traceparent, lease_owner, \
             lease_expires_at, \
             created_at, started_at, finished_at"
         )
     };
 }
 
-const COLUMNS: &str = columns!("payload");
+const COLUMNS: &str = columns!("payload", "output");
 
 impl<'a, P: FromSql<'a>> Task<P> {
     /// The task of a row of [`COLUMNS`].
@@ -202,8 +204,13 @@ pub async fn get_many(client: &Client, ids: &[i64]) -> Result<Vec<Task>, DbError
 pub enum Read {
     /// The whole row.
     Whole(Task),
-    /// The row with an empty payload in place of one longer than asked for.
-    WithoutPayload { task: Task, payload_bytes: i64 },
+    /// The row without its payload (empty) and its output (null), whose bytes together are
+    /// more than asked for.
+    WithoutPayload {
+        task: Task,
+        payload_bytes: i64,
+        output_bytes: i64,
+    },
 }
 
 impl Read {
@@ -214,9 +221,9 @@ impl Read {
     }
 }
 
-/// Read one task, leaving out a payload longer than `max_payload` bytes (its length is read
-/// from the row or its TOAST pointer, without loading the text); `None` when there is no such
-/// task. What the HTTP API reads before it decides whether a payload fits its budget, and
+/// Read one task, leaving out its payload and its output when together they are longer than
+/// `max_payload` bytes (their lengths are read from the row or their TOAST pointers, without
+/// loading the text); `None` when there is no such task. What the HTTP API reads before it decides whether a payload fits its budget, and
 /// all it needs to know a task's status.
 ///
 /// # Errors
@@ -226,9 +233,13 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
     const SQL: &str = concat!(
         "SELECT ",
         columns!(
-            "CASE WHEN octet_length(payload) <= $2::bigint THEN payload ELSE '' END AS payload"
+            "CASE WHEN octet_length(payload) + coalesce(octet_length(output), 0) <= $2::bigint \
+             THEN payload ELSE '' END AS payload",
+            "CASE WHEN octet_length(payload) + coalesce(octet_length(output), 0) <= $2::bigint \
+             THEN output END AS output"
         ),
-        ", octet_length(payload)::bigint AS payload_bytes \
+        ", octet_length(payload)::bigint AS payload_bytes, \
+         coalesce(octet_length(output), 0)::bigint AS output_bytes \
          FROM pgtaskd.task_view WHERE id = $1"
     );
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&id, Type::INT8), (&max_payload, Type::INT8)];
@@ -237,14 +248,18 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
     };
     let task = Task::from_row(&row);
     let payload_bytes: i64 = row.get("payload_bytes");
-    Ok(Some(if payload_bytes > max_payload {
-        Read::WithoutPayload {
-            task,
-            payload_bytes,
-        }
-    } else {
-        Read::Whole(task)
-    }))
+    let output_bytes: i64 = row.get("output_bytes");
+    Ok(Some(
+        if payload_bytes.saturating_add(output_bytes) > max_payload {
+            Read::WithoutPayload {
+                task,
+                payload_bytes,
+                output_bytes,
+            }
+        } else {
+            Read::Whole(task)
+        },
+    ))
 }
 
 /// The row of one task, for `Task::from_row` to borrow a large payload from instead of

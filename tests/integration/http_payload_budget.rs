@@ -133,6 +133,55 @@ async fn reads_of_large_payloads_past_the_http_byte_budget_get_503_with_retry_af
     daemon.stop().await;
 }
 
+/// A handler's output counts against the budget as a payload does (an output of up to 64 MiB
+/// with a payload of a few bytes was built whole for every reader, 1.3 GB for ten): while one
+/// client reads the answer of a task with a 10 MiB output of quotes slowly, a second read of
+/// it is 503; the first answer is whole and exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_output_counts_against_the_http_byte_budget() {
+    const OUTPUT: i32 = 10 << 20;
+    let db = TestDb::new().await;
+    let (daemon, port) = daemon_with_http(
+        &db,
+        "max_inflight_bytes = \"15MiB\"\nheader_timeout = \"60s\"\n",
+    )
+    .await;
+    let client = db.client().await;
+    // A queue no daemon serves, finished as a handler would have finished it.
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('small', 'elsewhere') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .execute(
+            "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', attempt = 1, started_at = now(),
+                    finished_at = now(), output = repeat('\"', $2) WHERE id = $1",
+            &[&id, &OUTPUT],
+        )
+        .await
+        .unwrap();
+    let path = format!("/tasks/{id}");
+    let (mut first, status, length) = get_head_only(port, &path).await;
+    assert_eq!(status, 200);
+    let (_second, status, _) = get_head_only(port, &path).await;
+    assert_eq!(
+        status, 503,
+        "the second answer of the output fits no budget"
+    );
+    let mut body = vec![0u8; length];
+    within(WAIT, "the first answer, whole", first.read_exact(&mut body))
+        .await
+        .unwrap();
+    let task: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(task["output"].as_str().unwrap().len(), OUTPUT as usize);
+    assert_eq!(task["payload"], "small");
+    daemon.stop().await;
+}
+
 /// A client that stops reading a large answer loses its connection after
 /// `http.header_timeout` without progress, and with it the answer's share of
 /// `http.max_inflight_bytes`: the next read of the payload is then answered.
