@@ -60,7 +60,7 @@ impl Worker {
         // Never start work whose lease has run out, or will before the expiry loop could stop
         // it: the task may be another daemon's by now (docs/design.md, "Work without a lease
         // stops").
-        let by = Instant::now() + super::expiry::margin(inner.config.lease);
+        let by = Instant::now() + self.stop_ahead();
         if !inner.running.leased_at(id, token, by) {
             tracing::debug!(
                 id,

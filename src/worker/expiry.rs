@@ -7,7 +7,8 @@
 //! (`registry.rs`: the instant before the claim or the last heartbeat that wrote it, plus
 //! `worker.lease`). A loop of its own, apart from the heartbeat (which may hang on a session
 //! for up to the pool's deadline), checks every [`tick`] and stops the work of each claim
-//! whose lease runs out within [`MARGIN_TICKS`] ticks: its cancellation token fires, as for a
+//! whose lease runs out within [`MARGIN_TICKS`] ticks (and, for an `exec` child, its
+//! `kill_after` before that, at most half a lease: [`stop_ahead`]): its cancellation token fires, as for a
 //! user's cancel, but the claim is then given back (QUEUED, if the database still has it as
 //! this daemon's), never finished CANCELED. An `exec` child gets SIGTERM, then SIGKILL after
 //! `kill_after`; a request of an `http` handler is dropped; an analyzer stops at its next
@@ -19,6 +20,7 @@
 use std::time::{Duration, Instant};
 
 use super::Worker;
+use crate::config::HandlerConfig;
 
 /// How many ticks before the lease runs out the work is stopped, so that it has stopped
 /// before a rescuer can claim the task again.
@@ -35,7 +37,24 @@ pub(super) fn margin(lease: Duration) -> Duration {
     tick(lease) * MARGIN_TICKS
 }
 
+/// How long before its lease runs out a claim's work is stopped, or not started: the
+/// [`margin`], and for an `exec` child its `kill_after` too (at most half the lease), so
+/// that its SIGKILL has landed, not just its SIGTERM, before a rescuer can claim the task
+/// again. A `kill_after` over half the lease can still overlap by what is over.
+pub(super) fn stop_ahead(lease: Duration, kill_after: Option<Duration>) -> Duration {
+    margin(lease) + kill_after.map_or(Duration::ZERO, |kill| kill.min(lease / 2))
+}
+
 impl Worker {
+    /// [`stop_ahead`] for this lane's handler.
+    pub(super) fn stop_ahead(&self) -> Duration {
+        let kill_after = match self.inner.handler.as_ref().map(|lane| &lane.queue.handler) {
+            Some(HandlerConfig::Exec(spec)) => Some(spec.kill_after),
+            _ => None,
+        };
+        stop_ahead(self.inner.config.lease, kill_after)
+    }
+
     /// Stop the work of the claims whose leases run out without a heartbeat, until the
     /// heartbeat stops (after the last task of a shutdown).
     pub(super) async fn expire_leases(self) {
@@ -54,7 +73,7 @@ impl Worker {
             let expired = self
                 .inner
                 .running
-                .expire(Instant::now() + margin(self.inner.config.lease));
+                .expire(Instant::now() + self.stop_ahead());
             let never_started = self.inner.running.take_stopped_before_start();
             if expired.is_empty() && never_started == 0 {
                 continue;
@@ -92,5 +111,19 @@ mod tests {
         assert_eq!(tick(Duration::from_secs(30)), Duration::from_secs(1));
         assert_eq!(tick(Duration::from_secs(2)), Duration::from_millis(100));
         assert_eq!(tick(Duration::from_millis(50)), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn an_exec_child_is_stopped_its_kill_after_earlier_at_most_half_a_lease() {
+        let lease = Duration::from_secs(30);
+        assert_eq!(stop_ahead(lease, None), Duration::from_secs(2));
+        assert_eq!(
+            stop_ahead(lease, Some(Duration::from_secs(10))),
+            Duration::from_secs(12)
+        );
+        assert_eq!(
+            stop_ahead(lease, Some(Duration::from_secs(60))),
+            Duration::from_secs(17)
+        );
     }
 }

@@ -334,6 +334,67 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
     let _ = daemon.wait().await;
 }
 
+/// Work without a lease stops before the lease runs out even for a child that ignores
+/// SIGTERM: its SIGKILL (`kill_after` after the SIGTERM) lands before the lease runs out,
+/// not after, so that another daemon's rescuer, which may claim the task the moment the lease
+/// has expired, never runs it beside the first run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ignores_sigterm_is_killed_before_another_daemon_may_run_its_task() {
+    use crate::support::proxy::{Fault, Proxy};
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = crate::handlers::Scratch::new();
+    let first = scratch.path("first");
+    let runs = scratch.path("runs");
+    let handler = scratch.script(
+        "stubborn.sh",
+        &format!(
+            "if [ ! -e {first} ]; then echo $$ > {first}; trap '' TERM; while :; do sleep 0.1; done; fi\n\
+             if kill -0 \"$(cat {first})\" 2>/dev/null; then echo overlap >> {runs}; else echo alone >> {runs}; fi\n\
+             echo done",
+            first = first.display(),
+            runs = runs.display()
+        ),
+    );
+    let proxy = Proxy::start(
+        crate::support::server_addr(),
+        Fault::HalfOpen,
+        "FROM pgtaskd.heartbeat(",
+    )
+    .await;
+    let url = proxy.conninfo(&crate::support::server_user(), &db.name);
+    let config = jobs_config(&handler, "kill_after = \"1s\"\n");
+    let mut cut_off = DaemonProcess::start_url(&url, &config, &[]);
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eventually(WAIT, "the first run to start", || {
+        let first = first.clone();
+        async move { first.exists().then_some(()) }
+    })
+    .await;
+    // The other daemon reaches the database directly; its rescuer takes the lease back.
+    let mut other = DaemonProcess::start(&db, &config, &[]);
+    wait_count(
+        &client,
+        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
+        1,
+        "the task to succeed on its second run",
+    )
+    .await;
+    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    assert_eq!(ran, "alone\n", "the second run overlapped the first");
+    for daemon in [&mut other, &mut cut_off] {
+        daemon.signal(libc::SIGTERM);
+        let _ = daemon.wait().await;
+    }
+}
+
 /// Work without a lease never starts: a claim answered after its lease ran out (here the
 /// claim's statement is held three seconds by a trigger, with a lease of two; a daemon paused
 /// between a claim and its start is the same) is given back without running its handler, and
