@@ -25,6 +25,8 @@ const MAX_CLOSING: usize = 32;
 pub struct Connections {
     max: usize,
     registry: Mutex<Registry>,
+    /// Told when an evicted connection has closed.
+    closed: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -57,7 +59,16 @@ pub enum Admission {
     /// The oldest idle connection was told to close to make room.
     Evicted(Ticket),
     /// No room: close the new connection.
-    Refused,
+    Refused(Full),
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// Every connection is answering a request.
+    Busy,
+    /// [`MAX_CLOSING`] evicted connections are still closing.
+    Closing,
 }
 
 impl Connections {
@@ -65,7 +76,29 @@ impl Connections {
         Arc::new(Connections {
             max: max.max(1),
             registry: Mutex::new(Registry::default()),
+            closed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// [`Connections::admit`], waiting up to `bound` for evicted connections to close when
+    /// that is what stands in the way: a flood of reconnecting slow clients evicts faster
+    /// than a loaded machine runs the evicted connections' tasks, and a prompt client (a
+    /// probe) refused then would fail. The listener's backlog holds the next connections
+    /// meanwhile.
+    pub async fn admit_within(self: &Arc<Self>, bound: std::time::Duration) -> Admission {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            match self.admit() {
+                Admission::Refused(Full::Closing) => {}
+                admission => return admission,
+            }
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return self.admit();
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
@@ -80,7 +113,7 @@ impl Connections {
         let mut evicted = false;
         if registry.open.len() >= self.max {
             if registry.closing >= MAX_CLOSING {
-                return Admission::Refused;
+                return Admission::Refused(Full::Closing);
             }
             let oldest_idle = registry
                 .open
@@ -88,7 +121,7 @@ impl Connections {
                 .find(|(_, slot)| slot.idle())
                 .map(|(id, _)| *id);
             let Some(id) = oldest_idle else {
-                return Admission::Refused;
+                return Admission::Refused(Full::Busy);
             };
             if let Some(slot) = registry.open.remove(&id) {
                 slot.evict.cancel();
@@ -182,6 +215,8 @@ impl Drop for Ticket {
         let mut registry = self.connections.lock();
         if registry.open.remove(&self.id).is_none() {
             registry.closing = registry.closing.saturating_sub(1);
+            drop(registry);
+            self.connections.closed.notify_waiters();
         }
     }
 }
@@ -209,7 +244,7 @@ mod tests {
     fn ticket(admission: Admission) -> Ticket {
         match admission {
             Admission::Admitted(ticket) | Admission::Evicted(ticket) => ticket,
-            Admission::Refused => panic!("refused"),
+            Admission::Refused(_) => panic!("refused"),
         }
     }
 
@@ -227,7 +262,7 @@ mod tests {
         assert!(second.evict.is_cancelled(), "the oldest idle one stayed");
         let _also_busy = Busy::enter(&third.busy);
         drop(second);
-        assert!(matches!(connections.admit(), Admission::Refused));
+        assert!(matches!(connections.admit(), Admission::Refused(_)));
     }
 
     #[test]
@@ -245,7 +280,7 @@ mod tests {
         let _request = Busy::enter(&only.busy);
         drop(guard);
         assert!(
-            matches!(connections.admit(), Admission::Refused),
+            matches!(connections.admit(), Admission::Refused(_)),
             "a request being answered keeps its connection"
         );
     }
@@ -255,7 +290,7 @@ mod tests {
         let connections = Connections::new(1);
         let only = ticket(connections.admit());
         let busy = Busy::enter(&only.busy);
-        assert!(matches!(connections.admit(), Admission::Refused));
+        assert!(matches!(connections.admit(), Admission::Refused(_)));
         drop(busy);
         drop(only);
         assert!(matches!(connections.admit(), Admission::Admitted(_)));
@@ -268,8 +303,34 @@ mod tests {
         for _ in 0..MAX_CLOSING {
             held.push(ticket(connections.admit()));
         }
-        assert!(matches!(connections.admit(), Admission::Refused));
+        assert!(matches!(
+            connections.admit(),
+            Admission::Refused(Full::Closing)
+        ));
         held.remove(0);
         assert!(matches!(connections.admit(), Admission::Evicted(_)));
+    }
+
+    #[tokio::test]
+    async fn a_connection_waits_for_an_evicted_one_to_close_rather_than_be_refused() {
+        let connections = Connections::new(1);
+        let mut held = vec![ticket(connections.admit())];
+        for _ in 0..MAX_CLOSING {
+            held.push(ticket(connections.admit()));
+        }
+        let closing = held.remove(0);
+        let closer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(closing);
+        });
+        let admission = connections
+            .admit_within(std::time::Duration::from_secs(5))
+            .await;
+        assert!(matches!(admission, Admission::Evicted(_)));
+        closer.await.unwrap();
+        let refused = connections
+            .admit_within(std::time::Duration::from_millis(20))
+            .await;
+        assert!(matches!(refused, Admission::Refused(Full::Closing)));
     }
 }

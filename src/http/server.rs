@@ -46,7 +46,7 @@ use axum::response::IntoResponse;
 use hyper::body::{Body, Frame, SizeHint};
 
 use super::budget::ReadBudget;
-use super::connections::{Admission, Connections, Ticket, Waiting, WaitingGuard};
+use super::connections::{Admission, Connections, Full, Ticket, Waiting, WaitingGuard};
 use super::error::ApiError;
 use super::socket::Socket;
 use crate::config::HttpConfig;
@@ -74,6 +74,8 @@ impl From<&HttpConfig> for Limits {
 
 /// How long `accept` pauses after running out of descriptors or memory.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// How long a new connection waits for evicted ones to close before it is refused.
+const CLOSING_WAIT: Duration = Duration::from_millis(200);
 /// Repeated warnings (refused connections, failed accepts) are logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How long open connections may finish their requests once the server stops.
@@ -111,7 +113,7 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
                 }
             }
         };
-        let ticket = match connections.admit() {
+        let ticket = match connections.admit_within(CLOSING_WAIT).await {
             Admission::Admitted(ticket) => ticket,
             Admission::Evicted(ticket) => {
                 if evicted.due() {
@@ -122,11 +124,15 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
                 }
                 ticket
             }
-            Admission::Refused => {
+            Admission::Refused(full) => {
                 if refused.due() {
+                    let why = match full {
+                        Full::Busy => "every connection busy",
+                        Full::Closing => "too many evicted connections still closing",
+                    };
                     tracing::warn!(
                         max_connections = limits.max_connections,
-                        "http.max_connections reached, every connection busy: HTTP connection refused"
+                        "http.max_connections reached, {why}: HTTP connection refused"
                     );
                 }
                 drop(stream);
