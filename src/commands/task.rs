@@ -96,9 +96,12 @@ async fn enqueue_file(
         }
         Err(queue::FileEnqueueError::Input(err)) => Err(CommandError::Usage(err.to_string())),
         Err(queue::FileEnqueueError::Io(err)) => Err(input(err)),
-        Err(
-            err @ (queue::FileEnqueueError::NotUtf8(_) | queue::FileEnqueueError::Changed { .. }),
-        ) => Err(input(std::io::Error::new(
+        // What the HTTP API refuses with 400, as a payload with a NUL: a usage error.
+        Err(err @ queue::FileEnqueueError::NotUtf8(_)) => Err(CommandError::Usage(format!(
+            "{err} ({})",
+            path.display()
+        ))),
+        Err(err @ queue::FileEnqueueError::Changed { .. }) => Err(input(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             err.to_string(),
         ))),
@@ -207,11 +210,11 @@ fn read_bounded(mut reader: impl Read, what: &str) -> Result<String, CommandErro
         bytes.extend_from_slice(&chunk[..n]);
     }
     String::from_utf8(bytes).map_err(|err| {
-        // In the words of a streamed file's check.
+        // In the words of a streamed file's check; a usage error, as a NUL is.
         let offset = err.utf8_error().valid_up_to() as u64;
-        failed(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            queue::FileEnqueueError::NotUtf8(offset).to_string(),
+        CommandError::Usage(format!(
+            "{} ({what})",
+            queue::FileEnqueueError::NotUtf8(offset)
         ))
     })
 }
