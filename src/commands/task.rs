@@ -97,10 +97,9 @@ async fn enqueue_file(
         Err(queue::FileEnqueueError::Input(err)) => Err(CommandError::Usage(err.to_string())),
         Err(queue::FileEnqueueError::Io(err)) => Err(input(err)),
         // What the HTTP API refuses with 400, as a payload with a NUL: a usage error.
-        Err(err @ queue::FileEnqueueError::NotUtf8(_)) => Err(CommandError::Usage(format!(
-            "{err} ({})",
-            path.display()
-        ))),
+        Err(err @ queue::FileEnqueueError::NotUtf8(_)) => {
+            Err(CommandError::Usage(format!("{err} ({})", path.display())))
+        }
         Err(err @ queue::FileEnqueueError::Changed { .. }) => Err(input(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             err.to_string(),

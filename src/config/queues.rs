@@ -401,6 +401,12 @@ fn check_program(command: &[String], key: &str, exists: bool) -> Result<(), Stri
             "{key} is empty: write the program and its arguments, [\"/path/to/program\", \"arg\"]"
         ));
     };
+    if let Some(n) = command.iter().position(|word| word.contains('\0')) {
+        return Err(format!(
+            "{key} holds a NUL character (in word {}): a program's arguments cannot",
+            n + 1
+        ));
+    }
     if !exists {
         return Ok(());
     }
@@ -427,15 +433,16 @@ fn executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// An absolute `http://` or `https://` URL with a host.
+/// An absolute `http://` or `https://` URL with a host, as the handler's client parses it
+/// (a port over 65535 included).
 fn check_url(url: &str, key: &str) -> Result<(), String> {
-    let parsed: hyper::Uri = url
-        .parse()
-        .map_err(|err| format!("{key} {url:?} is not a URL: {err}"))?;
-    match (parsed.scheme_str(), parsed.host()) {
-        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+    let shown = crate::handler::http::shown_url(url);
+    let parsed =
+        reqwest::Url::parse(url).map_err(|err| format!("{key} {shown:?} is not a URL: {err}"))?;
+    match (parsed.scheme(), parsed.host_str()) {
+        ("http" | "https", Some(host)) if !host.is_empty() => Ok(()),
         _ => Err(format!(
-            "{key} {url:?} is not an http:// or https:// URL with a host"
+            "{key} {shown:?} is not an http:// or https:// URL with a host"
         )),
     }
 }

@@ -70,7 +70,11 @@ async fn a_file_that_is_not_utf8_is_refused_and_nothing_is_inserted() {
     bytes.extend_from_slice(b"\xff\xfe then more");
     let path = large_file(&dir, "latin1.txt", &bytes);
     let (status, _, stderr) = pgtaskd(Some(&db.url), &["enqueue", "--file", &path]).await;
-    assert_eq!(status.code(), Some(2), "a usage error, as HTTP's 400: {stderr}");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "a usage error, as HTTP's 400: {stderr}"
+    );
     assert!(stderr.contains("not UTF-8"), "{stderr}");
     assert!(
         stderr.contains(&format!("offset {}", 200_000 * 11)),
@@ -137,7 +141,11 @@ async fn a_device_or_pipe_is_refused_at_its_first_bad_byte_and_nothing_is_insert
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "a usage error, as HTTP's 400: {stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "a usage error, as HTTP's 400: {stderr}"
+    );
     assert!(stderr.contains("not UTF-8"), "{stderr}");
     assert!(stderr.contains("offset 11"), "{stderr}");
     assert_eq!(

@@ -68,6 +68,12 @@ fn a_url_must_be_absolute_http_or_https() {
     assert!(check_url("ftp://example.com/x", "k").is_err());
     assert!(check_url("/jobs", "k").is_err());
     assert!(check_url("not a url", "k").is_err());
+    // What the handler's client would refuse at every task.
+    let port = check_url("http://127.0.0.1:99999/x", "k").unwrap_err();
+    assert!(port.contains("invalid port"), "{port}");
+    // Credentials are not shown.
+    let shown = check_url("ftp://alice:secret@example.com/x", "k").unwrap_err();
+    assert!(!shown.contains("secret"), "{shown}");
 }
 
 #[test]
@@ -84,6 +90,8 @@ fn a_program_is_looked_up_as_given_or_on_path() {
     // For the commands that never start it: named, not looked up.
     assert!(check_program(&["/nonexistent/prog".into()], "k", false).is_ok());
     assert!(check_program(&[], "k", false).is_err());
+    let nul = check_program(&["/bin/echo".into(), "a\0b".into()], "k", false).unwrap_err();
+    assert!(nul.contains("NUL character (in word 2)"), "{nul}");
 }
 
 #[test]
