@@ -369,7 +369,11 @@ async fn a_redirect_is_a_failed_attempt_and_not_followed() {
         (failure.retry, failure.kind),
         (LATER, FailureKind::Status5xx)
     );
-    assert_eq!(failure.message, "HTTP 302 Found: moved");
+    assert_eq!(
+        failure.message,
+        "HTTP 302 Found (to /elsewhere; redirects are not followed: set the queue's url to \
+         where it points): moved"
+    );
     let paths: Vec<String> = server
         .taken_requests()
         .into_iter()

@@ -29,9 +29,30 @@ pub(super) async fn read(
         return output(response, spec.max_output, shown).await;
     }
     let (retry, kind) = verdict(status, response.headers(), SystemTime::now());
+    // A redirect says where to, and that it is not followed (its target is not the URL the
+    // queue names, and a POST's body would not follow it everywhere).
+    let redirect = status
+        .is_redirection()
+        .then(|| {
+            response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|location| location.to_str().ok())
+                .map(super::shown_url)
+        })
+        .map(|to| match to {
+            Some(to) => format!(
+                " (to {to}; redirects are not followed: set the queue's url to where it points)"
+            ),
+            None => " (redirects are not followed)".to_string(),
+        });
     let head = body_head(response, deadline).await;
+    let mut message = status_message(status, &head);
+    if let Some(redirect) = redirect {
+        message.insert_str(status_message(status, "").len(), &redirect);
+    }
     Ran::Failed(Failure {
-        message: status_message(status, &head),
+        message,
         retry,
         kind,
     })
