@@ -139,7 +139,9 @@ impl CommandError {
 /// the rights the command needs are a configuration error, 78; any other database error is a
 /// runtime failure.
 fn db_exit_code(err: &DbError) -> u8 {
-    if err.is_rejected() || err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+    if err.is_unavailable() {
+        EXIT_UNAVAILABLE
+    } else if err.is_rejected() || err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
         EXIT_CONFIG
     } else if err.is_transient() {
         EXIT_UNAVAILABLE
