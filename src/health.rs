@@ -69,6 +69,12 @@ impl Health {
         let _ = rx.wait_for(|up| *up).await;
     }
 
+    /// Wait until the LISTEN connection is down (at once if it is).
+    pub async fn wait_not_listening(&self) {
+        let mut rx = self.listening.subscribe();
+        let _ = rx.wait_for(|up| !*up).await;
+    }
+
     /// Whether start-up finished (schema checked, listener up, first claim answered).
     pub fn is_started(&self) -> bool {
         self.ready.load(Ordering::Relaxed)

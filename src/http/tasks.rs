@@ -213,6 +213,9 @@ pub(super) async fn read(
     Ok(answer)
 }
 
+/// How often a waiting request reads its task again while the listener is down.
+const UNHEARD_REREAD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Read task `id`; with `wait`, until it is terminal or the wait is over (registered with
 /// the daemon's completions before the first read, so that no finish is missed). Whether it
 /// was terminal, and the answer of `GET /tasks/{id}` with the row as last read.
@@ -248,9 +251,15 @@ async fn read_until_terminal(
         let Some(watch) = watch.as_mut().filter(|_| waiting) else {
             return Ok((terminal, answer(state, budget, id, read).await?));
         };
+        // The finish is told by the listener: while it is down (an outage, most often), the
+        // row is read again every second, so that an outage is answered 503 now rather than
+        // at the end of the wait, and a finish is not missed.
+        let listening = state.health.is_listening();
         tokio::select! {
             _ = watch.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
+            () = state.health.wait_not_listening(), if listening => {}
+            () = tokio::time::sleep(UNHEARD_REREAD), if !listening => {}
         }
     }
 }

@@ -161,7 +161,11 @@ async fn pause_resume_and_retry_need_an_operator_or_daemon_role() {
         );
     }
     let (status, _, stderr) = pgtaskd(Some(&as_role("producer")), &["pause", "default"]).await;
-    assert_eq!(status.code(), Some(78), "a role without the right: {stderr}");
+    assert_eq!(
+        status.code(),
+        Some(78),
+        "a role without the right: {stderr}"
+    );
     assert!(stderr.contains("permission denied"), "{stderr}");
 
     for role in ["operator", "worker"] {

@@ -11,8 +11,8 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use crate::support::daemon::{pgtaskd, tempfile_path::TempPath};
 use crate::support::{
-    count, enqueue, eventually, free_port, nowhere, within, GatedAnalyzer, InProcessDaemon, TestDb,
-    WAIT,
+    count, enqueue, eventually, free_port, nowhere, within, Cluster, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
 };
 
 /// A session of the test's own that LISTENs on `pgtaskd_done`, and its notifications.
@@ -410,5 +410,43 @@ async fn a_thousand_http_waiters_are_all_answered_without_growing_the_pool() {
         most <= POOL + 1,
         "{most} daemon sessions for a pool of {POOL}"
     );
+    daemon.stop().await;
+}
+
+/// Unavailable is not absent, and not late either: `GET /tasks/{id}?wait=60s` of a task no
+/// daemon serves, with the database stopped a moment into the wait, is answered 503 once the
+/// daemon's listener has lost the database (checked every 5 s), not at the end of the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_wait_through_an_outage_is_answered_503_before_its_end() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let (daemon, port) = crate::http_limits::daemon_with_http(&db, "").await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', 'elsewhere') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    drop(client);
+    let started = Instant::now();
+    let waiting = tokio::spawn(
+        reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/tasks/{id}?wait=60s"))
+            .send(),
+    );
+    // Not a synchronization: the request is most likely in its wait by then, and either way
+    // it must be answered 503 well before its 60 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.stop_server(true);
+    let response = within(Duration::from_secs(30), "the wait's answer", waiting)
+        .await
+        .unwrap()
+        .expect("an answer");
+    assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    cluster.start_server();
     daemon.stop().await;
 }
