@@ -140,17 +140,23 @@ mod tests {
         }
     }
 
+    /// A claim waiting its turn, 100 ms into its delay.
+    async fn waiting_turn(reachable: &Arc<Reachable>, seen: u64) -> tokio::task::JoinHandle<()> {
+        let waiting = tokio::spawn({
+            let reachable = Arc::clone(reachable);
+            async move { reachable.turn(seen).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "the turn waits its delay");
+        waiting
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_write_that_works_ends_the_wait_of_the_claim_whose_turn_it_is() {
         let reachable = Arc::new(Reachable::default());
         grown(&reachable).await;
         let seen = reachable.seen();
-        let waiting = tokio::spawn({
-            let reachable = Arc::clone(&reachable);
-            async move { reachable.turn(seen).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!waiting.is_finished(), "the turn waits its delay");
+        let waiting = waiting_turn(&reachable, seen).await;
         let woken_at = tokio::time::Instant::now();
         reachable.worked();
         waiting.await.unwrap();
@@ -162,12 +168,7 @@ mod tests {
         let reachable = Arc::new(Reachable::default());
         grown(&reachable).await;
         let seen = reachable.seen();
-        let waiting = tokio::spawn({
-            let reachable = Arc::clone(&reachable);
-            async move { reachable.turn(seen).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!waiting.is_finished(), "the turn waits its delay");
+        let waiting = waiting_turn(&reachable, seen).await;
         reachable.hurry();
         waiting.await.unwrap();
         for _ in 0..5 {

@@ -287,36 +287,15 @@ async fn concurrent_rescuers_take_back_each_expired_lease_once() {
 /// the claim that follows never overlaps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out() {
-    use crate::support::proxy::{Fault, Proxy};
     let db = TestDb::new().await;
     let client = db.client().await;
-    let scratch = crate::handlers::Scratch::new();
-    let first = scratch.path("first");
-    let runs = scratch.path("runs");
     // The first run waits for ever; the next one says whether the first is still alive.
-    let handler = scratch.script(
-        "once.sh",
-        &format!(
-            "if [ ! -e {first} ]; then echo $$ > {first}; exec sleep 1000; fi\n\
-             if kill -0 \"$(cat {first})\" 2>/dev/null; then echo overlap >> {runs}; else echo alone >> {runs}; fi\n\
-             echo done",
-            first = first.display(),
-            runs = runs.display()
-        ),
-    );
-    // Only the heartbeat's statement is held: claims, finishes and the rescuer go through.
-    let proxy = Proxy::start(
-        crate::support::server_addr(),
-        Fault::HalfOpen,
-        "FROM pgtaskd.heartbeat(",
-    )
-    .await;
-    let url = proxy.conninfo(&crate::support::server_user(), &db.name);
-    let mut daemon =
-        DaemonProcess::start_url(&url, &jobs_config(&handler, "kill_after = \"1s\"\n"), &[]);
+    let twice = RunTwice::new("exec sleep 1000");
+    let (proxy, url) = heartbeat_held(&db).await;
+    let mut daemon = DaemonProcess::start_url(&url, &twice.config, &[]);
     let id = run_one_job(&client, "the task to succeed on its second run").await;
     assert!(proxy.triggered(), "a heartbeat was held");
-    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    let ran = std::fs::read_to_string(&twice.runs).unwrap_or_default();
     assert_eq!(ran, "alone\n", "the second run overlapped the first");
     daemon
         .wait_for_log("leases ran out without a heartbeat")
@@ -340,54 +319,22 @@ async fn a_daemon_whose_heartbeat_hangs_stops_the_work_before_its_lease_runs_out
 /// has expired, never runs it beside the first run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_that_ignores_sigterm_is_killed_before_another_daemon_may_run_its_task() {
-    use crate::support::proxy::{Fault, Proxy};
     let db = TestDb::new().await;
     let client = db.client().await;
-    let scratch = crate::handlers::Scratch::new();
-    let first = scratch.path("first");
-    let runs = scratch.path("runs");
-    let handler = scratch.script(
-        "stubborn.sh",
-        &format!(
-            "if [ ! -e {first} ]; then echo $$ > {first}; trap '' TERM; while :; do sleep 0.1; done; fi\n\
-             if kill -0 \"$(cat {first})\" 2>/dev/null; then echo overlap >> {runs}; else echo alone >> {runs}; fi\n\
-             echo done",
-            first = first.display(),
-            runs = runs.display()
-        ),
-    );
-    let proxy = Proxy::start(
-        crate::support::server_addr(),
-        Fault::HalfOpen,
-        "FROM pgtaskd.heartbeat(",
-    )
-    .await;
-    let url = proxy.conninfo(&crate::support::server_user(), &db.name);
-    let config = jobs_config(&handler, "kill_after = \"1s\"\n");
-    let mut cut_off = DaemonProcess::start_url(&url, &config, &[]);
-    let id: i64 = client
-        .query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let twice = RunTwice::new("trap '' TERM; while :; do sleep 0.1; done");
+    let (_proxy, url) = heartbeat_held(&db).await;
+    let config = &twice.config;
+    let mut cut_off = DaemonProcess::start_url(&url, config, &[]);
+    let id = enqueue_job(&client).await;
     eventually(WAIT, "the first run to start", || {
-        let first = first.clone();
+        let first = twice.first.clone();
         async move { first.exists().then_some(()) }
     })
     .await;
     // The other daemon reaches the database directly; its rescuer takes the lease back.
-    let mut other = DaemonProcess::start(&db, &config, &[]);
-    wait_count(
-        &client,
-        &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
-        1,
-        "the task to succeed on its second run",
-    )
-    .await;
-    let ran = std::fs::read_to_string(&runs).unwrap_or_default();
+    let mut other = DaemonProcess::start(&db, config, &[]);
+    wait_succeeded(&client, id, "the task to succeed on its second run").await;
+    let ran = std::fs::read_to_string(&twice.runs).unwrap_or_default();
     assert_eq!(ran, "alone\n", "the second run overlapped the first");
     for daemon in [&mut other, &mut cut_off] {
         daemon.signal(libc::SIGTERM);
@@ -466,6 +413,55 @@ async fn a_claim_answered_after_its_lease_ran_out_is_given_back_unrun() {
     let _ = daemon.wait().await;
 }
 
+/// An `exec` handler whose first run records its pid and then runs `first_run` (which never
+/// ends by itself), and whose next runs record whether the first one is still alive
+/// ("overlap" or "alone" in `runs`); with a daemon configuration serving it, `kill_after` 1 s.
+struct RunTwice {
+    _scratch: crate::handlers::Scratch,
+    first: std::path::PathBuf,
+    runs: std::path::PathBuf,
+    config: String,
+}
+
+impl RunTwice {
+    fn new(first_run: &str) -> RunTwice {
+        let scratch = crate::handlers::Scratch::new();
+        let first = scratch.path("first");
+        let runs = scratch.path("runs");
+        let handler = scratch.script(
+            "twice.sh",
+            &format!(
+                "if [ ! -e {first} ]; then echo $$ > {first}; {first_run}; fi\n\
+                 if kill -0 \"$(cat {first})\" 2>/dev/null; then echo overlap >> {runs}; else echo alone >> {runs}; fi\n\
+                 echo done",
+                first = first.display(),
+                runs = runs.display()
+            ),
+        );
+        let config = jobs_config(&handler, "kill_after = \"1s\"\n");
+        RunTwice {
+            _scratch: scratch,
+            first,
+            runs,
+            config,
+        }
+    }
+}
+
+/// A proxy to the server that holds only the heartbeat's statement (claims, finishes and the
+/// rescuer go through), and the connection string through it to `db`.
+async fn heartbeat_held(db: &TestDb) -> (crate::support::proxy::Proxy, String) {
+    use crate::support::proxy::{Fault, Proxy};
+    let proxy = Proxy::start(
+        crate::support::server_addr(),
+        Fault::HalfOpen,
+        "FROM pgtaskd.heartbeat(",
+    )
+    .await;
+    let url = proxy.conninfo(&crate::support::server_user(), &db.name);
+    (proxy, url)
+}
+
 /// A daemon serving only the queue `jobs` with `handler` as its `exec` command (and the
 /// section's `extra` keys), a lease of two seconds.
 fn jobs_config(handler: &std::path::Path, extra: &str) -> String {
@@ -478,14 +474,25 @@ fn jobs_config(handler: &std::path::Path, extra: &str) -> String {
 
 /// Enqueue one task of `jobs` and wait until it is SUCCEEDED (`what` names the wait); its id.
 async fn run_one_job(client: &tokio_postgres::Client, what: &str) -> i64 {
-    let id: i64 = client
+    let id = enqueue_job(client).await;
+    wait_succeeded(client, id, what).await;
+    id
+}
+
+/// Enqueue one task of `jobs`; its id.
+async fn enqueue_job(client: &tokio_postgres::Client) -> i64 {
+    client
         .query_one(
             "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
             &[],
         )
         .await
         .unwrap()
-        .get(0);
+        .get(0)
+}
+
+/// Wait until task `id` is SUCCEEDED (`what` names the wait).
+async fn wait_succeeded(client: &tokio_postgres::Client, id: i64, what: &str) {
     wait_count(
         client,
         &format!("SELECT count(*) FROM pgtaskd.task_view WHERE id = {id} AND status = 'SUCCEEDED'"),
@@ -493,5 +500,4 @@ async fn run_one_job(client: &tokio_postgres::Client, what: &str) -> i64 {
         what,
     )
     .await;
-    id
 }
