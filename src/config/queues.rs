@@ -402,10 +402,8 @@ fn check_program(command: &[String], key: &str, exists: bool) -> Result<(), Stri
         ));
     };
     if let Some(n) = command.iter().position(|word| word.contains('\0')) {
-        return Err(format!(
-            "{key} holds a NUL character (in word {}): a program's arguments cannot",
-            n + 1
-        ));
+        let word = n + 1;
+        return Err(format!("{key} holds a NUL character (in word {word})"));
     }
     if !exists {
         return Ok(());
