@@ -58,6 +58,7 @@ pub(super) fn resolve(text: &str, origin: &str, overlay: &Overlay) -> Result<Con
             config.database.url_source = url_source(&sources[url]);
             config.sources = sources;
             config.warnings.extend(overlay.warnings.iter().cloned());
+            config.warnings.extend(long_kill_after(&config));
             return Ok(config);
         }
         Ok(Ok(_)) => {}
@@ -299,4 +300,28 @@ fn header_at(text: &str, at: usize) -> Option<&str> {
     let line = text[start..].lines().next()?.trim();
     let end = line.rfind(']')?;
     line.starts_with('[').then(|| &line[..=end])
+}
+
+/// A warning for each `exec` queue whose `kill_after` is over half of `worker.lease`: a
+/// daemon cut off from the database stops such a command only half a lease ahead, and its
+/// run may overlap another daemon's by what is over (docs/handlers.md).
+fn long_kill_after(config: &super::Config) -> Vec<String> {
+    let half = config.worker.lease / 2;
+    config
+        .queues
+        .iter()
+        .filter_map(|queue| match &queue.handler {
+            super::HandlerConfig::Exec(spec) if spec.kill_after > half => Some(format!(
+                "[queues.{}] kill_after = {} is over half of worker.lease ({}): a daemon that \
+                 cannot extend a lease stops the command half a lease before it runs out, so \
+                 its run may overlap another daemon's by {}; shorten kill_after or lengthen \
+                 the lease",
+                queue.name,
+                humantime::format_duration(spec.kill_after),
+                humantime::format_duration(config.worker.lease),
+                humantime::format_duration(spec.kill_after - half)
+            )),
+            _ => None,
+        })
+        .collect()
 }

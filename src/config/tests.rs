@@ -331,3 +331,20 @@ fn a_lease_under_a_second_is_taken_with_a_warning() {
     let config = Config::from_toml("[worker]\nlease = \"1s\"\n", "test").unwrap();
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
+
+/// An exec queue's `kill_after` over half the lease is said: such a command's run may overlap
+/// another daemon's when a lease cannot be extended.
+#[test]
+fn a_kill_after_over_half_the_lease_is_warned_of() {
+    let toml = "[worker]\nlease = \"5s\"\nqueues = [\"jobs\"]\n\
+                [queues.jobs]\nhandler = \"exec\"\ncommand = [\"/bin/true\"]\n";
+    let config = Config::from_toml(toml, "t").unwrap();
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].contains("[queues.jobs] kill_after = 10s is over half of worker.lease"),
+        "{:?}",
+        config.warnings
+    );
+    let config = Config::from_toml(&toml.replace("5s", "30s"), "t").unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}

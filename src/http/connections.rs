@@ -21,6 +21,9 @@ use tokio_util::sync::CancellationToken;
 /// that a flood of connections cannot outrun the closing of the old ones.
 const MAX_CLOSING: usize = 32;
 
+/// How often [`Connections::admit_within`] looks again for a connection whose request ended.
+const BUSY_RECHECK: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The open connections, oldest first.
 pub struct Connections {
     max: usize,
@@ -80,24 +83,28 @@ impl Connections {
         })
     }
 
-    /// [`Connections::admit`], waiting up to `bound` for evicted connections to close when
-    /// that is what stands in the way: a flood of reconnecting slow clients evicts faster
-    /// than a loaded machine runs the evicted connections' tasks, and a prompt client (a
-    /// probe) refused then would fail. The listener's backlog holds the next connections
-    /// meanwhile.
+    /// [`Connections::admit`], waiting up to `bound` for room: for evicted connections to
+    /// close (a flood of reconnecting slow clients evicts faster than a loaded machine runs
+    /// the evicted connections' tasks), or for a busy one to end its request (a flood of
+    /// requests answered at once fills the places kept from waiting requests). A prompt
+    /// client (a probe) refused then would fail. The listener's backlog holds the next
+    /// connections meanwhile.
     pub async fn admit_within(self: &Arc<Self>, bound: std::time::Duration) -> Admission {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             let closed = self.closed.notified();
             tokio::pin!(closed);
             closed.as_mut().enable();
-            match self.admit() {
-                Admission::Refused(Full::Closing) => {}
+            let full = match self.admit() {
+                Admission::Refused(full) => full,
                 admission => return admission,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Admission::Refused(full);
             }
-            if tokio::time::timeout_at(deadline, closed).await.is_err() {
-                return self.admit();
-            }
+            // A request ending is not told: looked at again every few milliseconds.
+            let again = tokio::time::Instant::now() + BUSY_RECHECK;
+            let _ = tokio::time::timeout_at(again.min(deadline), closed).await;
         }
     }
 
@@ -309,6 +316,22 @@ mod tests {
         ));
         held.remove(0);
         assert!(matches!(connections.admit(), Admission::Evicted(_)));
+    }
+
+    #[tokio::test]
+    async fn a_connection_waits_for_a_busy_one_to_end_its_request_rather_than_be_refused() {
+        let connections = Connections::new(1);
+        let only = ticket(connections.admit());
+        let busy = Busy::enter(&only.busy);
+        let ending = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(busy);
+        });
+        let admission = connections
+            .admit_within(std::time::Duration::from_secs(5))
+            .await;
+        assert!(matches!(admission, Admission::Evicted(_)));
+        ending.await.unwrap();
     }
 
     #[tokio::test]

@@ -30,8 +30,9 @@ use crate::db::DbError;
 pub enum Outcome {
     /// The text analyzer's counts to store.
     Succeeded(Counts),
-    /// A handler's answer to store as `output` (SUCCEEDED, zero counts).
-    Output(String),
+    /// A handler's answer to store as `output` (SUCCEEDED, zero counts). Shared, not
+    /// copied, by the batch and the claim's fallback of settling alone: it may be 64 MiB.
+    Output(std::sync::Arc<str>),
     /// Why it failed; stored as `error`, with zero counts. The task ends FAILED.
     Failed(String),
     /// A failed attempt worth another: the task is QUEUED again `after` from now, keeping
@@ -179,7 +180,7 @@ async fn finish_rows(
             _ => None,
         });
         outputs.push(match &finish.outcome {
-            Outcome::Output(output) => Some(output.as_str()),
+            Outcome::Output(output) => Some(output.as_ref()),
             _ => None,
         });
         retry_in.push(match &finish.outcome {

@@ -82,7 +82,7 @@ impl Worker {
         match storable(ran) {
             Ran::Succeeded { output } => {
                 metrics.handler_ran(&queue.name, seconds, None);
-                Action::Finish(Outcome::Output(output))
+                Action::Finish(Outcome::Output(output.into()))
             }
             Ran::Failed(failure) => {
                 metrics.handler_ran(&queue.name, seconds, Some(failure.kind.as_str()));
