@@ -36,7 +36,6 @@ mod reachable;
 mod resolve;
 mod tally;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -87,10 +86,8 @@ struct Shared {
     tally: tally::Tally,
     /// Fired by [`Completer::give_up`]: claims still waiting for the database return.
     give_up: CancellationToken,
-    /// How many claims returned unsettled because of it.
-    abandoned: AtomicUsize,
-    /// Those claims and what was to be written to them, for the stop's last look
-    /// ([`Completer::take_abandoned`]).
+    /// The claims that returned unsettled because of it, and what was to be written to them,
+    /// for the stop's last look ([`Completer::take_abandoned`]).
     given_up: std::sync::Mutex<Vec<(Claim, Action)>>,
     /// The turns of the claims settled alone while the database refuses them.
     reachable: Arc<reachable::Reachable>,
@@ -100,14 +97,16 @@ impl Shared {
     /// A claim given up on: counted, kept with its action for the stop's last look, and
     /// answered as an outage.
     fn abandon(&self, claim: Claim, action: &Action) -> Result<TaskStatus, FinishError> {
-        self.abandoned.fetch_add(1, Ordering::Relaxed);
-        self.given_up
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((claim, action.clone()));
+        self.given_up().push((claim, action.clone()));
         Err(FinishError::Db(DbError::unavailable(
             "the stop's bound passed before the database took it",
         )))
+    }
+
+    fn given_up(&self) -> std::sync::MutexGuard<'_, Vec<(Claim, Action)>> {
+        self.given_up
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -127,7 +126,6 @@ impl Completer {
                 lock_wait: Semaphore::new(1),
                 tally: tally::Tally::default(),
                 give_up: CancellationToken::new(),
-                abandoned: AtomicUsize::new(0),
                 given_up: std::sync::Mutex::new(Vec::new()),
                 reachable,
             }),
@@ -147,22 +145,16 @@ impl Completer {
         self.shared.give_up.is_cancelled()
     }
 
-    /// How many claims [`Completer::give_up`] left unsettled.
+    /// How many claims [`Completer::give_up`] left unsettled (until they are taken).
     pub fn abandoned(&self) -> usize {
-        self.shared.abandoned.load(Ordering::Relaxed)
+        self.shared.given_up().len()
     }
 
     /// The claims [`Completer::give_up`] left unsettled, each with what was to be written
     /// to it: the stop's last look writes them once more (fenced on their tokens, so a
     /// write that landed meanwhile is not written twice) before giving back the rest.
     pub fn take_abandoned(&self) -> Vec<(Claim, Action)> {
-        std::mem::take(
-            &mut *self
-                .shared
-                .given_up
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        std::mem::take(&mut *self.shared.given_up())
     }
 
     /// The database took a write of the daemon's (the lease heartbeat): a claim waiting its

@@ -74,8 +74,9 @@ impl From<&HttpConfig> for Limits {
 
 /// How long `accept` pauses after running out of descriptors or memory.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
-/// How long a new connection waits for evicted ones to close before it is refused.
-const CLOSING_WAIT: Duration = Duration::from_millis(200);
+/// How long a new connection waits for room (an evicted connection closed, a busy one's
+/// request ended) before it is refused.
+const ADMIT_WAIT: Duration = Duration::from_millis(200);
 /// Repeated warnings (refused connections, failed accepts) are logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// How long open connections may finish their requests once the server stops.
@@ -113,7 +114,7 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: Ca
                 }
             }
         };
-        let ticket = match connections.admit_within(CLOSING_WAIT).await {
+        let ticket = match connections.admit_within(ADMIT_WAIT).await {
             Admission::Admitted(ticket) => ticket,
             Admission::Evicted(ticket) => {
                 if evicted.due() {

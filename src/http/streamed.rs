@@ -131,23 +131,16 @@ impl StreamedTask {
 
     fn next(&mut self) -> Option<Bytes> {
         loop {
-            match self.parts.front_mut()? {
-                Part::Fixed(_) => {
-                    let Some(Part::Fixed(bytes)) = self.parts.pop_front() else {
-                        unreachable!("the front part is fixed");
-                    };
-                    if !bytes.is_empty() {
-                        return Some(bytes);
-                    }
-                }
+            match self.parts.pop_front()? {
+                Part::Fixed(bytes) if bytes.is_empty() => {}
+                Part::Fixed(bytes) => return Some(bytes),
                 Part::Text { column, at } => {
-                    let text = self.row.get::<_, RawText<'_>>(*column).0;
-                    if *at < text.len() {
-                        let (chunk, next) = escaped_chunk(text, *at);
-                        *at = next;
+                    let text = self.row.get::<_, RawText<'_>>(column).0;
+                    if at < text.len() {
+                        let (chunk, next) = escaped_chunk(text, at);
+                        self.parts.push_front(Part::Text { column, at: next });
                         return Some(chunk);
                     }
-                    self.parts.pop_front();
                 }
             }
         }

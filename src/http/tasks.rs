@@ -273,24 +273,19 @@ async fn answer(
     id: i64,
     read: Read,
 ) -> Result<Response, ApiError> {
-    let (payload_bytes, output_bytes) = match read {
+    let bytes = match read {
         Read::Whole(task) => return Ok(Json(task).into_response()),
         Read::WithoutPayload {
             payload_bytes,
             output_bytes,
             ..
-        } => (
-            u64::try_from(payload_bytes).unwrap_or(0),
-            u64::try_from(output_bytes).unwrap_or(0),
-        ),
+        } => u64::try_from(payload_bytes.saturating_add(output_bytes)).unwrap_or(0),
     };
-    // Both held once, in the row's buffer, escaped a chunk at a time.
-    let share = budget
-        .try_take(payload_bytes.saturating_add(output_bytes))
-        .ok_or(ApiError::ReadBudget)?;
+    // The payload and the output held once, in the row's buffer, escaped a chunk at a time.
+    let share = budget.try_take(bytes).ok_or(ApiError::ReadBudget)?;
     let row = {
         let session = state.pool.get().await?;
-        session.carried(payload_bytes.saturating_add(output_bytes));
+        session.carried(bytes);
         session.bounded(queue::task::get_row(&session, id)).await?
     };
     let Some(row) = row else {

@@ -233,14 +233,15 @@ pub async fn read(client: &Client, id: i64, max_payload: i64) -> Result<Option<R
     const SQL: &str = concat!(
         "SELECT ",
         columns!(
-            "CASE WHEN octet_length(payload) + coalesce(octet_length(output), 0) <= $2::bigint \
-             THEN payload ELSE '' END AS payload",
-            "CASE WHEN octet_length(payload) + coalesce(octet_length(output), 0) <= $2::bigint \
-             THEN output END AS output"
+            "CASE WHEN small THEN payload ELSE '' END AS payload",
+            "CASE WHEN small THEN output END AS output"
         ),
-        ", octet_length(payload)::bigint AS payload_bytes, \
-         coalesce(octet_length(output), 0)::bigint AS output_bytes \
-         FROM pgtaskd.task_view WHERE id = $1"
+        ", payload_bytes, output_bytes \
+         FROM pgtaskd.task_view, \
+         LATERAL (SELECT octet_length(payload)::bigint AS payload_bytes, \
+                         coalesce(octet_length(output), 0)::bigint AS output_bytes) AS sizes, \
+         LATERAL (SELECT payload_bytes + output_bytes <= $2::bigint AS small) AS fits \
+         WHERE id = $1"
     );
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&id, Type::INT8), (&max_payload, Type::INT8)];
     let Some(row) = client.query_typed_opt(SQL, &params).await? else {

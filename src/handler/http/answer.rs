@@ -31,28 +31,23 @@ pub(super) async fn read(
     let (retry, kind) = verdict(status, response.headers(), SystemTime::now());
     // A redirect says where to, and that it is not followed (its target is not the URL the
     // queue names, and a POST's body would not follow it everywhere).
-    let redirect = status
-        .is_redirection()
-        .then(|| {
-            response
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|location| location.to_str().ok())
-                .map(super::shown_url)
-        })
-        .map(|to| match to {
+    let note = match status.is_redirection() {
+        false => String::new(),
+        true => match response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|location| location.to_str().ok())
+        {
             Some(to) => format!(
-                " (to {to}; redirects are not followed: set the queue's url to where it points)"
+                " (to {}; redirects are not followed: set the queue's url to where it points)",
+                super::shown_url(to)
             ),
             None => " (redirects are not followed)".to_string(),
-        });
+        },
+    };
     let head = body_head(response, deadline).await;
-    let mut message = status_message(status, &head);
-    if let Some(redirect) = redirect {
-        message.insert_str(status_message(status, "").len(), &redirect);
-    }
     Ran::Failed(Failure {
-        message,
+        message: status_message(status, &note, &head),
         retry,
         kind,
     })
@@ -164,12 +159,13 @@ async fn body_head(mut response: reqwest::Response, deadline: Instant) -> String
     String::from_utf8_lossy(&head).into_owned()
 }
 
-/// "HTTP 503 Service Unavailable: " and the body's head (no colon when it is empty).
-fn status_message(status: StatusCode, head: &str) -> String {
+/// "HTTP 503 Service Unavailable", a `note` on it, ": " and the body's head (no colon when
+/// it is empty).
+fn status_message(status: StatusCode, note: &str, head: &str) -> String {
     let code = status.as_u16();
     let status = match status.canonical_reason() {
-        Some(reason) => format!("HTTP {code} {reason}"),
-        None => format!("HTTP {code}"),
+        Some(reason) => format!("HTTP {code} {reason}{note}"),
+        None => format!("HTTP {code}{note}"),
     };
     let head = head.trim_end();
     if head.is_empty() {
@@ -251,14 +247,14 @@ mod tests {
     fn status_messages_name_the_status_and_the_body_head() {
         let unavailable = StatusCode::SERVICE_UNAVAILABLE;
         assert_eq!(
-            status_message(unavailable, "down for maintenance\n"),
+            status_message(unavailable, "", "down for maintenance\n"),
             "HTTP 503 Service Unavailable: down for maintenance"
         );
         assert_eq!(
-            status_message(unavailable, ""),
+            status_message(unavailable, "", ""),
             "HTTP 503 Service Unavailable"
         );
         let unknown = StatusCode::from_u16(599).unwrap();
-        assert_eq!(status_message(unknown, "x"), "HTTP 599: x");
+        assert_eq!(status_message(unknown, "", "x"), "HTTP 599: x");
     }
 }
