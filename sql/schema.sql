@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0027_room_for_updates.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0028_parked_results.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -171,6 +171,28 @@ COMMENT ON TABLE pgtaskd.daemons IS
     'pgtaskd: the daemons running, their queues and heartbeats; stale after 3 heartbeat periods';
 COMMENT ON COLUMN pgtaskd.daemons.handlers IS
     'pgtaskd: how the daemon runs each of its queues (parallel to queues): text-stats, exec:FINGERPRINT or http:FINGERPRINT';
+
+-- Results a stopping daemon could not write, someone else holding the task's row; written
+-- by a rescuer once the lease expired and the row is free ("Parked results", version 28).
+CREATE TABLE pgtaskd.parked_results (
+    task_id     bigint      NOT NULL,
+    claim_token bigint      NOT NULL,
+    -- The arguments `pgtaskd.finish` takes for one row.
+    status      text        NOT NULL,
+    words       bigint      NOT NULL,
+    bytes       bigint      NOT NULL,
+    runes       bigint      NOT NULL,
+    error       text,
+    output      text,
+    retry_in    float8,
+    parked_at   timestamptz NOT NULL DEFAULT now(),
+
+    PRIMARY KEY (task_id, claim_token)
+);
+
+COMMENT ON TABLE pgtaskd.parked_results IS
+    'Results a stopping daemon could not write because another transaction held the task''s '
+    'row; a rescuer writes each once its lease expired and the row is free (schema 28).';
 
 -- ---------------------------------------------------------------------------------------
 -- Views
@@ -628,7 +650,8 @@ $$;
 -- with a backoff while attempts remain, else FAILED; CANCELED where a cancel was requested.
 -- Rows are picked with SKIP LOCKED and re-checked (still RUNNING, same token, lease still
 -- expired), so rescuers of many daemons never fight and a lease extended meanwhile stays.
--- The tasks it ends are announced on `pgtaskd_done` in the same transaction.
+-- The tasks it ends are announced on `pgtaskd_done` in the same transaction. A claim whose
+-- result a stopped daemon parked is left to `write_parked` ("Parked results", version 28).
 CREATE FUNCTION pgtaskd.rescue(max_tasks bigint, owner text)
 RETURNS TABLE (task_id bigint, task_attempt int, task_previous_owner text, task_status text)
 LANGUAGE plpgsql
@@ -642,6 +665,9 @@ BEGIN
           FROM pgtaskd.tasks AS k
          WHERE k.status = 'RUNNING' AND k.lease_expires_at < now()
            AND k.lease_owner IS DISTINCT FROM rescue.owner
+           -- A result is parked for this claim (version 28).
+           AND NOT EXISTS (SELECT 1 FROM pgtaskd.parked_results AS p
+                            WHERE p.task_id = k.id AND p.claim_token = k.claim_token)
          ORDER BY k.lease_expires_at
          LIMIT rescue.max_tasks
            FOR UPDATE SKIP LOCKED
@@ -680,6 +706,89 @@ BEGIN
     )
     SELECT r.id, r.attempt, r.lease_owner, r.status
       FROM rescued AS r CROSS JOIN notified;
+END
+$$;
+
+-- Park the results of claims `tokens` of tasks `ids` (the arrays of `pgtaskd.finish`), for
+-- the rows still RUNNING under those claims. Reads the rows without locking them, so that a
+-- row someone else holds does not hold it up. Returns the ids parked.
+CREATE FUNCTION pgtaskd.park(
+    tokens   bigint[],
+    ids      bigint[],
+    statuses text[],
+    words    bigint[],
+    bytes    bigint[],
+    runes    bigint[],
+    errors   text[],
+    outputs  text[],
+    retry_in float8[]
+) RETURNS TABLE (task_id bigint)
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    INSERT INTO pgtaskd.parked_results AS p
+           (task_id, claim_token, status, words, bytes, runes, error, output, retry_in)
+    SELECT f.id, f.token, f.status, f.words, f.bytes, f.runes, f.error, f.output, f.retry_in
+      FROM unnest(park.tokens, park.ids, park.statuses, park.words, park.bytes, park.runes,
+                  park.errors, park.outputs, park.retry_in)
+           AS f(token, id, status, words, bytes, runes, error, output, retry_in)
+     WHERE EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
+                    WHERE k.id = f.id AND k.claim_token = f.token
+                      AND coalesce(k.status, '') = 'RUNNING')
+    ON CONFLICT (task_id, claim_token) DO NOTHING
+    RETURNING p.task_id;
+END
+$$;
+
+-- Write up to `max_tasks` parked results whose claims' leases expired (other than those of
+-- instance `owner`), through `pgtaskd.finish`: fenced on the parked token, rows someone else
+-- holds skipped (written by a later call). Then drop every parked result whose claim is
+-- over. One row per result written: the task and the status written.
+CREATE FUNCTION pgtaskd.write_parked(max_tasks bigint, owner text)
+RETURNS TABLE (task_id bigint, task_status text)
+LANGUAGE plpgsql
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    due_tokens   bigint[];
+    due_ids      bigint[];
+    due_statuses text[];
+    due_words    bigint[];
+    due_bytes    bigint[];
+    due_runes    bigint[];
+    due_errors   text[];
+    due_outputs  text[];
+    due_retry_in float8[];
+BEGIN
+    SELECT array_agg(d.claim_token ORDER BY d.task_id), array_agg(d.task_id ORDER BY d.task_id),
+           array_agg(d.status ORDER BY d.task_id), array_agg(d.words ORDER BY d.task_id),
+           array_agg(d.bytes ORDER BY d.task_id), array_agg(d.runes ORDER BY d.task_id),
+           array_agg(d.error ORDER BY d.task_id), array_agg(d.output ORDER BY d.task_id),
+           array_agg(d.retry_in ORDER BY d.task_id)
+      INTO due_tokens, due_ids, due_statuses, due_words, due_bytes, due_runes, due_errors,
+           due_outputs, due_retry_in
+      FROM (SELECT p.*
+              FROM pgtaskd.parked_results AS p
+              JOIN pgtaskd.tasks AS k ON k.id = p.task_id AND k.claim_token = p.claim_token
+             WHERE coalesce(k.status, '') = 'RUNNING' AND k.lease_expires_at < now()
+               AND k.lease_owner IS DISTINCT FROM write_parked.owner
+             ORDER BY p.parked_at
+             LIMIT write_parked.max_tasks) AS d;
+    IF due_ids IS NOT NULL THEN
+        RETURN QUERY
+        SELECT f.task_id, f.written
+          FROM pgtaskd.finish(due_tokens, due_ids, due_statuses, due_words, due_bytes,
+                              due_runes, due_errors, due_outputs, due_retry_in, false) AS f
+         WHERE f.written IS NOT NULL;
+    END IF;
+    DELETE FROM pgtaskd.parked_results AS p
+     WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
+                        WHERE k.id = p.task_id AND k.claim_token = p.claim_token
+                          AND coalesce(k.status, '') = 'RUNNING');
 END
 $$;
 
@@ -1190,6 +1299,12 @@ BEGIN
                    'pgtaskd.pause_queue(text), pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '
                    'pgtaskd.retry_failed(text, integer, bigint) '
                    'TO %I', role_name);
+    -- A stopping daemon parks the results it cannot write; rescuers write them (version 28).
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON pgtaskd.parked_results TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION '
+                   'pgtaskd.park(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[]), '
+                   'pgtaskd.write_parked(bigint, text) '
+                   'TO %I', role_name);
 END
 $$;
 
@@ -1225,6 +1340,8 @@ REVOKE ALL ON FUNCTION pgtaskd.finish(bigint[], bigint[], text[], bigint[], bigi
 REVOKE ALL ON FUNCTION pgtaskd.heartbeat(bigint[], bigint[], float8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.extend_lease(bigint, bigint, float8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.rescue(bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.park(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.write_parked(bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.release(bigint, bigint, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.claim_state(bigint, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.prune(float8, bigint, timestamptz) FROM PUBLIC;

@@ -156,6 +156,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0027_room_for_updates",
         sql: include_str!("../../sql/0027_room_for_updates.sql"),
     },
+    Migration {
+        version: 28,
+        name: "0028_parked_results",
+        sql: include_str!("../../sql/0028_parked_results.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

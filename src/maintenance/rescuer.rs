@@ -13,6 +13,10 @@
 //! waits, waits for `pgtaskd.tasks` at most a quarter of a lease (at most 1 s), so that a
 //! lock another transaction holds on the table, which blocks every daemon's heartbeat and
 //! finish, counts as the database being away, not as leases that expired.
+//!
+//! Each rescue first writes the results that stopped daemons parked for claims whose leases
+//! expired (`pgtaskd.write_parked`, docs/design.md "Parked results"): those tasks end with the
+//! result their daemon computed, and the rescue passes over them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,14 +126,20 @@ fn lock_wait(lease: Duration) -> Duration {
     (lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-/// One rescue statement taking back at most `limit` leases, in a transaction of its own
-/// whose `lock_timeout` is [`lock_wait`].
+/// What one rescue took: the parked results it wrote, and the leases it took back.
+struct Taken {
+    unparked: Vec<queue::Unparked>,
+    rescued: Vec<queue::Rescued>,
+}
+
+/// One rescue taking back at most `limit` leases, after writing at most `limit` parked
+/// results, in a transaction of its own whose `lock_timeout` is [`lock_wait`].
 async fn rescue_within(
     client: &Session,
     limit: i64,
     instance: &str,
     lease: Duration,
-) -> Result<Vec<queue::Rescued>, DbError> {
+) -> Result<Taken, DbError> {
     let begin = format!(
         "BEGIN; SET LOCAL lock_timeout = {}",
         lock_wait(lease).as_millis()
@@ -137,10 +147,16 @@ async fn rescue_within(
     client
         .bounded(async {
             client.batch_execute(&begin).await?;
-            match queue::rescue(client, limit, instance).await {
-                Ok(rescued) => {
+            let taken = async {
+                let unparked = queue::write_parked(client, limit, instance).await?;
+                let rescued = queue::rescue(client, limit, instance).await?;
+                Ok::<_, DbError>(Taken { unparked, rescued })
+            }
+            .await;
+            match taken {
+                Ok(taken) => {
                     client.batch_execute("COMMIT").await?;
-                    Ok(rescued)
+                    Ok(taken)
                 }
                 Err(err) => {
                     client.batch_execute("ROLLBACK").await?;
@@ -162,10 +178,19 @@ pub async fn run_once(pool: &Pool, instance: &str, lease: Duration) -> Result<us
     let mut by_status = [0usize; 3];
     let mut owners = std::collections::BTreeSet::new();
     let result = loop {
-        let rescued = match rescue_within(&client, BATCH, instance, lease).await {
-            Ok(rescued) => rescued,
+        let Taken { unparked, rescued } = match rescue_within(&client, BATCH, instance, lease).await
+        {
+            Ok(taken) => taken,
             Err(err) => break Err(err),
         };
+        if !unparked.is_empty() {
+            tracing::info!(
+                tasks = unparked.len(),
+                ids = ?unparked.iter().map(|task| task.id).take(10).collect::<Vec<_>>(),
+                written_by = instance,
+                "results parked by a stopped daemon written"
+            );
+        }
         for task in &rescued {
             by_status[match task.status {
                 TaskStatus::Queued => 0,
@@ -190,7 +215,7 @@ pub async fn run_once(pool: &Pool, instance: &str, lease: Duration) -> Result<us
                 break Err(err);
             }
         }
-        if (rescued.len() as i64) < BATCH {
+        if (rescued.len() as i64) < BATCH && (unparked.len() as i64) < BATCH {
             break Ok(total);
         }
     };

@@ -150,61 +150,10 @@ async fn finish_rows(
     finishes: &[Finish],
     wait: bool,
 ) -> Result<Vec<Result<TaskStatus, FinishError>>, FinishError> {
-    let n = finishes.len();
-    let mut tokens = Vec::with_capacity(n);
-    let mut ids = Vec::with_capacity(n);
-    let mut statuses = Vec::with_capacity(n);
-    let (mut words, mut bytes, mut runes) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut outputs: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut retry_in: Vec<Option<f64>> = Vec::with_capacity(n);
-    for finish in finishes {
-        let counts = match &finish.outcome {
-            Outcome::Succeeded(counts) => *counts,
-            _ => Counts::default(),
-        };
-        tokens.push(finish.token);
-        ids.push(finish.id);
-        statuses.push(finish.outcome.status().as_str());
-        words.push(counts.words);
-        bytes.push(counts.bytes);
-        runes.push(counts.runes);
-        errors.push(match &finish.outcome {
-            Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
-                Some(message.as_str())
-            }
-            _ => None,
-        });
-        outputs.push(match &finish.outcome {
-            Outcome::Output(output) => Some(output.as_ref()),
-            _ => None,
-        });
-        retry_in.push(match &finish.outcome {
-            Outcome::Retry { after, .. } => Some(after.as_secs_f64()),
-            _ => None,
-        });
-    }
-    let rows = client
-        .query_typed(
-            FINISH_MANY,
-            &[
-                (&tokens, Type::INT8_ARRAY),
-                (&ids, Type::INT8_ARRAY),
-                (&statuses, Type::TEXT_ARRAY),
-                (&words, Type::INT8_ARRAY),
-                (&bytes, Type::INT8_ARRAY),
-                (&runes, Type::INT8_ARRAY),
-                (&errors, Type::TEXT_ARRAY),
-                (&outputs, Type::TEXT_ARRAY),
-                (&retry_in, Type::FLOAT8_ARRAY),
-                (&wait, Type::BOOL),
-            ],
-        )
-        .await?;
+    let columns = Columns::of(finishes);
+    let mut params = columns.params();
+    params.push((&wait, Type::BOOL));
+    let rows = client.query_typed(FINISH_MANY, &params).await?;
     let mut by_id: std::collections::HashMap<i64, Result<TaskStatus, FinishError>> = rows
         .iter()
         .map(|row| {
@@ -216,10 +165,84 @@ async fn finish_rows(
             (row.get::<_, i64>(0), answer)
         })
         .collect();
-    Ok(ids
+    Ok(columns
+        .ids
         .iter()
         .map(|id| by_id.remove(id).unwrap_or(Err(FinishError::NotFound)))
         .collect())
+}
+
+/// Outcomes as the arrays `pgtaskd.finish` and `pgtaskd.park` take, one element per claim.
+pub(super) struct Columns<'a> {
+    tokens: Vec<i64>,
+    pub(super) ids: Vec<i64>,
+    statuses: Vec<&'static str>,
+    words: Vec<i64>,
+    bytes: Vec<i64>,
+    runes: Vec<i64>,
+    errors: Vec<Option<&'a str>>,
+    outputs: Vec<Option<&'a str>>,
+    retry_in: Vec<Option<f64>>,
+}
+
+impl<'a> Columns<'a> {
+    pub(super) fn of(finishes: &'a [Finish]) -> Columns<'a> {
+        let n = finishes.len();
+        let mut columns = Columns {
+            tokens: Vec::with_capacity(n),
+            ids: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            words: Vec::with_capacity(n),
+            bytes: Vec::with_capacity(n),
+            runes: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            outputs: Vec::with_capacity(n),
+            retry_in: Vec::with_capacity(n),
+        };
+        for finish in finishes {
+            let counts = match &finish.outcome {
+                Outcome::Succeeded(counts) => *counts,
+                _ => Counts::default(),
+            };
+            columns.tokens.push(finish.token);
+            columns.ids.push(finish.id);
+            columns.statuses.push(finish.outcome.status().as_str());
+            columns.words.push(counts.words);
+            columns.bytes.push(counts.bytes);
+            columns.runes.push(counts.runes);
+            columns.errors.push(match &finish.outcome {
+                Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
+                    Some(message.as_str())
+                }
+                _ => None,
+            });
+            columns.outputs.push(match &finish.outcome {
+                Outcome::Output(output) => Some(output.as_ref()),
+                _ => None,
+            });
+            columns.retry_in.push(match &finish.outcome {
+                Outcome::Retry { after, .. } => Some(after.as_secs_f64()),
+                _ => None,
+            });
+        }
+        columns
+    }
+
+    /// The nine arrays, in the functions' order: tokens, ids, statuses, words, bytes, runes,
+    /// errors, outputs, retry_in.
+    pub(super) fn params(&self) -> Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> {
+        vec![
+            (&self.tokens, Type::INT8_ARRAY),
+            (&self.ids, Type::INT8_ARRAY),
+            (&self.statuses, Type::TEXT_ARRAY),
+            (&self.words, Type::INT8_ARRAY),
+            (&self.bytes, Type::INT8_ARRAY),
+            (&self.runes, Type::INT8_ARRAY),
+            (&self.errors, Type::TEXT_ARRAY),
+            (&self.outputs, Type::TEXT_ARRAY),
+            (&self.retry_in, Type::FLOAT8_ARRAY),
+        ]
+    }
 }
 
 /// `pgtaskd.release` (sql/0026_state_functions.sql). `$3`: wait for the row's lock; without

@@ -11,6 +11,7 @@
 //! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by the claim token; release back to QUEUED |
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
 //! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
+//! | [`mod@park`] | results a stopping daemon could not write for a row lock, parked; written by rescuers |
 //! | [`mod@prune`] | deleting old finished rows (retention) |
 //! | [`mod@daemons`] | each daemon's row in `pgtaskd.daemons`: its queues, version and heartbeat |
 //! | [`mod@idle`] | the daemon's idle flag, which the insert trigger reads before it notifies |
@@ -32,6 +33,7 @@ pub mod finish;
 pub mod heartbeat;
 pub mod idle;
 pub mod list;
+pub mod park;
 pub mod pause;
 pub mod prune;
 pub mod rescue;
@@ -52,6 +54,7 @@ pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, Finis
 pub use heartbeat::{extend_one, heartbeat, Beat, Extended};
 pub use idle::{clear_idle, flag_idle, remove_idle, settled};
 pub use list::{list, page, ListFilter, Listed, Page};
+pub use park::{park, write_parked, Unparked};
 pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};

@@ -8,6 +8,7 @@
 //! Called by [`Worker::run`] (one fill per scan, see `idle.rs` for what follows a scan) and
 //! [`Worker::run_once`].
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -197,7 +198,7 @@ impl Worker {
     /// but in no registry, and would wait for their lease to expire. Give each back, as a
     /// shutdown does. Their analyzers never ran. Called only while no claim is on its way.
     async fn release_unanswered(&self) -> Result<(), DbError> {
-        let given = self.give_back_held(true, false).await?;
+        let given = self.give_back_held(true, false, &HashSet::new()).await?;
         if given.given_back > 0 {
             tracing::warn!(
                 tasks = given.given_back,
@@ -213,7 +214,8 @@ impl Worker {
     /// Give back the rows RUNNING under this instance (with `unregistered_only`, those no
     /// claim of the registry holds), each fenced on its claim's token: QUEUED, the attempt not
     /// counted; CANCELED if a cancel was requested. A row someone else holds is waited for
-    /// only with `wait` (the last look of a stop, under its own bound), else left. A failure
+    /// only with `wait` (the last look of a stop, under its own bound), else left. The tasks
+    /// in `parked` are left alone: their results are parked for a rescuer to write. A failure
     /// of the database ends the round; the rows not given back are counted as left.
     ///
     /// # Errors
@@ -223,6 +225,7 @@ impl Worker {
         &self,
         unregistered_only: bool,
         wait: bool,
+        parked: &HashSet<i64>,
     ) -> Result<GivenBack, DbError> {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
@@ -236,6 +239,7 @@ impl Worker {
         let held: Vec<(i64, i32, i64)> = held
             .into_iter()
             .filter(|(id, _, _)| !unregistered_only || !inner.running.contains(*id))
+            .filter(|(id, _, _)| !parked.contains(id))
             .collect();
         let mut given = GivenBack::default();
         let total = held.len();

@@ -14,6 +14,7 @@
 //!
 //! Called by [`crate::daemon`] after [`Worker::run`] returned.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -106,29 +107,38 @@ impl Worker {
 
     /// After every task ended: write once more what the completer gave up on (a result
     /// computed is committed, not thrown away, when the database is back by now: each write
-    /// fenced on its claim's token, so one that landed meanwhile is not written twice), then
-    /// give back each row still RUNNING under this instance, as a shutdown releases its
-    /// claims, waiting for a row someone else holds (the caller bounds the wait). Returns how
-    /// many could not be given back.
+    /// fenced on its claim's token, so one that landed meanwhile is not written twice); park
+    /// each result whose row another transaction holds locked, for a rescuer to write once
+    /// the row is free (docs/design.md, "Parked results"); then give back each other row
+    /// still RUNNING under this instance, as a shutdown releases its claims, waiting for a row
+    /// someone else holds (the caller bounds the wait). Returns how many could not be given
+    /// back.
     ///
     /// # Errors
     ///
     /// The database did not answer.
     async fn last_look(&self) -> Result<usize, DbError> {
         let given_up = self.inner.completer.take_abandoned();
+        let mut parked = HashSet::new();
         if !given_up.is_empty() {
             let client = self.inner.pool.get().await?;
             let mut written = 0;
+            let mut locked = Vec::new();
             for (claim, action) in given_up {
                 let Action::Finish(outcome) = &action else {
                     continue; // a release: given back below
                 };
-                let finish = queue::finish(&client, claim.token, claim.id, outcome, true);
+                let finish = queue::finish(&client, claim.token, claim.id, outcome, false);
                 match client.bounded(finish).await {
                     Ok(status) => {
                         written += 1;
                         self.inner.summary.recovered(status, &action);
                     }
+                    Err(FinishError::Locked) => locked.push(queue::Finish {
+                        id: claim.id,
+                        token: claim.token,
+                        outcome: outcome.clone(),
+                    }),
                     Err(FinishError::Db(err)) => return Err(err),
                     // Landed meanwhile, or changed by someone else: nothing to write.
                     Err(_) => {}
@@ -140,7 +150,16 @@ impl Worker {
                     "results given up on were committed at the stop's last look"
                 );
             }
+            if !locked.is_empty() {
+                parked = client.bounded(queue::park(&client, &locked)).await?;
+                self.inner.summary.parked(parked.len());
+                tracing::warn!(
+                    parked = parked.len(),
+                    ids = ?parked.iter().take(10).collect::<Vec<_>>(),
+                    "rows another transaction holds locked: their results are parked, and a rescuer writes them once the rows are free and the leases expired"
+                );
+            }
         }
-        Ok(self.give_back_held(false, true).await?.left)
+        Ok(self.give_back_held(false, true, &parked).await?.left)
     }
 }

@@ -1,6 +1,6 @@
 //! The worker's periodic summary: at info level, one line a minute with what its tasks came
 //! to (claimed, finished by status, given back, failed attempts queued for a retry, results
-//! dropped, and the rate), silent while idle, and one last line at the stop. Each task's own lines are at debug level, so that a
+//! dropped, results parked at a stop, and the rate), silent while idle, and one last line at the stop. Each task's own lines are at debug level, so that a
 //! busy daemon's log grows by a line a minute, not two lines a task (docs/design.md, "Logs").
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +23,7 @@ pub(super) struct Summary {
     released: AtomicU64,
     retried: AtomicU64,
     dropped: AtomicU64,
+    parked: AtomicU64,
 }
 
 /// One summary's figures.
@@ -35,6 +36,7 @@ pub(super) struct Figures {
     pub released: u64,
     pub retried: u64,
     pub dropped: u64,
+    pub parked: u64,
 }
 
 impl Figures {
@@ -72,6 +74,18 @@ impl Summary {
         self.settled(Some(status), retried);
     }
 
+    /// `n` claims counted as dropped were parked for a rescuer to write (the stop's last
+    /// look): counted as parked instead.
+    pub(super) fn parked(&self, n: usize) {
+        let n = n as u64;
+        let _ = self
+            .dropped
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                Some(d.saturating_sub(n))
+            });
+        self.parked.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The figures since the last call, which start again from zero.
     pub(super) fn take(&self) -> Figures {
         let take = |n: &AtomicU64| n.swap(0, Ordering::Relaxed);
@@ -83,6 +97,7 @@ impl Summary {
             released: take(&self.released),
             retried: take(&self.retried),
             dropped: take(&self.dropped),
+            parked: take(&self.parked),
         }
     }
 
@@ -104,6 +119,7 @@ impl Summary {
             released,
             retried,
             dropped,
+            parked,
         } = figures;
         let message = if last {
             "tasks since the last summary, at the stop"
@@ -119,6 +135,7 @@ impl Summary {
             released,
             attempts_failed_to_retry = retried,
             results_dropped = dropped,
+            results_parked = parked,
             per_second,
             "{message}"
         );
@@ -176,8 +193,19 @@ mod tests {
                 released: 1,
                 retried: 2,
                 dropped: 1,
+                parked: 0,
             }
         );
         assert!(summary.take().is_empty());
+    }
+
+    #[test]
+    fn a_result_parked_at_the_stop_is_no_longer_counted_as_dropped() {
+        let summary = Summary::default();
+        summary.settled(None, false);
+        summary.settled(None, false);
+        summary.parked(1);
+        let figures = summary.take();
+        assert_eq!((figures.dropped, figures.parked), (1, 1));
     }
 }

@@ -305,3 +305,82 @@ async fn a_table_lock_longer_than_a_lease_makes_no_finished_task_run_again() {
     second.stop().await;
     first.stop().await;
 }
+
+/// A row lock across a stop ("Parked results" in docs/design.md): a producer holds a finished
+/// task's row while its daemon is told to stop. The stop cannot write the result; it parks it
+/// and ends cleanly. Once the row is free, another daemon's rescuer writes the parked result:
+/// the task ends SUCCEEDED with the counts the first daemon computed, on its first attempt,
+/// its work never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_lock_across_a_stop_parks_the_result_and_a_rescuer_writes_it() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // The statement timeout ends the stopped daemon's own wait for the row on the server (a
+    // statement it sent before it stopped), so that only a rescuer can write the result.
+    let config = "[worker]\nconcurrency = 2\nlease = \"2s\"\npoll_interval = \"200ms\"\n\
+                  [shutdown]\ngrace = \"1s\"\n[database]\nstatement_timeout = \"2s\"\n";
+    let held = GatedAnalyzer::closed();
+    let mut first = InProcessDaemon::start(&db, db.config(config), held.clone()).await;
+    let id = enqueue(&client, "one two three").await;
+    held.entered(1).await;
+
+    // The producer's transaction holds the task's row, and stays open across the stop.
+    let mut producer = db.client().await;
+    let tx = within(WAIT, "BEGIN", producer.transaction()).await.unwrap();
+    within(
+        WAIT,
+        "the row lock",
+        tx.execute(
+            "SELECT 1 FROM pgtaskd.tasks WHERE id = $1 FOR UPDATE",
+            &[&id],
+        ),
+    )
+    .await
+    .unwrap();
+    held.open();
+    held.returned(1).await;
+    first.shutdown.trigger();
+    let stopped = first.join_result().await;
+    assert!(
+        stopped.is_ok(),
+        "the stop parks the result and ends cleanly: {stopped:?}"
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.parked_results").await,
+        1,
+        "the result is parked"
+    );
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Running, "the row was held");
+    eventually(
+        WAIT,
+        "no statement of the stopped daemon waiting for the row",
+        || async {
+            let waiting = count(
+                &client,
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await;
+            (waiting == 0).then_some(())
+        },
+    )
+    .await;
+
+    let other = GatedAnalyzer::counting();
+    let second = InProcessDaemon::start(&db, db.config(config), other.clone()).await;
+    within(WAIT, "COMMIT", tx.commit()).await.unwrap();
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(
+        (task.attempt, task.words, task.bytes, task.runes),
+        (1, 3, 13, 13),
+        "the parked result, written on the first attempt"
+    );
+    assert_eq!(other.calls(), 0, "the second daemon ran the task again");
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.parked_results").await,
+        0,
+        "a written result is no longer parked"
+    );
+    second.stop().await;
+}

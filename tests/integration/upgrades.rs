@@ -548,28 +548,7 @@ async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish_and_p
     }
 
     // The daemon role of schema 25 uses them, with its own rights.
-    within(
-        WAIT,
-        "acting as the old daemon role",
-        owner.batch_execute(&format!(
-            "SET ROLE {}; INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('x', 'sf')",
-            roles.name("old_daemon")
-        )),
-    )
-    .await
-    .unwrap();
-    let claimed = within(
-        WAIT,
-        "a claim",
-        owner.query_one(
-            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['sf'], 1, 'sf-owner', \
-             60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
-            &[],
-        ),
-    )
-    .await
-    .unwrap();
-    let (id, token): (i64, i64) = (claimed.get(0), claimed.get(1));
+    let (id, token) = claim_one_as(&owner, &roles.name("old_daemon"), "sf", "x").await;
     let beat = within(
         WAIT,
         "a heartbeat",
@@ -645,6 +624,167 @@ async fn schema_26_grants_the_state_functions_to_the_roles_that_may_finish_and_p
     .await
     .unwrap();
     assert!(again.is_empty(), "a released claim is no longer held");
+}
+
+/// Schema 28 lets every role that may rescue park results and write them (those granted
+/// before the upgrade, by the old `grant_daemon` or by hand, and those granted after), and no
+/// producer, operator, role with nothing or PUBLIC; the daemon role of schema 27 parks a
+/// result, which the rescue passes over and `write_parked` writes once the lease expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_28_lets_the_roles_that_may_rescue_park_results_and_write_them() {
+    let roles = Roles::new("pr");
+    let setup = format!(
+        "CREATE ROLE {0}; GRANT EXECUTE ON FUNCTION pgtaskd.rescue(bigint, text) TO {0};",
+        roles.name("rescuer")
+    );
+    let (_db, owner) = upgrade_with_roles(27, &roles, &setup).await;
+    let rights = [
+        "has_function_privilege('{role}', 'pgtaskd.park(bigint[], bigint[], text[], bigint[], \
+         bigint[], bigint[], text[], text[], float8[])', 'EXECUTE')",
+        "has_function_privilege('{role}', 'pgtaskd.write_parked(bigint, text)', 'EXECUTE')",
+        "has_table_privilege('{role}', 'pgtaskd.parked_results', 'SELECT')",
+        "has_table_privilege('{role}', 'pgtaskd.parked_results', 'INSERT')",
+        "has_table_privilege('{role}', 'pgtaskd.parked_results', 'DELETE')",
+    ];
+    for (kind, expected) in [
+        ("old_daemon", true),
+        ("new_daemon", true),
+        ("rescuer", true),
+        ("old_ops", false),
+        ("new_ops", false),
+        ("old_app", false),
+        ("new_app", false),
+        ("stranger", false),
+    ] {
+        for right in rights {
+            let sql = format!("SELECT {}", right.replace("{role}", &roles.name(kind)));
+            let may: bool = within(WAIT, "a right", owner.query_one(&sql, &[]))
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(may, expected, "{kind}: {right}");
+        }
+    }
+
+    // The daemon role of schema 27 parks a result of a claim whose lease then expires.
+    let (id, token) = claim_one_as(&owner, &roles.name("old_daemon"), "pr", "x y").await;
+    let parked = within(
+        WAIT,
+        "a park",
+        owner.query(
+            "SELECT task_id FROM pgtaskd.park(ARRAY[$1::bigint], ARRAY[$2::bigint], \
+             ARRAY['SUCCEEDED'], ARRAY[2::bigint], ARRAY[3::bigint], ARRAY[3::bigint], \
+             ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::float8])",
+            &[&token, &id],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(parked.len(), 1, "the claim's result is parked");
+    let early = within(
+        WAIT,
+        "writing before the lease expired",
+        owner.query(
+            "SELECT task_id FROM pgtaskd.write_parked(10, 'another')",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(early.is_empty(), "a live lease's parked result waits");
+    within(
+        WAIT,
+        "the lease expiring",
+        owner.execute("SELECT pgtaskd.extend_lease($1, $2, -1000)", &[&id, &token]),
+    )
+    .await
+    .unwrap();
+    let rescued = within(
+        WAIT,
+        "a rescue",
+        owner.query("SELECT task_id FROM pgtaskd.rescue(10, 'another')", &[]),
+    )
+    .await
+    .unwrap();
+    assert!(
+        rescued.is_empty(),
+        "a claim whose result is parked is not taken back"
+    );
+    let written = within(
+        WAIT,
+        "writing the parked result",
+        owner.query(
+            "SELECT task_id, task_status FROM pgtaskd.write_parked(10, 'another')",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(written.len(), 1);
+    assert_eq!(
+        (written[0].get::<_, i64>(0), written[0].get::<_, String>(1)),
+        (id, "SUCCEEDED".to_string())
+    );
+    let row = within(
+        WAIT,
+        "the task",
+        owner.query_one(
+            "SELECT status, attempt, words, (SELECT count(*) FROM pgtaskd.parked_results) \
+               FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, i64>(3)
+        ),
+        ("SUCCEEDED".to_string(), 1, 2, 0)
+    );
+}
+
+/// As `role` from now on (the session keeps it): enqueue `payload` in `queue` and claim it.
+/// The task's id and the claim's token.
+async fn claim_one_as(
+    owner: &tokio_postgres::Client,
+    role: &str,
+    queue: &str,
+    payload: &str,
+) -> (i64, i64) {
+    within(
+        WAIT,
+        "acting as the role",
+        owner.batch_execute(&format!("SET ROLE {role}")),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "an insert",
+        owner.execute(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ($1, $2)",
+            &[&payload, &queue],
+        ),
+    )
+    .await
+    .unwrap();
+    let owner_name = format!("{queue}-owner");
+    let claimed = within(
+        WAIT,
+        "a claim",
+        owner.query_one(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY[$1::text], 1, $2, \
+             60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[&queue, &owner_name],
+        ),
+    )
+    .await
+    .unwrap();
+    (claimed.get(0), claimed.get(1))
 }
 
 /// Role names of one test: `{prefix}_{kind}_{tag}`, the tag random so that the roles of
