@@ -41,7 +41,7 @@ COMMENT ON TABLE pgtaskd.parked_results IS
 
 -- Park the results of claims `tokens` of tasks `ids` (the arrays of `pgtaskd.finish`), for
 -- the rows still RUNNING under those claims. Reads the rows without locking them, so that a
--- row someone else holds does not hold it up. Returns the ids parked.
+-- row someone else holds does not hold it up. Returns the ids parked, now or before.
 CREATE FUNCTION pgtaskd.park(
     tokens   bigint[],
     ids      bigint[],
@@ -58,8 +58,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    RETURN QUERY
-    INSERT INTO pgtaskd.parked_results AS p
+    INSERT INTO pgtaskd.parked_results
            (task_id, claim_token, status, words, bytes, runes, error, output, retry_in)
     SELECT f.id, f.token, f.status, f.words, f.bytes, f.runes, f.error, f.output, f.retry_in
       FROM unnest(park.tokens, park.ids, park.statuses, park.words, park.bytes, park.runes,
@@ -68,8 +67,12 @@ BEGIN
      WHERE EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
                     WHERE k.id = f.id AND k.claim_token = f.token
                       AND coalesce(k.status, '') = 'RUNNING')
-    ON CONFLICT (task_id, claim_token) DO NOTHING
-    RETURNING p.task_id;
+    ON CONFLICT (task_id, claim_token) DO NOTHING;
+    RETURN QUERY
+    SELECT p.task_id
+      FROM pgtaskd.parked_results AS p,
+           unnest(park.ids, park.tokens) AS f(id, token)
+     WHERE p.task_id = f.id AND p.claim_token = f.token;
 END
 $$;
 

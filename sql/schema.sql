@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0028_parked_results.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0029_quiet_sessions.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -273,13 +273,30 @@ SELECT pg_catalog.setval('pgtaskd.idle_until'::pg_catalog.regclass, 0);
 -- Completion notifications, and the functions of producers: enqueue and cancel
 -- ---------------------------------------------------------------------------------------
 
+-- `pg_notify`, unless the session or transaction set `pgtaskd.notify = off` (version 29): every
+-- notification of pgtaskd's functions goes through it. The daemon sets it on sessions of a
+-- server whose commits wait for a synchronous standby that is not connected ("No commit
+-- waits for a standby that is not there"): a producer's transaction stuck there holds the
+-- lock every NOTIFY of the cluster takes at commit, and a finish that notified would wait
+-- behind it. EXECUTE stays with PUBLIC: it does what `pg_notify` does.
+CREATE FUNCTION pgtaskd.notify(channel text, payload text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.lower(pg_catalog.current_setting('pgtaskd.notify', true))
+       OPERATOR(pg_catalog.=) ANY (ARRAY['off', 'false', 'no', '0']) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.pg_notify(notify.channel, notify.payload);
+END
+$$;
+
 -- `NOTIFY pgtaskd_done` with the ids of tasks that just ended, split under the payload
 -- limit; called by finish, request_cancel, the release and the rescuer ("Completion
 -- notifications").
 CREATE FUNCTION pgtaskd.notify_done(ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('pgtaskd_done', string_agg(s.id::text, ',' ORDER BY s.n))
+    PERFORM pgtaskd.notify('pgtaskd_done', string_agg(s.id::text, ',' ORDER BY s.n))
        FROM (SELECT u.id, u.n,
                     sum(length(u.id::text) + 1) OVER (ORDER BY u.n) AS reach
                FROM unnest(notify_done.ids) WITH ORDINALITY AS u(id, n)
@@ -356,7 +373,7 @@ BEGIN
      WHERE id = task_id AND coalesce(status, '') = 'RUNNING'
     RETURNING 'RUNNING', status INTO previous, current;
     IF FOUND THEN
-        PERFORM pg_notify('pgtaskd_cancel', task_id::text);
+        PERFORM pgtaskd.notify('pgtaskd_cancel', task_id::text);
         RETURN;
     END IF;
 
@@ -711,7 +728,7 @@ $$;
 
 -- Park the results of claims `tokens` of tasks `ids` (the arrays of `pgtaskd.finish`), for
 -- the rows still RUNNING under those claims. Reads the rows without locking them, so that a
--- row someone else holds does not hold it up. Returns the ids parked.
+-- row someone else holds does not hold it up. Returns the ids parked, now or before.
 CREATE FUNCTION pgtaskd.park(
     tokens   bigint[],
     ids      bigint[],
@@ -728,8 +745,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    RETURN QUERY
-    INSERT INTO pgtaskd.parked_results AS p
+    INSERT INTO pgtaskd.parked_results
            (task_id, claim_token, status, words, bytes, runes, error, output, retry_in)
     SELECT f.id, f.token, f.status, f.words, f.bytes, f.runes, f.error, f.output, f.retry_in
       FROM unnest(park.tokens, park.ids, park.statuses, park.words, park.bytes, park.runes,
@@ -738,8 +754,12 @@ BEGIN
      WHERE EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
                     WHERE k.id = f.id AND k.claim_token = f.token
                       AND coalesce(k.status, '') = 'RUNNING')
-    ON CONFLICT (task_id, claim_token) DO NOTHING
-    RETURNING p.task_id;
+    ON CONFLICT (task_id, claim_token) DO NOTHING;
+    RETURN QUERY
+    SELECT p.task_id
+      FROM pgtaskd.parked_results AS p,
+           unnest(park.ids, park.tokens) AS f(id, token)
+     WHERE p.task_id = f.id AND p.claim_token = f.token;
 END
 $$;
 
@@ -909,7 +929,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM pg_notify('pgtaskd_queues', pause_queue.queue);
+    PERFORM pgtaskd.notify('pgtaskd_queues', pause_queue.queue);
     RETURN true;
 END
 $$;
@@ -926,8 +946,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM pg_notify('pgtaskd_queues', resume_queue.queue);
-    PERFORM pg_notify('pgtaskd_tasks', '');
+    PERFORM pgtaskd.notify('pgtaskd_queues', resume_queue.queue);
+    PERFORM pgtaskd.notify('pgtaskd_tasks', '');
     RETURN true;
 END
 $$;
@@ -961,7 +981,7 @@ BEGIN
            run_at = now()
      WHERE t.id = retry.task_id
        AND t.status IN ('FAILED', 'CANCELED');
-    PERFORM pg_notify('pgtaskd_tasks', '');
+    PERFORM pgtaskd.notify('pgtaskd_tasks', '');
     RETURN previous;
 END
 $$;
@@ -1017,7 +1037,7 @@ BEGIN
       INTO retried, last_id
       FROM done;
     IF retried > 0 THEN
-        PERFORM pg_notify('pgtaskd_tasks', '');
+        PERFORM pgtaskd.notify('pgtaskd_tasks', '');
     END IF;
 END
 $$;
@@ -1326,8 +1346,9 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Privileges: EXECUTE on every function but the insert trigger's is revoked from PUBLIC
--- (roles get what they need from the grant functions above); the idle hint is readable by
+-- Privileges: EXECUTE on every function but the insert trigger's and `pgtaskd.notify` (which
+-- does what `pg_notify` does) is revoked from PUBLIC (roles get what they need from the grant
+-- functions above); the idle hint is readable by
 -- every role, so that any producer's inserts can read the trigger's condition ("Idle flags").
 -- ---------------------------------------------------------------------------------------
 

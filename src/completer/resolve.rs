@@ -82,6 +82,7 @@ async fn retry(
     let Claim { id, attempt, .. } = claim;
     let mut outcome_unknown = why == Why::OutcomeUnknown;
     let mut wait = why == Why::Locked;
+    let mut parked = false;
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let seen = shared.reachable.seen();
@@ -99,7 +100,13 @@ async fn retry(
                 Ok(client) if outcome_unknown => {
                     resolve(shared, &client, claim, action, wait, landed).await
                 }
-                Ok(client) => apply(&client, claim, action, wait).await,
+                Ok(client) => {
+                    if wait && !parked {
+                        park(&client, claim, action).await?;
+                        parked = true;
+                    }
+                    apply(&client, claim, action, wait).await
+                }
             }
         };
         // A stopping daemon that gave up on the database: the statement may still land; if
@@ -162,6 +169,26 @@ async fn retry(
             }
         }
     }
+}
+
+/// Before a finish waits for a row someone else holds: park its result ("Parked results"
+/// in docs/design.md), so that should the lease run out meanwhile and the row be let go
+/// before this write gets it, a rescuer writes the result instead of giving the task back to
+/// run again. The parked copy of a result this write lands is dropped by the next rescue.
+async fn park(client: &Session, claim: Claim, action: &Action) -> Result<(), FinishError> {
+    let Action::Finish(outcome) = action else {
+        return Ok(()); // a release has no result to keep
+    };
+    let finish = queue::Finish {
+        id: claim.id,
+        token: claim.token,
+        outcome: outcome.clone(),
+    };
+    client
+        .bounded(queue::park(client, std::slice::from_ref(&finish)))
+        .await
+        .map_err(FinishError::Db)?;
+    Ok(())
 }
 
 /// Write `action` to `claim`: one fenced statement; with `wait`, it waits for the row if

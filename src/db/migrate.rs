@@ -161,6 +161,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0028_parked_results",
         sql: include_str!("../../sql/0028_parked_results.sql"),
     },
+    Migration {
+        version: 29,
+        name: "0029_quiet_sessions",
+        sql: include_str!("../../sql/0029_quiet_sessions.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -11,7 +11,9 @@
 //! promoted standby that kept `synchronous_standby_names`, a primary whose standbys are all
 //! gone) answers no write at all: every session would wait in its commit until the
 //! deadline, and the pool would be wedged. A new session checks that once; on such a server
-//! it commits with `synchronous_commit = local`, is said once in the log, and lives at most
+//! it commits with `synchronous_commit = local` and sends no notifications (`pgtaskd.notify
+//! = off`: a producer's commit stuck there after its NOTIFY holds the lock every NOTIFY
+//! takes), is said once in the log, and lives at most
 //! [`UNREPLICATED_SESSION_LIFE`], so that sessions opened once a standby is back wait for it
 //! again (docs/design.md, "No commit waits for a standby that is not there"). Behind a
 //! transaction pooler (`database.pooler = "transaction"`) a session's `SET` would stay on the
@@ -144,7 +146,7 @@ impl Pool {
         session
             .bounded(async {
                 session
-                    .batch_execute("SET synchronous_commit = local")
+                    .batch_execute("SET synchronous_commit = local; SET pgtaskd.notify = off")
                     .await
                     .map_err(DbError::from)
             })
@@ -155,7 +157,7 @@ impl Pool {
             .insert(id, Instant::now());
         if !self.said_unreplicated.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                "the server holds commits for a synchronous standby (synchronous_standby_names) and none is connected: this daemon's sessions commit without waiting for one (synchronous_commit = local) until a standby connects"
+                "the server holds commits for a synchronous standby (synchronous_standby_names) and none is connected: this daemon's sessions commit without waiting for one (synchronous_commit = local) and send no notifications until a standby connects"
             );
         }
         Ok(())

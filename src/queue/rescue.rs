@@ -51,14 +51,19 @@ pub async fn rescue(client: &Client, limit: i64, owner: &str) -> Result<Vec<Resc
         .collect())
 }
 
-/// Wake every daemon: used after tasks were put back to QUEUED.
+/// Wake every daemon: used after tasks were put back to QUEUED. Through `pgtaskd.notify`, so
+/// that a session that turned notifications off (`pgtaskd.notify = off`, docs/design.md "No
+/// commit waits for a standby that is not there") sends none.
 ///
 /// # Errors
 ///
 /// Database failures.
 pub async fn notify_tasks(client: &Client) -> Result<(), DbError> {
     client
-        .batch_execute(&format!("NOTIFY {}", crate::db::listen::TASKS_CHANNEL))
+        .batch_execute(&format!(
+            "SELECT pgtaskd.notify('{}', '')",
+            crate::db::listen::TASKS_CHANNEL
+        ))
         .await?;
     Ok(())
 }

@@ -468,3 +468,102 @@ async fn a_promoted_standby_that_missed_claims_gives_none_of_their_tokens_again(
     .await;
     assert_eq!(running, 3);
 }
+
+/// A server that holds commits for a synchronous standby that is not connected, and a
+/// producer whose transaction notified (its own channel, or the insert trigger's) and now
+/// waits in its commit: it holds the lock every NOTIFY of the cluster takes at commit, for
+/// as long as the standby stays away. The daemon's sessions there commit locally and send no
+/// notifications ("No commit waits for a standby that is not there"), so tasks still finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds_up_no_finish() {
+    let cluster = Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'absent_standby'")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    eventually(WAIT, "the setting in new sessions", || async {
+        let fresh = db.client().await;
+        let names: String = fresh
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await
+            .ok()?
+            .get(0);
+        (names == "absent_standby").then_some(())
+    })
+    .await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    daemon.wait_for_log("send no notifications").await;
+
+    // The producer: it notified, and its commit waits for the standby.
+    let producer = db.client().await;
+    let producer_pid: i32 = producer
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let stuck = tokio::spawn(async move {
+        producer
+            .batch_execute(
+                "BEGIN; INSERT INTO pgtaskd.tasks (payload) VALUES ('stuck producer'); \
+                 NOTIFY app_channel; COMMIT",
+            )
+            .await
+    });
+    eventually(WAIT, "the producer to wait for the standby", || async {
+        let waiting = count(
+            &client,
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE pid = {producer_pid} AND wait_event = 'SyncRep'"
+            ),
+        )
+        .await;
+        (waiting == 1).then_some(())
+    })
+    .await;
+
+    // A task from a producer that does not wait (as the daemon's own sessions do).
+    let quiet = db.client().await;
+    quiet
+        .batch_execute("SET synchronous_commit = local; SET pgtaskd.notify = off")
+        .await
+        .unwrap();
+    let id: i64 = quiet
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('one two') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(task.words, 2);
+
+    // Let the producer go, and the database be dropped without waiting for a standby.
+    client
+        .batch_execute(&format!("SELECT pg_terminate_backend({producer_pid})"))
+        .await
+        .unwrap();
+    let _ = within(WAIT, "the producer to end", stuck).await;
+    client
+        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait().await;
+    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+}
