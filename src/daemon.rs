@@ -76,9 +76,9 @@ pub enum DaemonError {
     /// The database answered the start-up's statements with an error.
     #[error(transparent)]
     Db(#[from] DbError),
-    /// A stop gave up on a database that did not answer: these claims stay RUNNING until
-    /// their leases expire.
-    #[error("stopped with {0} claim(s) unsettled: the database did not answer; their leases expire and another daemon runs them again")]
+    /// A stop gave up on a database that did not take its last writes (it did not answer,
+    /// or refused them: a full disk): these claims stay RUNNING until their leases expire.
+    #[error("stopped with {0} claim(s) unsettled: the database did not take their last writes (see the warnings above); their leases expire and another daemon runs them again")]
     Unsettled(usize),
 }
 

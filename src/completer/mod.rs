@@ -91,6 +91,10 @@ struct Shared {
     given_up: std::sync::Mutex<Vec<(Claim, Action)>>,
     /// The turns of the claims settled alone while the database refuses them.
     reachable: Arc<reachable::Reachable>,
+    /// The turns of the claims settled alone while the server is out of a resource (a full
+    /// disk): woken only by a finish that worked, not by the heartbeat's writes, which may
+    /// still fit where a finish does not.
+    exhausted: reachable::Reachable,
 }
 
 impl Shared {
@@ -128,6 +132,7 @@ impl Completer {
                 give_up: CancellationToken::new(),
                 given_up: std::sync::Mutex::new(Vec::new()),
                 reachable,
+                exhausted: reachable::Reachable::default(),
             }),
         }
     }
@@ -167,6 +172,7 @@ impl Completer {
     /// and at least every 200 ms from now on, so that the stop's bound is not spent asleep.
     pub fn hurry(&self) {
         self.shared.reachable.hurry();
+        self.shared.exhausted.hurry();
     }
 
     /// Queue `outcome` of `claim` for the next batch, waiting for room in the queue. Returns

@@ -86,6 +86,7 @@ async fn retry(
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let seen = shared.reachable.seen();
+        let exhausted_seen = shared.exhausted.seen();
         let write = async {
             // Waiting for someone else's lock: one claim of this daemon at a time.
             let _waiting = match wait {
@@ -145,6 +146,20 @@ async fn retry(
                         _ = shared.reachable.turn(seen) => {}
                         _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
                     }
+                } else if err.is_exhausted() {
+                    // Out of a resource (a full disk): nothing was written. The claims take
+                    // turns, one try per delay, until a finish works: each refused try is
+                    // an error in the server's log, which may share the full disk.
+                    tracing::debug!(
+                        id,
+                        attempt,
+                        error,
+                        "finish refused for want of room; waiting for a turn"
+                    );
+                    tokio::select! {
+                        _ = shared.exhausted.turn(exhausted_seen) => {}
+                        _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
+                    }
                 } else {
                     // The server answered with an error: nothing was written. Tried again
                     // after this claim's delay, or, for an answer that says "not now" (a
@@ -164,6 +179,7 @@ async fn retry(
             other => {
                 if other.is_ok() {
                     shared.reachable.worked();
+                    shared.exhausted.worked();
                 }
                 return other;
             }

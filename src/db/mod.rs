@@ -104,6 +104,13 @@ impl DbError {
         matches!(self, DbError::Unavailable(_))
     }
 
+    /// Whether the server is out of a resource (class 53: a full disk, out of memory, too
+    /// many connections): it answers, but takes no write of that kind until it has room.
+    pub fn is_exhausted(&self) -> bool {
+        self.code()
+            .is_some_and(|code| code.code().starts_with("53"))
+    }
+
     /// Whether the database refused these settings (a configuration error, exit 78 at start).
     pub fn is_rejected(&self) -> bool {
         matches!(self, DbError::Rejected { .. })

@@ -182,7 +182,13 @@ async fn heartbeat(
                 ))
                 .await
         };
-        match (result.await, up) {
+        // A stop does not wait for a statement the database holds (a commit waiting for a
+        // synchronous standby that is gone answers only at the pool's deadline).
+        let result = tokio::select! {
+            _ = stop.cancelled() => return,
+            result = result => result,
+        };
+        match (result, up) {
             (Ok(forgotten), _) => {
                 differences.compare(&pool, &row).await;
                 if !up {
