@@ -83,6 +83,10 @@ async fn retry(
     let mut outcome_unknown = why == Why::OutcomeUnknown;
     let mut wait = why == Why::Locked;
     let mut parked = false;
+    let mut held_for_room = HeldForRoom {
+        metrics: &shared.metrics,
+        held: false,
+    };
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
     loop {
         let seen = shared.reachable.seen();
@@ -156,6 +160,7 @@ async fn retry(
                         error,
                         "finish refused for want of room; waiting for a turn"
                     );
+                    held_for_room.hold(&error);
                     tokio::select! {
                         _ = shared.exhausted.turn(exhausted_seen) => {}
                         _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
@@ -183,6 +188,30 @@ async fn retry(
                 }
                 return other;
             }
+        }
+    }
+}
+
+/// A result counted in `pgtaskd_results_held_for_room` (and `/readyz`) from the first refusal
+/// for want of room until its claim is settled, however that ends.
+struct HeldForRoom<'a> {
+    metrics: &'a crate::metrics::Metrics,
+    held: bool,
+}
+
+impl HeldForRoom<'_> {
+    fn hold(&mut self, refusal: &str) {
+        if !self.held {
+            self.held = true;
+            self.metrics.held_for_room(refusal);
+        }
+    }
+}
+
+impl Drop for HeldForRoom<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.metrics.room_again();
         }
     }
 }

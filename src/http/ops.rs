@@ -68,6 +68,11 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(err) = answer {
         return not_ready(&err.to_string());
     }
+    if let Some(refusal) = state.metrics.room_refusal() {
+        return not_ready(&format!(
+            "the database refuses to write results for want of room: {refusal}"
+        ));
+    }
     with_warnings(serde_json::json!({ "status": "ready" })).into_response()
 }
 

@@ -138,6 +138,22 @@ impl Metrics {
         self.completer.unknown_commit_resolved();
     }
 
+    /// A result is held: the database refused its finish for want of room (`refusal`, its
+    /// words). Paired with [`Metrics::room_again`] once the claim is settled.
+    pub fn held_for_room(&self, refusal: &str) {
+        self.completer.held_for_room(refusal);
+    }
+
+    /// A result held for room was settled (written, or given up on at a stop).
+    pub fn room_again(&self) {
+        self.completer.room_again();
+    }
+
+    /// While results are held for room: the server's words for the last refusal.
+    pub fn room_refusal(&self) -> Option<String> {
+        self.completer.room_refusal()
+    }
+
     pub fn rescued(&self, n: usize) {
         self.rescuer.rescued(n);
     }
