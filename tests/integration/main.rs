@@ -23,6 +23,7 @@ mod enqueue_file;
 mod failover;
 mod faults;
 mod finish;
+mod full_disk;
 mod handler_config;
 mod handler_exec;
 mod handler_http;

@@ -1,0 +1,112 @@
+//! A full disk (docs/operations.md, "A full disk"): the server refuses finishes for want of
+//! room (SQLSTATE 53100) while claims still fit in their pages. A trigger answers every
+//! finish with `disk_full` while a flag is set, as a full tablespace does, without filling a
+//! disk; a sequence (not rolled back with the error) counts the refusals.
+
+use pgtaskd::queue::TaskStatus;
+use reqwest::StatusCode;
+
+use crate::support::probe::{get, wait_answer};
+use crate::support::{count, eventually, free_port, wait_status, DaemonProcess, TestDb, WAIT};
+
+const REFUSE_FINISHES: &str = "
+CREATE TABLE full_disk (refusing boolean NOT NULL);
+INSERT INTO full_disk VALUES (true);
+CREATE SEQUENCE full_disk_refusals;
+CREATE FUNCTION full_disk_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+       AND (SELECT refusing FROM full_disk) THEN
+        PERFORM nextval('full_disk_refusals');
+        RAISE EXCEPTION 'could not extend file \"base/1/2\": No space left on device'
+              USING ERRCODE = 'disk_full';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
+    FOR EACH ROW EXECUTE FUNCTION full_disk_refuse();
+";
+
+/// While finishes are refused for want of room, the results are held (the gauge counts
+/// them), `/readyz` says why it is not ready, and the daemon claims no more than one round of
+/// its permits; once there is room, every result is written, none run again, and `/readyz`
+/// is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_refused_for_want_of_room_are_held_said_by_readyz_and_written_once_there_is_room() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client.batch_execute(REFUSE_FINISHES).await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+             SELECT 'word ' || g FROM generate_series(1, 2) AS g",
+        )
+        .await
+        .unwrap();
+    let port = free_port();
+    let mut daemon = DaemonProcess::start(
+        &db,
+        &format!(
+            "[worker]\nconcurrency = 2\npoll_interval = \"100ms\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n"
+        ),
+        &[],
+    );
+    let reason = eventually(WAIT, "/readyz to say why", || async {
+        let (status, body) = get(port, "/readyz").await?;
+        let reason = body["reason"].as_str()?.to_string();
+        (status == StatusCode::SERVICE_UNAVAILABLE && reason.contains("want of room"))
+            .then_some(reason)
+    })
+    .await;
+    assert!(reason.contains("No space left on device"), "{reason}");
+    eventually(WAIT, "two results held", || async {
+        let (_, metrics) = get(port, "/metrics").await?;
+        let text = metrics.as_str()?.to_string();
+        text.contains("pgtaskd_results_held_for_room 2")
+            .then_some(())
+    })
+    .await;
+    // Held results stop the claims: tasks enqueued now wait, through many polls.
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+             SELECT 'word ' || g FROM generate_series(3, 20) AS g",
+        )
+        .await
+        .unwrap();
+    let refused_before = count(&client, "SELECT last_value FROM full_disk_refusals").await;
+    eventually(WAIT, "more refused tries", || async {
+        let refused = count(&client, "SELECT last_value FROM full_disk_refusals").await;
+        (refused >= refused_before + 3).then_some(())
+    })
+    .await;
+    let claimed = count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status <> 'QUEUED'",
+    )
+    .await;
+    assert_eq!(
+        claimed, 2,
+        "tasks claimed while 2 results were held for room"
+    );
+
+    client
+        .batch_execute("UPDATE full_disk SET refusing = false")
+        .await
+        .unwrap();
+    for id in 1..=20 {
+        let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+        assert_eq!((task.attempt, task.words), (1, 2), "task {id}");
+    }
+    wait_answer(
+        port,
+        "/readyz",
+        StatusCode::OK,
+        "/readyz once there is room",
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
