@@ -120,14 +120,15 @@ impl DbError {
     /// outage, a refusal of the session (a running daemon whose password was rotated works
     /// again once it is put right), or an answer that says so (a serialization failure or
     /// deadlock, class 40; insufficient resources, 53; operator intervention such as a
-    /// statement timeout, 57; a system error, 58). Anything else is a refused statement or a
-    /// bug, and trying again will not help.
+    /// statement timeout, 57; a system error, 58; a `lock_timeout` that passed, 55P03, behind
+    /// another session's lock). Anything else is a refused statement or a bug, and trying
+    /// again will not help.
     pub fn is_transient(&self) -> bool {
         self.is_unavailable()
             || self.is_rejected()
-            || self
-                .code()
-                .is_some_and(|code| matches!(&code.code()[..2], "40" | "53" | "57" | "58"))
+            || self.code().is_some_and(|code| {
+                matches!(&code.code()[..2], "40" | "53" | "57" | "58") || code.code() == "55P03"
+            })
     }
 
     /// An outage with a message of its own.
@@ -355,5 +356,20 @@ mod tests {
         });
         assert!(!err.is_unavailable());
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn a_lock_timeout_is_transient_but_not_an_outage() {
+        let err = DbError::Query(Cause {
+            message: "canceling statement due to lock timeout".into(),
+            code: Some(SqlState::LOCK_NOT_AVAILABLE),
+            detail: None,
+            hint: None,
+        });
+        assert!(!err.is_unavailable());
+        assert!(
+            err.is_transient(),
+            "HTTP 503 and exit 69, as a statement timeout"
+        );
     }
 }

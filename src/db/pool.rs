@@ -37,12 +37,15 @@ use super::DbError;
 pub const UNREPLICATED_SESSION_LIFE: Duration = Duration::from_secs(10);
 
 /// Whether commits on this server would wait for a synchronous standby while none is
-/// connected (`pg_stat_replication` lists every WAL sender to any role).
+/// connected (`pg_stat_replication` lists every WAL sender to any role; only one that
+/// `synchronous_standby_names` names counts, as `sync` or `quorum`: an asynchronous standby,
+/// a `pg_basebackup` or a `pg_receivewal` does not end the wait).
 const UNREPLICATED: &str = "
 SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
    AND pg_catalog.current_setting('synchronous_commit') NOT IN ('off', 'local')
    AND NOT pg_catalog.pg_is_in_recovery()
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication)";
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
+                    WHERE r.sync_state IN ('sync', 'quorum'))";
 
 /// A pool of at most `database.pool_size` sessions, opened on demand.
 #[derive(Clone)]

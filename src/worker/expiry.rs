@@ -90,13 +90,16 @@ impl Worker {
                 continue;
             }
             warned_at = Some(Instant::now());
+            let ids: Vec<i64> = expired.iter().map(|(id, _)| *id).take(10).collect();
             tracing::warn!(
                 tasks = std::mem::take(&mut unsaid),
+                ids = ?ids,
                 lease = ?self.inner.config.lease,
                 "leases ran out without a heartbeat (none reached the database in time: an \
-                 outage, a partition, a claim answered late, or this daemon paused): their work is \
-                 stopped, or never started, and the tasks are given back, so that it never runs \
-                 beside a new claim's"
+                 outage, a partition, another transaction holding the tasks' rows, a claim \
+                 answered late, or this daemon paused): their work is stopped, or never \
+                 started, and the tasks are given back, so that it never runs beside a new \
+                 claim's"
             );
         }
     }

@@ -77,7 +77,7 @@ impl Worker {
         tracing::warn!(
             unsettled = self.running(),
             bound_ms = bound.as_millis() as u64,
-            "the database did not take the last claims back in time; giving up on them"
+            "the last claims were not settled in time (the database did not answer or refused, or another transaction holds their rows); giving up on them"
         );
         self.inner.completer.give_up();
         tracker.wait().await;

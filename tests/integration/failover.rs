@@ -469,6 +469,72 @@ async fn a_promoted_standby_that_missed_claims_gives_none_of_their_tokens_again(
     assert_eq!(running, 3);
 }
 
+/// An asynchronous standby connected to a primary whose `synchronous_standby_names` names
+/// another one, which is not there: every commit still waits, so the daemon's sessions must
+/// commit locally, as with no standby at all (`pg_stat_replication` is not empty, but none of
+/// its standbys is `sync` or `quorum`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_standby_does_not_count_as_the_synchronous_one_that_is_missing() {
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    let _standby = Cluster::start_standby_of(&primary);
+    wait_streaming(&client, "async").await;
+    client
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'absent_standby'")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    eventually(WAIT, "the setting in new sessions", || async {
+        let fresh = db.client().await;
+        let names: String = fresh
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await
+            .ok()?
+            .get(0);
+        (names == "absent_standby").then_some(())
+    })
+    .await;
+    wait_streaming(&client, "async").await;
+
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    daemon.wait_for_log("send no notifications").await;
+    let quiet = db.client().await;
+    quiet
+        .batch_execute("SET synchronous_commit = local")
+        .await
+        .unwrap();
+    let id: i64 = quiet
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('one two three') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(task.words, 3);
+
+    client
+        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait().await;
+    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+}
+
 /// A server that holds commits for a synchronous standby that is not connected, and a
 /// producer whose transaction notified (its own channel, or the insert trigger's) and now
 /// waits in its commit: it holds the lock every NOTIFY of the cluster takes at commit, for
@@ -548,6 +614,31 @@ async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds
         .get(0);
     let task = wait_status(&client, id, TaskStatus::Succeeded).await;
     assert_eq!(task.words, 2);
+
+    // A daemon started now starts (its check that notifications reach PostgreSQL would wait
+    // behind the producer's commit) and finishes tasks beside the first.
+    let mut late = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n",
+        &[],
+    );
+    late.wait_for_log("going on without the check").await;
+    late.wait_for_log("send no notifications").await;
+    daemon.signal(libc::SIGSTOP);
+    let id: i64 = quiet
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('three four five') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(task.words, 3);
+    daemon.signal(libc::SIGCONT);
+    late.signal(libc::SIGTERM);
+    let status = late.wait().await;
+    assert_eq!(status.code(), Some(0), "{}", late.log_text());
 
     // Let the producer go, and the database be dropped without waiting for a standby.
     client
