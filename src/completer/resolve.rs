@@ -200,7 +200,9 @@ struct HeldForRoom<'a> {
 }
 
 impl HeldForRoom<'_> {
+    /// One more refusal of this result's finish (each counted, for the rescuer).
     fn hold(&mut self, refusal: &str) {
+        self.metrics.refused_for_room();
         if !self.held {
             self.held = true;
             self.metrics.held_for_room(refusal);

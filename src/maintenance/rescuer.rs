@@ -14,6 +14,11 @@
 //! lock another transaction holds on the table, which blocks every daemon's heartbeat and
 //! finish, counts as the database being away, not as leases that expired.
 //!
+//! A full disk is the database away too: while this daemon's heartbeats or finishes are
+//! refused for want of room (counted by [`Metrics::refused_for_room`]), the other daemons'
+//! are as well, though a rescue's small writes may still fit; the rescuer takes back nothing
+//! until a lease after its tick that saw no new refusal.
+//!
 //! Each rescue first writes the results that stopped daemons parked for claims whose leases
 //! expired (`pgtaskd.write_parked`, docs/design.md "Parked results"): those tasks end with the
 //! result their daemon computed, and the rescue passes over them.
@@ -48,12 +53,26 @@ pub async fn run(
 ) {
     let period = interval(lease);
     let mut gate = Gate::Open;
+    let mut refusals_seen = metrics.refused_for_room_count();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(jitter(period)) => {}
         }
         let now = Instant::now();
+        // This daemon's writes refused for want of room since the last look: the other
+        // daemons' heartbeats and finishes are refused too, though a rescue may fit.
+        let refusals = metrics.refused_for_room_count();
+        if refusals != refusals_seen {
+            refusals_seen = refusals;
+            if gate != Gate::Down {
+                tracing::warn!(
+                    "the database refuses writes for want of room; expired leases are taken back one lease after it takes them again"
+                );
+                gate = Gate::Down;
+            }
+            continue;
+        }
         let result = if gate.allows(now, lease) {
             run_once(&pool, &instance, lease).await.map(|rescued| {
                 metrics.rescued(rescued);

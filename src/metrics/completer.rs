@@ -1,7 +1,8 @@
 //! The completer's metrics: finishes whose commit outcome was unknown (the connection lost
 //! between COMMIT and its answer) and that `src/completer/resolve.rs` settled by re-reading
-//! the row; and results held because the server refused their finish for want of room (a
-//! full disk), which `/readyz` also reports.
+//! the row; results held because the server refused their finish for want of room (a
+//! full disk), which `/readyz` also reports; and every write (a finish, a heartbeat) refused
+//! so, which the rescuer watches.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -12,6 +13,7 @@ use prometheus_client::registry::Registry;
 pub(super) struct CompleterMetrics {
     unknown_commits: Counter,
     held_for_room: Gauge,
+    refused_for_room: Counter,
     /// The server's words for the last refusal, while results are held for room.
     room_refusal: Mutex<Option<String>>,
 }
@@ -30,9 +32,16 @@ impl CompleterMetrics {
             "Results held because the database refused their finish for want of room (a full disk, SQLSTATE class 53)",
             held_for_room.clone(),
         );
+        let refused_for_room = Counter::default();
+        registry.register(
+            "writes_refused_for_room",
+            "Finishes and heartbeats the database refused for want of room (a full disk, SQLSTATE class 53)",
+            refused_for_room.clone(),
+        );
         CompleterMetrics {
             unknown_commits,
             held_for_room,
+            refused_for_room,
             room_refusal: Mutex::new(None),
         }
     }
@@ -43,6 +52,14 @@ impl CompleterMetrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(refusal.to_string());
         self.held_for_room.inc();
+    }
+
+    pub(super) fn refused_for_room(&self) {
+        self.refused_for_room.inc();
+    }
+
+    pub(super) fn refused_for_room_count(&self) -> u64 {
+        self.refused_for_room.get()
     }
 
     pub(super) fn room_again(&self) {

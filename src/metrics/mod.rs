@@ -144,6 +144,16 @@ impl Metrics {
         self.completer.held_for_room(refusal);
     }
 
+    /// A write of this daemon (a finish, a heartbeat) was refused for want of room.
+    pub fn refused_for_room(&self) {
+        self.completer.refused_for_room();
+    }
+
+    /// How many writes were refused for want of room since the start.
+    pub fn refused_for_room_count(&self) -> u64 {
+        self.completer.refused_for_room_count()
+    }
+
     /// A result held for room was settled (written, or given up on at a stop).
     pub fn room_again(&self) {
         self.completer.room_again();

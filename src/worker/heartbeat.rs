@@ -61,6 +61,9 @@ impl Worker {
                     extended
                 }
                 Err(err) => {
+                    if err.is_exhausted() {
+                        self.inner.metrics.refused_for_room();
+                    }
                     log_failure!(failures, err, "lease heartbeat failed");
                     continue;
                 }
@@ -165,6 +168,9 @@ impl Worker {
                 // Lost meanwhile: the next heartbeat says so.
                 Ok(None) => {}
                 Err(err) => {
+                    if err.is_exhausted() {
+                        inner.metrics.refused_for_room();
+                    }
                     tracing::debug!(id, claim = token, error = %err, "could not extend the lease of a row held at the heartbeat");
                     failed += 1;
                     let unavailable = err.is_unavailable();

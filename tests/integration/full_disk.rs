@@ -110,3 +110,115 @@ async fn results_refused_for_want_of_room_are_held_said_by_readyz_and_written_on
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
 }
+
+/// Heartbeats refused for want of room too, while a rescue (RUNNING to QUEUED) still fits, as
+/// a nearly full disk does: leases run out while both daemons hold results they computed.
+const REFUSE_FINISHES_AND_HEARTBEATS: &str = "
+CREATE TABLE full_disk (refusing boolean NOT NULL);
+INSERT INTO full_disk VALUES (true);
+CREATE FUNCTION full_disk_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+        OR (OLD.status = 'RUNNING' AND NEW.status = 'RUNNING'))
+       AND (SELECT refusing FROM full_disk) THEN
+        RAISE EXCEPTION 'could not extend file \"base/1/2\": No space left on device'
+              USING ERRCODE = 'disk_full';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
+    FOR EACH ROW EXECUTE FUNCTION full_disk_refuse();
+";
+
+/// Two daemons, each holding results refused for room, their heartbeats refused as well,
+/// for three leases: neither rescuer takes the other's claims back while its own writes are
+/// refused, so once there is room every result is written under its first claim and no
+/// task's work runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_writes_are_refused_for_room_no_rescuer_takes_back_another_daemons_computed_tasks() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(REFUSE_FINISHES_AND_HEARTBEATS)
+        .await
+        .unwrap();
+    let lease_ms = 2_000;
+    let mut daemons = Vec::new();
+    for first in [1, 3] {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO pgtaskd.tasks (payload)
+                 SELECT 'word ' || g FROM generate_series({first}, {}) AS g",
+                first + 1
+            ))
+            .await
+            .unwrap();
+        let port = free_port();
+        let daemon = DaemonProcess::start(
+            &db,
+            &format!(
+                "[worker]\nconcurrency = 2\nlease = \"{lease_ms}ms\"\npoll_interval = \"100ms\"\n\
+                 [http]\nlisten = \"127.0.0.1:{port}\"\n"
+            ),
+            &[],
+        );
+        eventually(WAIT, "two results held by the daemon", || async {
+            let (_, metrics) = get(port, "/metrics").await?;
+            let text = metrics.as_str()?.to_string();
+            text.contains("pgtaskd_results_held_for_room 2")
+                .then_some(())
+        })
+        .await;
+        daemons.push(daemon);
+    }
+    // Three leases by the database's clock, with every lease run out: time enough for each
+    // rescuer to look several times.
+    let until: String = client
+        .query_one(
+            &format!(
+                "SELECT (now() + interval '{} milliseconds')::text",
+                3 * lease_ms
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eventually(WAIT, "three leases to pass", || async {
+        let passed = count(
+            &client,
+            &format!("SELECT count(*) WHERE clock_timestamp() > '{until}'::timestamptz"),
+        )
+        .await;
+        (passed == 1).then_some(())
+    })
+    .await;
+    let held = count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view
+          WHERE status = 'RUNNING' AND attempt = 1 AND lease_expires_at < now()",
+    )
+    .await;
+    assert_eq!(
+        held, 4,
+        "claims taken back while their daemons held results refused for room"
+    );
+
+    client
+        .batch_execute("UPDATE full_disk SET refusing = false")
+        .await
+        .unwrap();
+    for id in 1..=4 {
+        let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+        assert_eq!(
+            (task.attempt, task.words),
+            (1, 2),
+            "task {id}, taken back and run again while its result was held"
+        );
+    }
+    for mut daemon in daemons {
+        daemon.signal(libc::SIGTERM);
+        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    }
+}
