@@ -61,6 +61,32 @@ async fn wait_streaming(primary: &Client, sync_state: &'static str) {
     .await;
 }
 
+/// Set `synchronous_standby_names` to `names` (empty: reset to the default, none) on the
+/// server of `db`, and wait until new sessions see it.
+async fn set_standby_names(db: &TestDb, names: &str) {
+    let client = db.client().await;
+    let alter = if names.is_empty() {
+        "ALTER SYSTEM RESET synchronous_standby_names".to_string()
+    } else {
+        format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+    };
+    client.batch_execute(&alter).await.unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    eventually(WAIT, "the setting in new sessions", || async {
+        let fresh = db.client().await;
+        let seen: String = fresh
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await
+            .ok()?
+            .get(0);
+        (seen == names).then_some(())
+    })
+    .await;
+}
+
 /// A client of database `dbname` on `cluster`.
 async fn client_on(cluster: &Cluster, dbname: &str) -> Client {
     connect(&conninfo(&cluster.config("postgres"), dbname)).await
@@ -480,24 +506,7 @@ async fn an_asynchronous_standby_does_not_count_as_the_synchronous_one_that_is_m
     let client = db.client().await;
     let _standby = Cluster::start_standby_of(&primary);
     wait_streaming(&client, "async").await;
-    client
-        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'absent_standby'")
-        .await
-        .unwrap();
-    client
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
-    eventually(WAIT, "the setting in new sessions", || async {
-        let fresh = db.client().await;
-        let names: String = fresh
-            .query_one("SHOW synchronous_standby_names", &[])
-            .await
-            .ok()?
-            .get(0);
-        (names == "absent_standby").then_some(())
-    })
-    .await;
+    set_standby_names(&db, "absent_standby").await;
     wait_streaming(&client, "async").await;
 
     let mut daemon = DaemonProcess::start(
@@ -522,14 +531,7 @@ async fn an_asynchronous_standby_does_not_count_as_the_synchronous_one_that_is_m
     let task = wait_status(&client, id, TaskStatus::Succeeded).await;
     assert_eq!(task.words, 3);
 
-    client
-        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
-        .await
-        .unwrap();
-    client
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
+    set_standby_names(&db, "").await;
     daemon.signal(libc::SIGTERM);
     let status = daemon.wait().await;
     assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
@@ -545,24 +547,7 @@ async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds
     let cluster = Cluster::start();
     let db = TestDb::on(&cluster).await;
     let client = db.client().await;
-    client
-        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'absent_standby'")
-        .await
-        .unwrap();
-    client
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
-    eventually(WAIT, "the setting in new sessions", || async {
-        let fresh = db.client().await;
-        let names: String = fresh
-            .query_one("SHOW synchronous_standby_names", &[])
-            .await
-            .ok()?
-            .get(0);
-        (names == "absent_standby").then_some(())
-    })
-    .await;
+    set_standby_names(&db, "absent_standby").await;
     let mut daemon = DaemonProcess::start(
         &db,
         "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n",
@@ -646,14 +631,7 @@ async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds
         .await
         .unwrap();
     let _ = within(WAIT, "the producer to end", stuck).await;
-    client
-        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
-        .await
-        .unwrap();
-    client
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
+    set_standby_names(&db, "").await;
     daemon.signal(libc::SIGTERM);
     let status = daemon.wait().await;
     assert_eq!(status.code(), Some(0), "{}", daemon.log_text());

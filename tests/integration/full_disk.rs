@@ -1,6 +1,6 @@
 //! A full disk (docs/operations.md, "A full disk"): the server refuses finishes for want of
 //! room (SQLSTATE 53100) while claims still fit in their pages. A trigger answers every
-//! finish with `disk_full` while a flag is set, as a full tablespace does, without filling a
+//! finish (and, where a test says so, every heartbeat) with `disk_full` while a flag is set, as a full tablespace does, without filling a
 //! disk; a sequence (not rolled back with the error) counts the refusals.
 
 use pgtaskd::queue::TaskStatus;
@@ -9,14 +9,23 @@ use reqwest::StatusCode;
 use crate::support::probe::{get, wait_answer};
 use crate::support::{count, eventually, free_port, wait_status, DaemonProcess, TestDb, WAIT};
 
-const REFUSE_FINISHES: &str = "
+/// Finishes end a claim with a terminal status.
+const FINISHES: &str = "NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
+
+/// Heartbeats write a RUNNING row again.
+const HEARTBEATS: &str = "OLD.status = 'RUNNING' AND NEW.status = 'RUNNING'";
+
+/// The trigger that answers the updates of `pgtaskd.tasks` matching `writes` (a condition on
+/// `OLD` and `NEW`) with `disk_full` while `full_disk.refusing` is set.
+fn refuse(writes: &str) -> String {
+    format!(
+        "
 CREATE TABLE full_disk (refusing boolean NOT NULL);
 INSERT INTO full_disk VALUES (true);
 CREATE SEQUENCE full_disk_refusals;
 CREATE FUNCTION full_disk_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-       AND (SELECT refusing FROM full_disk) THEN
+    IF ({writes}) AND (SELECT refusing FROM full_disk) THEN
         PERFORM nextval('full_disk_refusals');
         RAISE EXCEPTION 'could not extend file \"base/1/2\": No space left on device'
               USING ERRCODE = 'disk_full';
@@ -26,7 +35,9 @@ END
 $$;
 CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
     FOR EACH ROW EXECUTE FUNCTION full_disk_refuse();
-";
+"
+    )
+}
 
 /// While finishes are refused for want of room, the results are held (the gauge counts
 /// them), `/readyz` says why it is not ready, and the daemon claims no more than one round of
@@ -36,7 +47,7 @@ CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
 async fn results_refused_for_want_of_room_are_held_said_by_readyz_and_written_once_there_is_room() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    client.batch_execute(REFUSE_FINISHES).await.unwrap();
+    client.batch_execute(&refuse(FINISHES)).await.unwrap();
     client
         .batch_execute(
             "INSERT INTO pgtaskd.tasks (payload)
@@ -111,28 +122,9 @@ async fn results_refused_for_want_of_room_are_held_said_by_readyz_and_written_on
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
 }
 
-/// Heartbeats refused for want of room too, while a rescue (RUNNING to QUEUED) still fits, as
-/// a nearly full disk does: leases run out while both daemons hold results they computed.
-const REFUSE_FINISHES_AND_HEARTBEATS: &str = "
-CREATE TABLE full_disk (refusing boolean NOT NULL);
-INSERT INTO full_disk VALUES (true);
-CREATE FUNCTION full_disk_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF (NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-        OR (OLD.status = 'RUNNING' AND NEW.status = 'RUNNING'))
-       AND (SELECT refusing FROM full_disk) THEN
-        RAISE EXCEPTION 'could not extend file \"base/1/2\": No space left on device'
-              USING ERRCODE = 'disk_full';
-    END IF;
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
-    FOR EACH ROW EXECUTE FUNCTION full_disk_refuse();
-";
-
-/// Two daemons, each holding results refused for room, their heartbeats refused as well,
-/// for three leases: neither rescuer takes the other's claims back while its own writes are
+/// Two daemons, each holding results refused for room, their heartbeats refused as well
+/// (while a rescue, RUNNING to QUEUED, still fits, as on a nearly full disk), for three
+/// leases: neither rescuer takes the other's claims back while its own writes are
 /// refused, so once there is room every result is written under its first claim and no
 /// task's work runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +132,7 @@ async fn while_writes_are_refused_for_room_no_rescuer_takes_back_another_daemons
     let db = TestDb::new().await;
     let client = db.client().await;
     client
-        .batch_execute(REFUSE_FINISHES_AND_HEARTBEATS)
+        .batch_execute(&refuse(&format!("({FINISHES}) OR ({HEARTBEATS})")))
         .await
         .unwrap();
     let lease_ms = 2_000;
