@@ -72,7 +72,12 @@ pub(super) struct Completion {
 }
 
 /// Commit batches until the last sender is dropped, up to [`BATCHES_IN_FLIGHT`] at once.
-pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>, reachable: Arc<Reachable>) {
+pub(super) async fn run(
+    pool: Pool,
+    mut rx: mpsc::Receiver<Completion>,
+    reachable: Arc<Reachable>,
+    exhausted: Arc<Reachable>,
+) {
     let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
     // Every batch fails while the database is away: said once, not once a batch.
     let failures = Arc::new(Repeats::new());
@@ -95,8 +100,9 @@ pub(super) async fn run(pool: Pool, mut rx: mpsc::Receiver<Completion>, reachabl
         let pool = pool.clone();
         let failures = Arc::clone(&failures);
         let reachable = Arc::clone(&reachable);
+        let exhausted = Arc::clone(&exhausted);
         commits.spawn(async move {
-            commit(&pool, &failures, &reachable, batch).await;
+            commit(&pool, &failures, [&reachable, &exhausted], batch).await;
             drop(slot);
         });
         while let Some(done) = commits.try_join_next() {
@@ -142,11 +148,12 @@ fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Commit one batch and answer every claim in it.
+/// Commit one batch and answer every claim in it; once it worked, the claims waiting a turn
+/// (`woken`: for the database, and for room) try again.
 async fn commit(
     pool: &Pool,
     failures: &Repeats,
-    reachable: &Reachable,
+    woken: [&Reachable; 2],
     mut batch: Vec<Completion>,
 ) {
     let finishes: Vec<Finish> = batch.iter().map(|c| c.finish.clone()).collect();
@@ -162,7 +169,8 @@ async fn commit(
     match result {
         Ok(answers) => {
             log_recovery!(failures, began = began, "finish batches working again");
-            reachable.worked();
+            // Claims waiting their turn, for the database or for room, try now.
+            woken.iter().for_each(|turns| turns.worked());
             for (completion, answer) in batch.drain(..).zip(answers) {
                 let _ = completion.reply.send(Ok(answer));
             }

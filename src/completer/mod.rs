@@ -92,9 +92,11 @@ struct Shared {
     /// The turns of the claims settled alone while the database refuses them.
     reachable: Arc<reachable::Reachable>,
     /// The turns of the claims settled alone while the server is out of a resource (a full
-    /// disk): woken only by a finish that worked, not by the heartbeat's writes, which may
-    /// still fit where a finish does not.
-    exhausted: reachable::Reachable,
+    /// disk): woken only by a finish that worked (a batch's too), not by the heartbeat's
+    /// writes, which may still fit where a finish does not.
+    exhausted: Arc<reachable::Reachable>,
+    /// This completer's results held for room (the gauge counts every lane's).
+    held_for_room: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -119,7 +121,13 @@ impl Completer {
     pub fn start(pool: Pool, capacity: usize, metrics: Arc<Metrics>) -> Completer {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let reachable = Arc::new(reachable::Reachable::default());
-        tokio::spawn(batch::run(pool.clone(), rx, Arc::clone(&reachable)));
+        let exhausted = Arc::new(reachable::Reachable::default());
+        tokio::spawn(batch::run(
+            pool.clone(),
+            rx,
+            Arc::clone(&reachable),
+            Arc::clone(&exhausted),
+        ));
         let alone = Semaphore::new((pool.max_size() / 4).max(1));
         Completer {
             tx,
@@ -132,7 +140,8 @@ impl Completer {
                 give_up: CancellationToken::new(),
                 given_up: std::sync::Mutex::new(Vec::new()),
                 reachable,
-                exhausted: reachable::Reachable::default(),
+                exhausted,
+                held_for_room: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -160,6 +169,14 @@ impl Completer {
     /// write that landed meanwhile is not written twice) before giving back the rest.
     pub fn take_abandoned(&self) -> Vec<(Claim, Action)> {
         std::mem::take(&mut *self.shared.given_up())
+    }
+
+    /// How many of this completer's results are held because the database refused their
+    /// finish for want of room.
+    pub fn held_for_room(&self) -> usize {
+        self.shared
+            .held_for_room
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The database took a write of the daemon's (the lease heartbeat): a claim waiting its

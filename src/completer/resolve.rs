@@ -84,7 +84,7 @@ async fn retry(
     let mut wait = why == Why::Locked;
     let mut parked = false;
     let mut held_for_room = HeldForRoom {
-        metrics: &shared.metrics,
+        shared,
         held: false,
     };
     let mut backoff = Backoff::new(RETRY_BASE, RETRY_CAP);
@@ -100,18 +100,15 @@ async fn retry(
             // A bounded share of the pool: settling many claims alone never starves the
             // claims, the heartbeat and the rescuer of sessions.
             let _turn = shared.alone.acquire().await.expect("never closed");
-            match shared.pool.get().await {
-                Err(err) => Err(FinishError::Db(err)),
-                Ok(client) if outcome_unknown => {
-                    resolve(shared, &client, claim, action, wait, landed).await
-                }
-                Ok(client) => {
-                    if wait && !parked {
-                        park(&client, claim, action).await?;
-                        parked = true;
-                    }
-                    apply(&client, claim, action, wait).await
-                }
+            let client = shared.pool.get().await.map_err(FinishError::Db)?;
+            if wait && !parked {
+                park(&client, claim, action).await?;
+                parked = true;
+            }
+            if outcome_unknown {
+                resolve(shared, &client, claim, action, wait, landed).await
+            } else {
+                apply(&client, claim, action, wait).await
             }
         };
         // A stopping daemon that gave up on the database: the statement may still land; if
@@ -192,20 +189,22 @@ async fn retry(
     }
 }
 
-/// A result counted in `pgtaskd_results_held_for_room` (and `/readyz`) from the first refusal
-/// for want of room until its claim is settled, however that ends.
+/// A result counted in `pgtaskd_results_held_for_room` (and `/readyz`), and in this lane's
+/// own count (its claims' gate), from the first refusal for want of room until its claim is
+/// settled, however that ends.
 struct HeldForRoom<'a> {
-    metrics: &'a crate::metrics::Metrics,
+    shared: &'a Shared,
     held: bool,
 }
 
 impl HeldForRoom<'_> {
     /// One more refusal of this result's finish (each counted, for the rescuer).
     fn hold(&mut self, refusal: &str) {
-        self.metrics.refused_for_room();
+        self.shared.metrics.refused_for_room();
         if !self.held {
             self.held = true;
-            self.metrics.held_for_room(refusal);
+            self.shared.held_for_room.fetch_add(1, Ordering::Relaxed);
+            self.shared.metrics.held_for_room(refusal);
         }
     }
 }
@@ -213,7 +212,8 @@ impl HeldForRoom<'_> {
 impl Drop for HeldForRoom<'_> {
     fn drop(&mut self) {
         if self.held {
-            self.metrics.room_again();
+            self.shared.held_for_room.fetch_sub(1, Ordering::Relaxed);
+            self.shared.metrics.room_again();
         }
     }
 }
@@ -222,6 +222,11 @@ impl Drop for HeldForRoom<'_> {
 /// in docs/design.md), so that should the lease run out meanwhile and the row be let go
 /// before this write gets it, a rescuer writes the result instead of giving the task back to
 /// run again. The parked copy of a result this write lands is dropped by the next rescue.
+///
+/// The park is a safeguard, not a condition of the finish: a park the database refuses
+/// outright (a role granted the finish but not the parked results, say) is logged and the
+/// finish goes on without it; only an outage or a want of room, which the finish would meet
+/// too, is returned, to be tried again with it.
 async fn park(client: &Session, claim: Claim, action: &Action) -> Result<(), FinishError> {
     let Action::Finish(outcome) = action else {
         return Ok(()); // a release has no result to keep
@@ -231,11 +236,22 @@ async fn park(client: &Session, claim: Claim, action: &Action) -> Result<(), Fin
         token: claim.token,
         outcome: outcome.clone(),
     };
-    client
+    match client
         .bounded(queue::park(client, std::slice::from_ref(&finish)))
         .await
-        .map_err(FinishError::Db)?;
-    Ok(())
+    {
+        Ok(_) => Ok(()),
+        Err(err) if err.is_unavailable() || err.is_exhausted() => Err(FinishError::Db(err)),
+        Err(err) => {
+            tracing::warn!(
+                id = claim.id,
+                attempt = claim.attempt,
+                error = %err,
+                "could not park the result before waiting for its row; waiting without it"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Write `action` to `claim`: one fenced statement; with `wait`, it waits for the row if

@@ -104,11 +104,14 @@ impl DbError {
         matches!(self, DbError::Unavailable(_))
     }
 
-    /// Whether the server is out of a resource (class 53: a full disk, out of memory, too
-    /// many connections): it answers, but takes no write of that kind until it has room.
+    /// Whether the server is out of a resource (class 53: a full disk, out of memory, a
+    /// configuration limit): it answers, but takes no write of that kind until it has room.
+    /// A session it would not open (too many connections) is an outage, not this.
     pub fn is_exhausted(&self) -> bool {
-        self.code()
-            .is_some_and(|code| code.code().starts_with("53"))
+        !self.is_unavailable()
+            && self
+                .code()
+                .is_some_and(|code| code.code().starts_with("53"))
     }
 
     /// Whether the database refused these settings (a configuration error, exit 78 at start).
@@ -356,6 +359,25 @@ mod tests {
         });
         assert!(!err.is_unavailable());
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn a_full_disk_is_exhausted_but_a_session_refused_for_too_many_clients_is_an_outage() {
+        let full = DbError::Query(Cause {
+            message: "could not extend file: No space left on device".into(),
+            code: Some(SqlState::DISK_FULL),
+            detail: None,
+            hint: None,
+        });
+        assert!(full.is_exhausted() && full.is_transient() && !full.is_unavailable());
+        let crowded = DbError::Unavailable(Cause {
+            message: "sorry, too many clients already".into(),
+            code: Some(SqlState::TOO_MANY_CONNECTIONS),
+            detail: None,
+            hint: None,
+        });
+        assert!(!crowded.is_exhausted(), "no write was refused for room");
+        assert!(crowded.is_unavailable() && crowded.is_transient());
     }
 
     #[test]

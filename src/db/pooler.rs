@@ -86,10 +86,11 @@ pub async fn check_listen(settings: &ConnectSettings, setting: &str) -> Result<(
         let sender = settings.connect().await?;
         // A producer's commit that waits for a synchronous standby that is not there holds
         // the lock every NOTIFY of the cluster takes at commit: the check is then skipped
-        // after a short wait rather than failing the start.
+        // after a short wait rather than failing the start. `SET LOCAL`: behind a
+        // transaction pooler a session's setting would stay on the server connection.
         let notified = sender
             .batch_execute(&format!(
-                "SET lock_timeout = {}; NOTIFY {channel}",
+                "BEGIN; SET LOCAL lock_timeout = {}; NOTIFY {channel}; COMMIT",
                 NOTIFY_LOCK_WAIT.as_millis()
             ))
             .await;

@@ -66,10 +66,6 @@ impl CompleterMetrics {
         self.held_for_room.dec();
     }
 
-    pub(super) fn held_for_room_count(&self) -> i64 {
-        self.held_for_room.get()
-    }
-
     pub(super) fn room_refusal(&self) -> Option<String> {
         if self.held_for_room.get() <= 0 {
             return None;

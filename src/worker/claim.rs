@@ -292,8 +292,7 @@ impl Worker {
         // While the database refuses to write results for want of room (a full disk), no
         // more work than one round of the permits is held in memory, to be run again should
         // the daemon stop before there is room (docs/operations.md, "A full disk").
-        let held_for_room = inner.metrics.held_for_room_count();
-        let room_refused = held_for_room >= inner.config.concurrency as i64;
+        let room_refused = inner.completer.held_for_room() >= inner.config.concurrency;
         let batch = async {
             if queues.is_empty() || room_refused {
                 let nothing = queue::ClaimBatch {

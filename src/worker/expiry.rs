@@ -45,6 +45,9 @@ pub(super) fn stop_ahead(lease: Duration, kill_after: Option<Duration>) -> Durat
     margin(lease) + kill_after.map_or(Duration::ZERO, |kill| kill.min(lease / 2))
 }
 
+/// How many ids of the claims stopped one WARN line names (the rest are at debug).
+const IDS_SAID: usize = 10;
+
 impl Worker {
     /// [`stop_ahead`] for this lane's handler.
     pub(super) fn stop_ahead(&self) -> Duration {
@@ -65,6 +68,8 @@ impl Worker {
         // then the ones stopped since, counted.
         let mut warned_at: Option<Instant> = None;
         let mut unsaid = 0usize;
+        // The first ids of those, for the line.
+        let mut unsaid_ids: Vec<i64> = Vec::new();
         loop {
             tokio::select! {
                 _ = self.inner.heartbeat_stop.cancelled() => return,
@@ -86,14 +91,15 @@ impl Worker {
                 );
             }
             unsaid += expired.len() + never_started;
+            let room = IDS_SAID.saturating_sub(unsaid_ids.len());
+            unsaid_ids.extend(expired.iter().map(|(id, _)| *id).take(room));
             if warned_at.is_some_and(|at| at.elapsed() < crate::repeats::REMINDER) {
                 continue;
             }
             warned_at = Some(Instant::now());
-            let ids: Vec<i64> = expired.iter().map(|(id, _)| *id).take(10).collect();
             tracing::warn!(
                 tasks = std::mem::take(&mut unsaid),
-                ids = ?ids,
+                ids = ?std::mem::take(&mut unsaid_ids),
                 lease = ?self.inner.config.lease,
                 "leases ran out without a heartbeat (none reached the database in time: an \
                  outage, a partition, another transaction holding the tasks' rows, a claim \

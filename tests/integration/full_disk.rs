@@ -214,3 +214,61 @@ async fn while_writes_are_refused_for_room_no_rescuer_takes_back_another_daemons
         assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
     }
 }
+
+/// Results held for room in one lane stop that lane's claims only: a queue with a handler of
+/// its own, whose finishes the database still takes, goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_held_for_room_in_one_lane_leave_the_other_lanes_claiming() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(&refuse(&format!("({FINISHES}) AND NEW.queue = 'default'")))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload)
+             SELECT 'word ' || g FROM generate_series(1, 2) AS g",
+        )
+        .await
+        .unwrap();
+    let port = free_port();
+    let mut daemon = DaemonProcess::start(
+        &db,
+        &format!(
+            "[worker]\nconcurrency = 2\npoll_interval = \"100ms\"\n\
+             queues = [\"default\", \"echo\"]\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n\
+             [queues.echo]\nhandler = \"exec\"\ncommand = [\"cat\"]\n"
+        ),
+        &[],
+    );
+    eventually(WAIT, "two results held", || async {
+        let (_, metrics) = get(port, "/metrics").await?;
+        let text = metrics.as_str()?.to_string();
+        text.contains("pgtaskd_results_held_for_room 2")
+            .then_some(())
+    })
+    .await;
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('echoed', 'echo') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+    assert_eq!(task.attempt, 1);
+
+    client
+        .batch_execute("UPDATE full_disk SET refusing = false")
+        .await
+        .unwrap();
+    for id in 1..=2 {
+        let task = wait_status(&client, id, TaskStatus::Succeeded).await;
+        assert_eq!((task.attempt, task.words), (1, 2), "task {id}");
+    }
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
