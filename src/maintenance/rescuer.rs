@@ -15,9 +15,10 @@
 //! finish, counts as the database being away, not as leases that expired.
 //!
 //! A full disk is the database away too: while this daemon's heartbeats or finishes are
-//! refused for want of room (counted by [`Metrics::refused_for_room`]), the other daemons'
-//! are as well, though a rescue's small writes may still fit; the rescuer takes back nothing
-//! until a lease after its tick that saw no new refusal.
+//! refused for want of room (counted by [`Metrics::refused_for_room`]), or it holds results
+//! so refused, the other daemons' are refused as well, though a rescue's small writes may
+//! still fit; the rescuer takes back nothing until a lease after its first tick that saw no
+//! new refusal and no result held.
 //!
 //! Each rescue first writes the results that stopped daemons parked for claims whose leases
 //! expired (`pgtaskd.write_parked`, docs/design.md "Parked results"): those tasks end with the
@@ -60,10 +61,12 @@ pub async fn run(
             _ = tokio::time::sleep(jitter(period)) => {}
         }
         let now = Instant::now();
-        // This daemon's writes refused for want of room since the last look: the other
-        // daemons' heartbeats and finishes are refused too, though a rescue may fit.
+        // This daemon's writes refused for want of room since the last look, or results it
+        // still holds for room (their tries come a turn apart, up to 5 s, longer than a
+        // short lease): the other daemons' heartbeats and finishes are refused too, though
+        // a rescue may fit.
         let refusals = metrics.refused_for_room_count();
-        if refusals != refusals_seen {
+        if refusals != refusals_seen || metrics.held_for_room_count() > 0 {
             refusals_seen = refusals;
             if gate != Gate::Down {
                 tracing::warn!(

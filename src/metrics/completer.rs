@@ -62,6 +62,10 @@ impl CompleterMetrics {
         self.refused_for_room.get()
     }
 
+    pub(super) fn held_for_room_count(&self) -> i64 {
+        self.held_for_room.get()
+    }
+
     pub(super) fn room_again(&self) {
         self.held_for_room.dec();
     }

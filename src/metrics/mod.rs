@@ -159,6 +159,11 @@ impl Metrics {
         self.completer.room_again();
     }
 
+    /// How many results every lane holds for room now.
+    pub fn held_for_room_count(&self) -> i64 {
+        self.completer.held_for_room_count()
+    }
+
     /// While results are held for room: the server's words for the last refusal.
     pub fn room_refusal(&self) -> Option<String> {
         self.completer.room_refusal()
