@@ -10,8 +10,11 @@
 //! A server that holds every commit for a synchronous standby that is not connected (a
 //! promoted standby that kept `synchronous_standby_names`, a primary whose standbys are all
 //! gone) answers no write at all: every session would wait in its commit until the
-//! deadline, and the pool would be wedged. A new session checks that once; on such a server
-//! it commits with `synchronous_commit = local` and sends no notifications (`pgtaskd.notify
+//! deadline, and the pool would be wedged. A new session checks that once, and a session
+//! handed out again checks again every [`REPLICATION_RECHECK`] (each time while the server
+//! has none), one handed out that often by [`Pool::watch_replication`] at least. On such a
+//! server the session ends the commit waits of the daemon's own sessions opened before,
+//! commits with `synchronous_commit = local` and sends no notifications (`pgtaskd.notify
 //! = off`: a producer's commit stuck there after its NOTIFY holds the lock every NOTIFY
 //! takes), is said once in the log, and lives at most
 //! [`UNREPLICATED_SESSION_LIFE`], so that sessions opened once a standby is back wait for it
@@ -36,6 +39,9 @@ use super::DbError;
 /// How long a session that commits without waiting for a synchronous standby is used.
 pub const UNREPLICATED_SESSION_LIFE: Duration = Duration::from_secs(10);
 
+/// How often a session opened while a synchronous standby was connected checks again.
+pub const REPLICATION_RECHECK: Duration = Duration::from_secs(5);
+
 /// Whether commits on this server would wait for a synchronous standby while none is
 /// connected (`pg_stat_replication` lists every WAL sender to any role; only one that
 /// `synchronous_standby_names` names counts, as `sync` or `quorum`: an asynchronous standby,
@@ -46,6 +52,18 @@ SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
    AND NOT pg_catalog.pg_is_in_recovery()
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
                     WHERE r.sync_state IN ('sync', 'quorum'))";
+
+/// On such a server: end the waits of this daemon's own sessions (its `application_name`)
+/// that committed before it found no standby, and wait in their commits for one. A canceled
+/// wait leaves the commit made locally (PostgreSQL's words: "The transaction has already
+/// committed locally"), visible, and its row locks free; left alone, those sessions hold the
+/// rows of their tasks until a standby connects, and every finish of those tasks waits.
+const CANCEL_OWN_REPLICATION_WAITS: &str = "
+SELECT count(pg_catalog.pg_cancel_backend(a.pid))
+  FROM pg_catalog.pg_stat_activity AS a
+ WHERE a.wait_event = 'SyncRep'
+   AND a.application_name = pg_catalog.current_setting('application_name')
+   AND a.pid <> pg_catalog.pg_backend_pid()";
 
 /// A pool of at most `database.pool_size` sessions, opened on demand.
 #[derive(Clone)]
@@ -58,6 +76,8 @@ pub struct Pool {
     said_unreplicated: Arc<AtomicBool>,
     /// Whether the sessions go through a transaction pooler: no session `SET` then.
     pooled: bool,
+    /// When a session last checked for a synchronous standby.
+    checked_at: Arc<Mutex<Instant>>,
 }
 
 /// An error that may mean the session is unusable.
@@ -79,6 +99,23 @@ impl Pool {
             unreplicated: Arc::default(),
             said_unreplicated: Arc::default(),
             pooled,
+            checked_at: Arc::new(Mutex::new(Instant::now())),
+        }
+    }
+
+    /// Hand out a session every [`REPLICATION_RECHECK`] until `stop`, so that a server that
+    /// lost its synchronous standby under sessions opened before is found, and their commits
+    /// left waiting for it are ended, though every writer of the daemon waits in one.
+    pub async fn watch_replication(self, stop: tokio_util::sync::CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(REPLICATION_RECHECK) => {}
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                session = self.get() => drop(session),
+            }
         }
     }
 
@@ -103,17 +140,25 @@ impl Pool {
                 self.check_replication(&session, id).await?;
                 return Ok(session);
             }
-            let expired = {
+            let (degraded, expired) = {
                 let mut unreplicated = self.unreplicated.lock().expect("not poisoned");
-                let expired = unreplicated
-                    .get(&id)
-                    .is_some_and(|since| since.elapsed() >= UNREPLICATED_SESSION_LIFE);
+                let since = unreplicated.get(&id).copied();
+                let expired =
+                    since.is_some_and(|since| since.elapsed() >= UNREPLICATED_SESSION_LIFE);
                 if expired {
                     unreplicated.remove(&id);
                 }
-                expired
+                (since.is_some(), expired)
             };
             if !expired {
+                // A session opened while a standby was there: checked again once a while,
+                // and every time while the server is known to have none.
+                let due = self.checked_at.lock().expect("not poisoned").elapsed()
+                    >= REPLICATION_RECHECK
+                    || (self.said_unreplicated.load(Ordering::Relaxed) && !self.pooled);
+                if !degraded && due {
+                    self.check_replication(&session, id).await?;
+                }
                 return Ok(session);
             }
             // Closed, and the next one checks again.
@@ -124,6 +169,7 @@ impl Pool {
     /// A new session on a server that would hold its commits for a synchronous standby that
     /// is not connected commits locally, for a while.
     async fn check_replication(&self, session: &Session, id: ObjectId) -> Result<(), DbError> {
+        *self.checked_at.lock().expect("not poisoned") = Instant::now();
         let unreplicated: bool = session
             .bounded(async {
                 let rows = session.simple_query(UNREPLICATED).await?;
@@ -146,14 +192,21 @@ impl Pool {
             }
             return Ok(());
         }
-        session
+        let canceled = session
             .bounded(async {
                 session
                     .batch_execute("SET synchronous_commit = local; SET pgtaskd.notify = off")
-                    .await
-                    .map_err(DbError::from)
+                    .await?;
+                let row = session.query_one(CANCEL_OWN_REPLICATION_WAITS, &[]).await?;
+                Ok::<_, DbError>(row.get::<_, i64>(0))
             })
             .await?;
+        if canceled > 0 {
+            tracing::warn!(
+                sessions = canceled,
+                "ended the waits of this daemon's sessions whose commits waited for the missing synchronous standby: they are committed on this server alone"
+            );
+        }
         self.unreplicated
             .lock()
             .expect("not poisoned")

@@ -495,6 +495,68 @@ async fn a_promoted_standby_that_missed_claims_gives_none_of_their_tokens_again(
     assert_eq!(running, 3);
 }
 
+/// The synchronous standby goes away under a running daemon whose statements have no
+/// timeout: the commits of its sessions opened before wait for it, holding their tasks' rows.
+/// The first session opened after, which finds no standby, ends those waits (the commits
+/// stay made on the primary), so that every task finishes, once, without the standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_left_waiting_for_a_synchronous_standby_that_went_away_are_ended() {
+    let primary = Cluster::start_primary();
+    let db = TestDb::on(&primary).await;
+    let client = db.client().await;
+    let standby = Cluster::start_standby_of(&primary);
+    replicate_synchronously(&client).await;
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n\
+         [database]\nstatement_timeout = \"0s\"\n",
+        &[],
+    );
+    // Producers that do not wait for the standby themselves.
+    let quiet = db.client().await;
+    quiet
+        .batch_execute("SET synchronous_commit = local")
+        .await
+        .unwrap();
+    let first = enqueue(&quiet, "one two").await;
+    assert_eq!(
+        wait_status(&client, first, TaskStatus::Succeeded)
+            .await
+            .words,
+        2
+    );
+
+    standby.stop_server(true);
+    eventually(WAIT, "the standby to be gone", || async {
+        let left = count(&client, "SELECT count(*) FROM pg_stat_replication").await;
+        (left == 0).then_some(())
+    })
+    .await;
+    let mut ids = Vec::new();
+    for payload in ["three four five", "six seven", "eight"] {
+        ids.push(enqueue(&quiet, payload).await);
+    }
+    for (id, words) in ids.iter().zip([3, 2, 1]) {
+        let task = wait_status(&client, *id, TaskStatus::Succeeded).await;
+        assert_eq!(task.words, words, "task {id}");
+    }
+    daemon
+        .wait_for_log("ended the waits of this daemon's sessions")
+        .await;
+    let waiting = count(
+        &client,
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE wait_event = 'SyncRep' AND application_name LIKE 'pgtaskd/%'",
+    )
+    .await;
+    assert_eq!(waiting, 0, "daemon sessions still waiting for the standby");
+
+    set_standby_names(&db, "").await;
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait().await;
+    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+}
+
 /// An asynchronous standby connected to a primary whose `synchronous_standby_names` names
 /// another one, which is not there: every commit still waits, so the daemon's sessions must
 /// commit locally, as with no standby at all (`pg_stat_replication` is not empty, but none of
