@@ -200,8 +200,7 @@ async fn a_primary_crash_mid_drain_and_a_promoted_synchronous_standby_lose_no_ta
     );
 
     for daemon in &mut daemons {
-        daemon.signal(libc::SIGTERM);
-        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+        daemon.stop_cleanly().await;
     }
     let mut runs: HashMap<i64, usize> = HashMap::new();
     let mut run_attempts = Vec::new();
@@ -294,8 +293,7 @@ async fn a_failover_under_load_finishes_every_task_once_within_30_s_of_the_promo
     assert_eq!(audit::transitions_out_of_terminal(&new_primary).await, 0);
     assert_eq!(audit::tasks_finished_twice(&new_primary).await, 0);
     for daemon in &mut daemons {
-        daemon.signal(libc::SIGTERM);
-        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+        daemon.stop_cleanly().await;
     }
     assert!(
         drained < Duration::from_secs(30),
@@ -349,8 +347,7 @@ async fn a_daemon_whose_host_list_starts_with_a_standby_works_on_the_primary() {
     assert!(status.success(), "{stderr}");
     assert!(stdout.contains("SUCCEEDED"), "{stdout}");
 
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }
 
 #[tokio::test]
@@ -552,9 +549,7 @@ async fn commits_left_waiting_for_a_synchronous_standby_that_went_away_are_ended
     assert_eq!(waiting, 0, "daemon sessions still waiting for the standby");
 
     set_standby_names(&db, "").await;
-    daemon.signal(libc::SIGTERM);
-    let status = daemon.wait().await;
-    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }
 
 /// An asynchronous standby connected to a primary whose `synchronous_standby_names` names
@@ -594,9 +589,7 @@ async fn an_asynchronous_standby_does_not_count_as_the_synchronous_one_that_is_m
     assert_eq!(task.words, 3);
 
     set_standby_names(&db, "").await;
-    daemon.signal(libc::SIGTERM);
-    let status = daemon.wait().await;
-    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }
 
 /// A server that holds commits for a synchronous standby that is not connected, and a
@@ -683,9 +676,7 @@ async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds
     let task = wait_status(&client, id, TaskStatus::Succeeded).await;
     assert_eq!(task.words, 3);
     daemon.signal(libc::SIGCONT);
-    late.signal(libc::SIGTERM);
-    let status = late.wait().await;
-    assert_eq!(status.code(), Some(0), "{}", late.log_text());
+    late.stop_cleanly().await;
 
     // Let the producer go, and the database be dropped without waiting for a standby.
     client
@@ -694,7 +685,5 @@ async fn a_producer_stuck_after_its_notify_on_a_server_missing_its_standby_holds
         .unwrap();
     let _ = within(WAIT, "the producer to end", stuck).await;
     set_standby_names(&db, "").await;
-    daemon.signal(libc::SIGTERM);
-    let status = daemon.wait().await;
-    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }

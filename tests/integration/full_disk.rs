@@ -118,8 +118,7 @@ async fn results_refused_for_want_of_room_are_held_said_by_readyz_and_written_on
         "/readyz once there is room",
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }
 
 /// Two daemons, each holding results refused for room, the first one's heartbeats refused as
@@ -212,8 +211,7 @@ async fn while_writes_are_refused_for_room_no_rescuer_takes_back_another_daemons
         );
     }
     for mut daemon in daemons {
-        daemon.signal(libc::SIGTERM);
-        assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+        daemon.stop_cleanly().await;
     }
 }
 
@@ -271,6 +269,5 @@ async fn results_held_for_room_in_one_lane_leave_the_other_lanes_claiming() {
         let task = wait_status(&client, id, TaskStatus::Succeeded).await;
         assert_eq!((task.attempt, task.words), (1, 2), "task {id}");
     }
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    daemon.stop_cleanly().await;
 }

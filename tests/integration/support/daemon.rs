@@ -226,6 +226,13 @@ impl DaemonProcess {
         status
             .unwrap_or_else(|| panic!("pgtaskd did not exit within {WAIT:?}:\n{}", self.log_text()))
     }
+
+    /// Stop the daemon with SIGTERM, and check that it exits 0 (its log otherwise).
+    pub async fn stop_cleanly(&mut self) {
+        self.signal(libc::SIGTERM);
+        let status = self.wait().await;
+        assert_eq!(status.code(), Some(0), "{}", self.log_text());
+    }
 }
 
 /// A file that is removed when dropped.
