@@ -147,7 +147,10 @@ pub async fn run(
     // The HTTP server starts before the database is waited for: it answers `/healthz`, and
     // `/readyz` says what the daemon waits for. The pool opens sessions only when asked.
     let pool = settings.pool();
-    tokio::spawn(pool.clone().watch_replication(background.clone()));
+    tokio::spawn(
+        pool.clone()
+            .watch_replication(settings.clone(), background.clone()),
+    );
     // The HTTP waiters, fed by the listener; `None` without an HTTP server.
     let completions = config
         .http

@@ -53,17 +53,41 @@ SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
                     WHERE r.sync_state IN ('sync', 'quorum'))";
 
-/// On such a server: end the waits of this daemon's own sessions (its `application_name`)
-/// that committed before it found no standby, and wait in their commits for one. A canceled
-/// wait leaves the commit made locally (PostgreSQL's words: "The transaction has already
-/// committed locally"), visible, and its row locks free; left alone, those sessions hold the
-/// rows of their tasks until a standby connects, and every finish of those tasks waits.
+/// On a server that names a synchronous standby and has none connected (whatever this
+/// session's own `synchronous_commit`): end the waits of this daemon's own sessions (its
+/// `application_name`) that committed before they were told, and wait in their commits for
+/// one. A canceled wait leaves the commit made locally (PostgreSQL's words: "The transaction
+/// has already committed locally"), visible, and its row locks free; left alone, those
+/// sessions hold the rows of their tasks until a standby connects, and every finish of
+/// those tasks waits. Returns how many waits were ended.
 const CANCEL_OWN_REPLICATION_WAITS: &str = "
 SELECT count(pg_catalog.pg_cancel_backend(a.pid))
   FROM pg_catalog.pg_stat_activity AS a
  WHERE a.wait_event = 'SyncRep'
    AND a.application_name = pg_catalog.current_setting('application_name')
-   AND a.pid <> pg_catalog.pg_backend_pid()";
+   AND a.pid <> pg_catalog.pg_backend_pid()
+   AND pg_catalog.current_setting('synchronous_standby_names') <> ''
+   AND NOT pg_catalog.pg_is_in_recovery()
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
+                    WHERE r.sync_state IN ('sync', 'quorum'))";
+
+/// How long the replication watch waits for a pooled session before it opens one of its own
+/// (every pooled session may be waiting in a commit).
+const WATCH_SESSION_WAIT: Duration = Duration::from_secs(1);
+
+/// End the commit waits of this daemon's sessions on a server with no synchronous standby
+/// ([`CANCEL_OWN_REPLICATION_WAITS`]); returns how many.
+async fn end_own_replication_waits(client: &Client) -> Result<i64, DbError> {
+    let row = client.query_one(CANCEL_OWN_REPLICATION_WAITS, &[]).await?;
+    let ended: i64 = row.get(0);
+    if ended > 0 {
+        tracing::warn!(
+            sessions = ended,
+            "ended the waits of this daemon's sessions whose commits waited for the missing synchronous standby: they are committed on this server alone"
+        );
+    }
+    Ok(ended)
+}
 
 /// A pool of at most `database.pool_size` sessions, opened on demand.
 #[derive(Clone)]
@@ -103,18 +127,53 @@ impl Pool {
         }
     }
 
-    /// Hand out a session every [`REPLICATION_RECHECK`] until `stop`, so that a server that
-    /// lost its synchronous standby under sessions opened before is found, and their commits
-    /// left waiting for it are ended, though every writer of the daemon waits in one.
-    pub async fn watch_replication(self, stop: tokio_util::sync::CancellationToken) {
+    /// Every [`REPLICATION_RECHECK`] until `stop`: end the commit waits of this daemon's
+    /// sessions on a server that lost its synchronous standby, on a pooled session (which is
+    /// checked as it is handed out), or on one of its own when none is free within
+    /// a second (every one may be waiting in a commit). Behind a transaction
+    /// pooler, where sessions commit as the server asks, it does nothing.
+    pub async fn watch_replication(
+        self,
+        settings: super::ConnectSettings,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        if self.pooled {
+            return;
+        }
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(REPLICATION_RECHECK) => {}
             }
-            tokio::select! {
+            let watch = async {
+                match tokio::time::timeout(WATCH_SESSION_WAIT, self.get()).await {
+                    Ok(session) => {
+                        let session = session?;
+                        session.bounded(end_own_replication_waits(&session)).await
+                    }
+                    Err(_) => {
+                        let (client, driver) = settings.open(None).await?;
+                        let ended =
+                            tokio::time::timeout(self.deadline, end_own_replication_waits(&client))
+                                .await;
+                        drop(client);
+                        driver.abort();
+                        ended.unwrap_or_else(|_| {
+                            Err(DbError::unavailable(
+                                "the replication watch did not finish in time",
+                            ))
+                        })
+                    }
+                }
+            };
+            let ended = tokio::select! {
                 _ = stop.cancelled() => return,
-                session = self.get() => drop(session),
+                ended = watch => ended,
+            };
+            match ended {
+                Ok(ended) if ended > 0 => self.said_unreplicated.store(true, Ordering::Relaxed),
+                Ok(_) => {}
+                Err(err) => tracing::debug!(error = %err, "replication watch could not look"),
             }
         }
     }
@@ -192,21 +251,14 @@ impl Pool {
             }
             return Ok(());
         }
-        let canceled = session
+        session
             .bounded(async {
                 session
                     .batch_execute("SET synchronous_commit = local; SET pgtaskd.notify = off")
                     .await?;
-                let row = session.query_one(CANCEL_OWN_REPLICATION_WAITS, &[]).await?;
-                Ok::<_, DbError>(row.get::<_, i64>(0))
+                end_own_replication_waits(session).await
             })
             .await?;
-        if canceled > 0 {
-            tracing::warn!(
-                sessions = canceled,
-                "ended the waits of this daemon's sessions whose commits waited for the missing synchronous standby: they are committed on this server alone"
-            );
-        }
         self.unreplicated
             .lock()
             .expect("not poisoned")

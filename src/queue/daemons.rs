@@ -246,11 +246,17 @@ pub async fn register_and_read(
     handlers: &[String],
     every: Duration,
 ) -> Result<Vec<RunElsewhere>, DbError> {
-    client
+    if let Err(err) = client
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock({START_LOCK})"
         ))
-        .await?;
+        .await
+    {
+        // The BEGIN may have run (the lock's wait timed out): never hand the session back
+        // inside a failed transaction.
+        let _ = client.batch_execute("ROLLBACK").await;
+        return Err(err.into());
+    }
     let done = async {
         register(client, instance, version, queues, handlers, every).await?;
         run_elsewhere(client, instance, queues).await

@@ -510,3 +510,50 @@ async fn daemons_started_at_once_never_analyze_a_queue_one_of_them_runs_with_a_h
         assert!(exec.wait().await.success(), "{}", exec.log_text());
     }
 }
+
+/// A daemon whose registration waited on the start lock past `statement_timeout` (another
+/// starting daemon's commit held it) hands no session back inside the failed transaction:
+/// the rescuer and the rest never meet "current transaction is aborted".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_timed_out_on_the_start_lock_leaves_no_session_in_a_failed_transaction() {
+    let db = TestDb::new().await;
+    let holder = db.client().await;
+    // The lock every starting daemon takes (src/queue/daemons.rs, START_LOCK).
+    holder
+        .batch_execute("SELECT pg_advisory_lock(8099570429445893732)")
+        .await
+        .unwrap();
+    let mut daemon = DaemonProcess::start(
+        &db,
+        "[worker]\npoll_interval = \"200ms\"\n[database]\nstatement_timeout = \"1s\"\npool_size = 1\n",
+        &[],
+    );
+    daemon
+        .wait_for_log("could not record this daemon in pgtaskd.daemons")
+        .await;
+    holder
+        .batch_execute("SELECT pg_advisory_unlock(8099570429445893732)")
+        .await
+        .unwrap();
+    // With one session, everything after the registration uses the one it failed on.
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('one two')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    eventually(WAIT, "the task to succeed", || async {
+        let row = client
+            .query_one("SELECT status FROM pgtaskd.task_view WHERE id = $1", &[&id])
+            .await
+            .ok()?;
+        (row.get::<_, String>(0) == "SUCCEEDED").then_some(())
+    })
+    .await;
+    assert!(
+        !daemon.log_text().contains("current transaction is aborted"),
+        "{}",
+        daemon.log_text()
+    );
+    daemon.stop_cleanly().await;
+}

@@ -493,9 +493,10 @@ async fn a_promoted_standby_that_missed_claims_gives_none_of_their_tokens_again(
 }
 
 /// The synchronous standby goes away under a running daemon whose statements have no
-/// timeout: the commits of its sessions opened before wait for it, holding their tasks' rows.
-/// The first session opened after, which finds no standby, ends those waits (the commits
-/// stay made on the primary), so that every task finishes, once, without the standby.
+/// timeout and a pool of two sessions: the commits of its sessions opened before wait for
+/// it, holding their tasks' rows, every session of the pool among them. The replication
+/// watch, on a session of its own, ends those waits (the commits stay made on the primary),
+/// so that every task finishes, once, without the standby.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_left_waiting_for_a_synchronous_standby_that_went_away_are_ended() {
     let primary = Cluster::start_primary();
@@ -506,7 +507,7 @@ async fn commits_left_waiting_for_a_synchronous_standby_that_went_away_are_ended
     let mut daemon = DaemonProcess::start(
         &db,
         "[worker]\nconcurrency = 2\npoll_interval = \"200ms\"\n\
-         [database]\nstatement_timeout = \"0s\"\n",
+         [database]\nstatement_timeout = \"0s\"\npool_size = 2\n",
         &[],
     );
     // Producers that do not wait for the standby themselves.
