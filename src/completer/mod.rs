@@ -18,8 +18,8 @@
 //!
 //! Settling one claim alone retries until the database answers: while it is down, the claims
 //! take turns on one shared backoff (`reachable.rs`); after an outcome that is unknown it
-//! re-reads before writing again (`resolve.rs` holds that path and the pure decision it rests
-//! on; `tally.rs` what the log says of a burst of it). Claims settled
+//! re-reads before writing again (`resolve.rs` holds that path, `decide.rs` the pure
+//! decision it rests on, `tally.rs` what the log says of a burst of it). Claims settled
 //! alone never take more than a quarter of the pool at once, and a claim whose row someone
 //! else holds locked waits for it on one session at a time (docs/design.md, "No one else's
 //! lock delays a batch"): however many claims a failed batch or a producer's open
@@ -32,6 +32,7 @@
 //! Callers: [`crate::worker`] starts one completer and hands it every settled claim.
 
 mod batch;
+mod decide;
 mod reachable;
 mod resolve;
 mod tally;
