@@ -42,16 +42,28 @@ pub const UNREPLICATED_SESSION_LIFE: Duration = Duration::from_secs(10);
 /// How often a session opened while a synchronous standby was connected checks again.
 pub const REPLICATION_RECHECK: Duration = Duration::from_secs(5);
 
-/// Whether commits on this server would wait for a synchronous standby while none is
-/// connected (`pg_stat_replication` lists every WAL sender to any role; only one that
-/// `synchronous_standby_names` names counts, as `sync` or `quorum`: an asynchronous standby,
-/// a `pg_basebackup` or a `pg_receivewal` does not end the wait).
-const UNREPLICATED: &str = "
-SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
-   AND pg_catalog.current_setting('synchronous_commit') NOT IN ('off', 'local')
+/// The server names a synchronous standby and none is connected (`pg_stat_replication`
+/// lists every WAL sender to any role; only one that `synchronous_standby_names` names
+/// counts, as `sync` or `quorum`: an asynchronous standby, a `pg_basebackup` or a
+/// `pg_receivewal` does not end the wait). A macro, so that both statements below are
+/// literals built from the one condition.
+macro_rules! no_synchronous_standby {
+    () => {
+        "pg_catalog.current_setting('synchronous_standby_names') <> ''
    AND NOT pg_catalog.pg_is_in_recovery()
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
-                    WHERE r.sync_state IN ('sync', 'quorum'))";
+                    WHERE r.sync_state IN ('sync', 'quorum'))"
+    };
+}
+
+/// Whether commits of this session would wait for a synchronous standby while none is
+/// connected.
+const UNREPLICATED: &str = concat!(
+    "
+SELECT pg_catalog.current_setting('synchronous_commit') NOT IN ('off', 'local')
+   AND ",
+    no_synchronous_standby!()
+);
 
 /// On a server that names a synchronous standby and has none connected (whatever this
 /// session's own `synchronous_commit`): end the waits of this daemon's own sessions (its
@@ -60,16 +72,16 @@ SELECT pg_catalog.current_setting('synchronous_standby_names') <> ''
 /// has already committed locally"), visible, and its row locks free; left alone, those
 /// sessions hold the rows of their tasks until a standby connects, and every finish of
 /// those tasks waits. Returns how many waits were ended.
-const CANCEL_OWN_REPLICATION_WAITS: &str = "
+const CANCEL_OWN_REPLICATION_WAITS: &str = concat!(
+    "
 SELECT count(pg_catalog.pg_cancel_backend(a.pid))
   FROM pg_catalog.pg_stat_activity AS a
  WHERE a.wait_event = 'SyncRep'
    AND a.application_name = pg_catalog.current_setting('application_name')
    AND a.pid <> pg_catalog.pg_backend_pid()
-   AND pg_catalog.current_setting('synchronous_standby_names') <> ''
-   AND NOT pg_catalog.pg_is_in_recovery()
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication AS r
-                    WHERE r.sync_state IN ('sync', 'quorum'))";
+   AND ",
+    no_synchronous_standby!()
+);
 
 /// How long the replication watch waits for a pooled session before it opens one of its own
 /// (every pooled session may be waiting in a commit).
