@@ -110,6 +110,9 @@ pub struct Pool {
     unreplicated: Arc<Mutex<HashMap<ObjectId, Instant>>>,
     /// Whether the log has said so since the last session that found a standby.
     said_unreplicated: Arc<AtomicBool>,
+    /// Whether the last look (a session's check, or the watch's) found no standby: every
+    /// session handed out is checked then.
+    standby_missing: Arc<AtomicBool>,
     /// Whether the sessions go through a transaction pooler: no session `SET` then.
     pooled: bool,
     /// When a session last checked for a synchronous standby.
@@ -134,6 +137,7 @@ impl Pool {
             deadline,
             unreplicated: Arc::default(),
             said_unreplicated: Arc::default(),
+            standby_missing: Arc::default(),
             pooled,
             checked_at: Arc::new(Mutex::new(Instant::now())),
         }
@@ -183,7 +187,7 @@ impl Pool {
                 ended = watch => ended,
             };
             match ended {
-                Ok(ended) if ended > 0 => self.said_unreplicated.store(true, Ordering::Relaxed),
+                Ok(ended) if ended > 0 => self.standby_missing.store(true, Ordering::Relaxed),
                 Ok(_) => {}
                 Err(err) => tracing::debug!(error = %err, "replication watch could not look"),
             }
@@ -226,7 +230,7 @@ impl Pool {
                 // and every time while the server is known to have none.
                 let due = self.checked_at.lock().expect("not poisoned").elapsed()
                     >= REPLICATION_RECHECK
-                    || (self.said_unreplicated.load(Ordering::Relaxed) && !self.pooled);
+                    || (self.standby_missing.load(Ordering::Relaxed) && !self.pooled);
                 if !degraded && due {
                     self.check_replication(&session, id).await?;
                 }
@@ -251,6 +255,7 @@ impl Pool {
                 Ok::<_, DbError>(answer.unwrap_or(false))
             })
             .await?;
+        self.standby_missing.store(unreplicated, Ordering::Relaxed);
         if !unreplicated {
             self.said_unreplicated.store(false, Ordering::Relaxed);
             return Ok(());

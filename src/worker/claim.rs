@@ -290,8 +290,9 @@ impl Worker {
         // Without the queues another daemon runs with a handler this one lacks.
         let queues = inner.withheld.claimable(&inner.config.queues);
         // While the database refuses to write results for want of room (a full disk), no
-        // more work than one round of the permits is held in memory, to be run again should
-        // the daemon stop before there is room (docs/operations.md, "A full disk").
+        // more is claimed once this lane holds as many results as its concurrency: the work
+        // held in memory, to be run again should the daemon stop before there is room, stays
+        // at the rounds claimed before the first refusal (docs/operations.md, "A full disk").
         let room_refused = inner.completer.held_for_room() >= inner.config.concurrency;
         let batch = async {
             if queues.is_empty() || room_refused {
