@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0029_quiet_sessions.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0033_queue_limits.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -16,7 +16,8 @@
 --
 -- What "the same" takes, and why some things below look as they do:
 -- - columns are in the order the migrations added them (`idempotency_key`, schema 5,
---   `claim_token`, schema 16, `output` and `traceparent`, schema 19, come last);
+--   `claim_token`, schema 16, `output` and `traceparent`, schema 19, `runs` and `errors`,
+--   schema 30, `snoozes`, schema 32, and `concurrency_key`, schema 33, come last);
 -- - `tasks_queue_name` is NOT VALID, as schema 18 added it, and so are the three
 --   constraints schema 19 added (see "Migrations and the schema version");
 -- - function bodies are the migrations' text, comments included: those comments still name
@@ -56,7 +57,8 @@ CREATE TABLE pgtaskd.tasks (
     priority         smallint    NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
     attempt          int         NOT NULL DEFAULT 0,
-    max_attempts     int         NOT NULL DEFAULT 3,
+    -- Unset: the queue's `max_attempts` (pgtaskd.queue_settings), else 3 (schema 33).
+    max_attempts     int,
     cancel_requested boolean     NOT NULL DEFAULT false,
     words            bigint      NOT NULL DEFAULT 0,
     bytes            bigint      NOT NULL DEFAULT 0,
@@ -75,6 +77,14 @@ CREATE TABLE pgtaskd.tasks (
     output           text,
     -- The producer's W3C trace context, handed to the handler (schema 19).
     traceparent      text,
+    -- Every start of the task's work, never lowered (schema 30).
+    runs             int         NOT NULL DEFAULT 0,
+    -- The last ten failed attempts' errors (schema 30).
+    errors           jsonb,
+    -- Snoozes: runs put off without using an attempt, at most 100 (schema 32).
+    snoozes          int         NOT NULL DEFAULT 0,
+    -- The key `max_running_per_key` counts by (schema 33).
+    concurrency_key  text,
 
     CONSTRAINT tasks_status_check
         CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
@@ -121,10 +131,100 @@ ALTER TABLE pgtaskd.tasks
     ADD CONSTRAINT tasks_traceparent_length
         CHECK (pg_catalog.octet_length(traceparent) OPERATOR(pg_catalog.<=) 512) NOT VALID;
 
+-- A concurrency key of at most 256 bytes. NOT VALID as schema 33 added it (see above).
+ALTER TABLE pgtaskd.tasks
+    ADD CONSTRAINT tasks_concurrency_key_length
+        CHECK (pg_catalog.octet_length(concurrency_key) OPERATOR(pg_catalog.<=) 256) NOT VALID;
+
 COMMENT ON TABLE pgtaskd.tasks IS
     'pgtaskd task queue: INSERT (payload) to enqueue; pgtaskd.cancel(id) to cancel';
 COMMENT ON COLUMN pgtaskd.tasks.claim_token IS
     'The token of the claim that holds or last held the task: unique per claim; every write after a claim is fenced on it.';
+COMMENT ON COLUMN pgtaskd.tasks.runs IS
+    'How many times the task''s work was started (every claim; never lowered, not even by a retry).';
+COMMENT ON COLUMN pgtaskd.tasks.errors IS
+    'The last ten failed attempts: [{"attempt", "run", "at", "error"}], oldest first; each error at most 2,000 characters.';
+COMMENT ON COLUMN pgtaskd.tasks.snoozes IS
+    'How many times the handler asked to run the task later without using an attempt (at most 100; a retry resets it).';
+COMMENT ON COLUMN pgtaskd.tasks.concurrency_key IS
+    'The key max_running_per_key of the queue counts by (a tenant, a customer); at most 256 bytes.';
+COMMENT ON COLUMN pgtaskd.tasks.max_attempts IS
+    'Attempts before the task fails; unset: the queue''s max_attempts (pgtaskd.queue_settings), else 3.';
+
+-- The database's own random id, the first part of every task key ("What a handler is
+-- told", schema 30): one row, readable by everyone.
+CREATE TABLE pgtaskd.site (
+    id         text        PRIMARY KEY
+                           DEFAULT pg_catalog.substr(pg_catalog.md5(pg_catalog.random()::text
+                               OPERATOR(pg_catalog.||) pg_catalog.clock_timestamp()::text
+                               OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid()::text), 1, 16),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE UNIQUE INDEX site_one_row ON pgtaskd.site ((true));
+COMMENT ON TABLE pgtaskd.site IS
+    'pgtaskd: this database''s own random id, the first part of every task key (one row)';
+INSERT INTO pgtaskd.site DEFAULT VALUES;
+
+-- The site id is never changed or deleted: every task's key is made of it.
+CREATE FUNCTION pgtaskd.keep_site() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgtaskd.site is not changed or deleted: its id is the first part of every task key'
+        USING ERRCODE = '42501';
+END
+$$;
+CREATE TRIGGER site_kept BEFORE UPDATE OR DELETE ON pgtaskd.site
+    FOR EACH ROW EXECUTE FUNCTION pgtaskd.keep_site();
+CREATE TRIGGER site_kept_whole BEFORE TRUNCATE ON pgtaskd.site
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.keep_site();
+REVOKE ALL ON FUNCTION pgtaskd.keep_site() FROM PUBLIC;
+
+-- Schedules (version 31, docs/schedules.md): tasks made at instants, fired by any daemon.
+CREATE TABLE pgtaskd.schedules (
+    -- Letters, digits and `_ . : -`, 1 to 128 bytes: it is part of each fire's idempotency
+    -- key (visible ASCII) and of `/schedules/{name}`.
+    name        text        PRIMARY KEY,
+    -- Exactly one of the two: a cron expression (five fields, an optional leading seconds
+    -- field, or `@hourly`...) read in `tz`, or a period of whole seconds.
+    cron        text,
+    every       interval,
+    tz          text        NOT NULL DEFAULT 'UTC',
+    queue       text        NOT NULL DEFAULT 'default',
+    payload     text        NOT NULL,
+    priority    smallint    NOT NULL DEFAULT 0,
+    -- What a fire that no daemon made at its instant becomes: one task for all of them
+    -- (`coalesce`), none (`skip`), or one per missed instant, the last 1,000 (`catch-up`).
+    missed      text        NOT NULL DEFAULT 'coalesce',
+    -- A fire while the previous fire's task is QUEUED or RUNNING makes no task.
+    no_overlap  boolean     NOT NULL DEFAULT false,
+    paused      boolean     NOT NULL DEFAULT false,
+    -- The instant the definition took effect: no fire is before it.
+    since       timestamptz NOT NULL DEFAULT now(),
+    -- The last instant fired (or passed over), and the task it made.
+    last_fire   timestamptz,
+    last_task   bigint,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+
+    CONSTRAINT schedules_name
+        CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$'),
+    CONSTRAINT schedules_one_rule CHECK ((cron IS NULL) <> (every IS NULL)),
+    CONSTRAINT schedules_every_whole_seconds
+        CHECK (every IS NULL OR (every >= interval '1 second'
+                                 AND extract(epoch FROM every) = trunc(extract(epoch FROM every))
+                                 AND every <= interval '366 days')),
+    CONSTRAINT schedules_queue_name
+        CHECK (octet_length(queue) >= 1 AND octet_length(queue) <= 128),
+    CONSTRAINT schedules_missed CHECK (missed IN ('coalesce', 'skip', 'catch-up')),
+    CONSTRAINT schedules_tz CHECK (octet_length(tz) >= 1 AND octet_length(tz) <= 64),
+    CONSTRAINT schedules_cron CHECK (octet_length(cron) <= 256),
+    -- Every daemon reads the schedules once a second: a payload is at most 64 KiB.
+    CONSTRAINT schedules_payload CHECK (octet_length(payload) <= 65536)
+);
+
+COMMENT ON TABLE pgtaskd.schedules IS
+    'pgtaskd: tasks made at instants (cron in a time zone, or every N seconds), fired by any daemon: pgtaskd schedule add, GET /schedules';
 
 -- The queues no daemon claims from, written only through pause_queue and resume_queue
 -- ("Table `pgtaskd.paused_queues`").
@@ -139,6 +239,44 @@ CREATE TABLE pgtaskd.paused_queues (
 
 COMMENT ON TABLE pgtaskd.paused_queues IS
     'pgtaskd: queues no daemon claims from; pgtaskd.pause_queue(q) / pgtaskd.resume_queue(q)';
+
+-- Limits and defaults per queue, read by every claim ("Limits", schema 33).
+CREATE TABLE pgtaskd.queue_settings (
+    queue               text        PRIMARY KEY,
+    max_running         int,
+    max_running_per_key int,
+    rate_limit          int,
+    rate_period         interval,
+    max_attempts        int,
+    retain              interval,
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+
+    CONSTRAINT queue_settings_queue_name
+        CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.>=) 1
+               AND pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 128),
+    CONSTRAINT queue_settings_max_running CHECK (max_running >= 1),
+    CONSTRAINT queue_settings_max_running_per_key CHECK (max_running_per_key >= 1),
+    CONSTRAINT queue_settings_rate
+        CHECK ((rate_limit IS NULL) = (rate_period IS NULL)
+               AND rate_limit >= 1 AND rate_limit <= 1000000
+               AND rate_period >= interval '1 millisecond' AND rate_period <= interval '1 day'),
+    CONSTRAINT queue_settings_max_attempts CHECK (max_attempts >= 1),
+    CONSTRAINT queue_settings_retain CHECK (retain >= interval '1 second')
+);
+
+COMMENT ON TABLE pgtaskd.queue_settings IS
+    'pgtaskd: limits and defaults per queue; pgtaskd.set_queue(queue, settings jsonb)';
+
+-- The starts of rate-limited queues inside their window, for the claim to count; each claim
+-- of such a queue deletes the ones that left the window.
+CREATE TABLE pgtaskd.queue_starts (
+    queue      text        NOT NULL,
+    started_at timestamptz NOT NULL
+);
+CREATE INDEX queue_starts_queue_idx ON pgtaskd.queue_starts (queue, started_at);
+
+COMMENT ON TABLE pgtaskd.queue_starts IS
+    'pgtaskd: recent starts of rate-limited queues (written and pruned by the claim)';
 
 -- The idle flags: one row per daemon waiting for work, live until `expires_at`; inserts
 -- notify only while one is live. UNLOGGED: a hint about this moment ("Idle flags").
@@ -203,11 +341,26 @@ COMMENT ON TABLE pgtaskd.parked_results IS
 -- same columns gathered from the tables that hold the state ("Table `pgtaskd.tasks`").
 -- With the reader's rights (PostgreSQL 15 and later; the migration sets it where it can): a
 -- row-level security policy or a column grant on the table holds through the view.
+-- The attempts a task of `queue` has when it sets none.
+CREATE FUNCTION pgtaskd.queue_max_attempts(queue text) RETURNS int
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT s.max_attempts FROM pgtaskd.queue_settings AS s
+                      WHERE s.queue OPERATOR(pg_catalog.=) queue_max_attempts.queue), 3)
+$$;
+
+
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
-SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt, t.max_attempts,
+SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt,
+       coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) AS max_attempts,
        t.cancel_requested, t.words, t.bytes, t.runes, t.error, t.lease_owner,
        t.lease_expires_at, t.created_at, t.started_at, t.finished_at, t.idempotency_key,
-       t.claim_token, t.output, t.traceparent
+       t.claim_token, t.output, t.traceparent,
+       coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
+           || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
+       t.runs, t.errors, t.snoozes, t.concurrency_key
   FROM pgtaskd.tasks AS t;
 
 COMMENT ON VIEW pgtaskd.task_view IS
@@ -312,7 +465,7 @@ CREATE FUNCTION pgtaskd.enqueue(
     queue           text        DEFAULT 'default',
     priority        int         DEFAULT 0,
     run_at          timestamptz DEFAULT now(),
-    max_attempts    int         DEFAULT 3,
+    max_attempts    int         DEFAULT NULL,
     idempotency_key text        DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -387,6 +540,194 @@ LANGUAGE sql AS $$
     SELECT current FROM pgtaskd.request_cancel(task_id)
 $$;
 
+-- `history` with the failure of attempt `attempt` (run `run`) appended, the last ten kept
+-- (`tasks.errors`, version 30); a history that is not an array (written by hand) starts
+-- again. EXECUTE stays with PUBLIC: it computes, and reads and writes nothing.
+CREATE FUNCTION pgtaskd.error_history(history jsonb, attempt int, run int, error text)
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(jsonb_agg(e.entry ORDER BY e.n), '[]'::jsonb)
+      FROM (SELECT h.entry, h.n
+              FROM jsonb_array_elements(
+                       CASE WHEN jsonb_typeof(error_history.history) = 'array'
+                            THEN error_history.history ELSE '[]'::jsonb END
+                       || jsonb_build_array(jsonb_build_object(
+                              'attempt', error_history.attempt,
+                              'run', error_history.run,
+                              'at', now(),
+                              -- Its head (what failed) and its tail (where stderr ends).
+                              'error', CASE WHEN char_length(error_history.error) <= 2000
+                                            THEN coalesce(error_history.error, '')
+                                            ELSE left(error_history.error, 500) || ' … '
+                                                 || right(error_history.error, 1497) END)))
+                   WITH ORDINALITY AS h(entry, n)
+             ORDER BY h.n DESC
+             LIMIT 10) AS e
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Schedules (version 31)
+-- ---------------------------------------------------------------------------------------
+
+-- Add `name`, or replace its definition (its fires count from now on: `since`), keeping its
+-- last fire, and its paused state unless `paused` is given. The daemons check the cron
+-- expression and the zone; this checks the rest (the table's constraints). Returns whether
+-- it was new.
+CREATE FUNCTION pgtaskd.put_schedule(
+    name       text,
+    cron       text,
+    every      interval,
+    payload    text,
+    queue      text DEFAULT 'default',
+    tz         text DEFAULT 'UTC',
+    missed     text DEFAULT 'coalesce',
+    no_overlap boolean DEFAULT false,
+    priority   smallint DEFAULT 0,
+    paused     boolean DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    created boolean;
+BEGIN
+    INSERT INTO pgtaskd.schedules AS s
+           (name, cron, every, payload, queue, tz, missed, no_overlap, priority, paused)
+    VALUES (put_schedule.name, put_schedule.cron, put_schedule.every, put_schedule.payload,
+            coalesce(put_schedule.queue, 'default'), coalesce(put_schedule.tz, 'UTC'),
+            coalesce(put_schedule.missed, 'coalesce'), coalesce(put_schedule.no_overlap, false),
+            coalesce(put_schedule.priority, 0), coalesce(put_schedule.paused, false))
+    ON CONFLICT ON CONSTRAINT schedules_pkey DO UPDATE
+       SET cron = excluded.cron, every = excluded.every, payload = excluded.payload,
+           queue = excluded.queue, tz = excluded.tz, missed = excluded.missed,
+           no_overlap = excluded.no_overlap, priority = excluded.priority,
+           paused = coalesce(put_schedule.paused, s.paused),
+           since = clock_timestamp()
+    RETURNING (xmax = 0) INTO created;
+    RETURN created;
+END
+$$;
+
+-- Remove, pause or resume `name`; false when there is no such schedule. A schedule resumed
+-- fires from now on: what fell while it was paused is not missed, it was not wanted.
+CREATE FUNCTION pgtaskd.remove_schedule(name text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskd.schedules AS s WHERE s.name = remove_schedule.name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION pgtaskd.pause_schedule(name text, paused boolean) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgtaskd.schedules AS s
+       SET paused = pause_schedule.paused,
+           since = CASE WHEN s.paused AND NOT pause_schedule.paused THEN now() ELSE s.since END
+     WHERE s.name = pause_schedule.name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Fire schedule `name` at `fires` (instants in ascending order, possibly none), if its last
+-- fire is still `previous` and its definition still the one of `since` (what the caller
+-- read), and it is not paused: `last_fire` moves to
+-- `up_to`, and each instant of `fires` makes one task of the schedule's queue, due at that
+-- instant, with the idempotency key `schedule:NAME:INSTANT` (an insert of the same fire
+-- again changes nothing). With `no_overlap`, a fire while the previous fire's task is QUEUED
+-- or RUNNING makes no task. Answers what happened: `fired` (with the tasks' ids), `overlap`,
+-- or `moved` (another daemon fired first or is firing now, the schedule was paused, changed
+-- or removed: read it again). A row someone else holds locked is passed over, not waited
+-- for: one schedule held in an operator's open transaction stops no other.
+CREATE FUNCTION pgtaskd.fire_schedule(
+    name     text,
+    previous timestamptz,
+    since    timestamptz,
+    fires    timestamptz[],
+    up_to    timestamptz,
+    OUT outcome text,
+    OUT task_ids bigint[]
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s pgtaskd.schedules%ROWTYPE;
+BEGIN
+    SELECT * INTO s FROM pgtaskd.schedules AS k
+     WHERE k.name = fire_schedule.name
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR s.paused OR s.last_fire IS DISTINCT FROM fire_schedule.previous
+       OR s.since IS DISTINCT FROM fire_schedule.since OR fire_schedule.up_to < s.since THEN
+        outcome := 'moved';
+        RETURN;
+    END IF;
+    IF s.no_overlap AND s.last_task IS NOT NULL AND cardinality(fire_schedule.fires) > 0
+       AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS t
+                    WHERE t.id = s.last_task AND t.status IN ('QUEUED', 'RUNNING')) THEN
+        UPDATE pgtaskd.schedules AS k SET last_fire = fire_schedule.up_to
+         WHERE k.name = fire_schedule.name;
+        outcome := 'overlap';
+        RETURN;
+    END IF;
+    WITH made AS (
+        INSERT INTO pgtaskd.tasks (payload, queue, priority, run_at, idempotency_key)
+        SELECT s.payload, s.queue, s.priority, f.at,
+               'schedule:' || s.name || ':'
+                   || to_char(f.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+          FROM unnest(fire_schedule.fires) WITH ORDINALITY AS f(at, n)
+         ORDER BY f.n
+        ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(made.id ORDER BY made.id), '{}') INTO task_ids FROM made;
+    UPDATE pgtaskd.schedules AS k
+       SET last_fire = fire_schedule.up_to,
+           last_task = coalesce(task_ids[cardinality(task_ids)], k.last_task)
+     WHERE k.name = fire_schedule.name;
+    outcome := 'fired';
+END
+$$;
+
+-- A task keyed `schedule:...` is a schedule's fire, inserted by `pgtaskd.fire_schedule` (as
+-- the schema's owner) alone: a producer's insert of such a key, which would make that fire
+-- nothing or run its own payload as the fire, is refused (version 31). Only rows with such a
+-- key run the function: other inserts pay the WHEN clause alone.
+CREATE FUNCTION pgtaskd.refuse_schedule_keys() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_user IS DISTINCT FROM (SELECT pg_get_userbyid(n.nspowner) FROM pg_namespace AS n
+                                       WHERE n.nspname = 'pgtaskd') THEN
+        RAISE EXCEPTION 'idempotency keys starting with "schedule:" are kept for the fires of schedules (%)',
+            NEW.idempotency_key
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.refuse_schedule_keys() FROM PUBLIC;
+CREATE TRIGGER tasks_schedule_keys BEFORE INSERT ON pgtaskd.tasks
+    FOR EACH ROW WHEN (NEW.idempotency_key LIKE 'schedule:%')
+    EXECUTE FUNCTION pgtaskd.refuse_schedule_keys();
+
 -- ---------------------------------------------------------------------------------------
 -- Functions for the daemon: claim, finish, prune
 -- ---------------------------------------------------------------------------------------
@@ -407,7 +748,8 @@ CREATE FUNCTION pgtaskd.claim(
     after_priority int,
     after_id       bigint
 ) RETURNS TABLE (task_id bigint, task_attempt int, task_payload text, task_bytes bigint,
-                 waited_s float8, task_priority int, task_claim bigint)
+                 waited_s float8, task_priority int, task_claim bigint, task_run int,
+                 task_key text, task_idempotency_key text, task_traceparent text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
@@ -415,22 +757,109 @@ SET enable_bitmapscan = off
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    open_queues text[] := claim.queues;
+    rated       text[] := '{}';
+    limited_ids bigint[] := '{}';
+    again_in    float8;
+    settings    record;
+    decided_at  timestamptz;
+    running_now bigint;
+    started     bigint;
+    oldest      timestamptz;
+    room        bigint;
 BEGIN
-    -- Flushed before the daemon runs the work (version 25): with `synchronous_commit = off` a
-    -- crash could lose a claim already answered, and the sequence's last values with it, and
-    -- the same task would be claimed again under the same token. `local`, not `on`: a daemon
-    -- whose server waits for a synchronous standby that is not there commits with `local`,
-    -- and so must its claims.
     IF pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'local', true);
     END IF;
+    -- Limited queues, in name order (so that two claims never wait for each other's locks in
+    -- turn; they do not wait at all).
+    FOR settings IN
+        SELECT s.queue, s.max_running, s.max_running_per_key, s.rate_limit, s.rate_period
+          FROM pgtaskd.queue_settings AS s
+         WHERE s.queue = ANY (claim.queues)
+           AND (s.max_running IS NOT NULL OR s.max_running_per_key IS NOT NULL
+                OR s.rate_limit IS NOT NULL)
+         ORDER BY s.queue
+    LOOP
+        open_queues := pg_catalog.array_remove(open_queues, settings.queue);
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p
+                               WHERE p.queue = settings.queue);
+        IF NOT pg_catalog.pg_try_advisory_xact_lock(1885828196, pg_catalog.hashtext(settings.queue)) THEN
+            -- Another claim decides for this queue now: call again shortly.
+            again_in := least(coalesce(again_in, 0.02), 0.02);
+            CONTINUE;
+        END IF;
+        -- Each statement from here sees what the previous holder of the lock committed.
+        decided_at := pg_catalog.clock_timestamp();
+        room := claim.max_tasks;
+        IF settings.max_running IS NOT NULL THEN
+            SELECT count(*) INTO running_now
+              FROM pgtaskd.tasks AS k
+             WHERE k.status = 'RUNNING' AND k.queue = settings.queue;
+            room := least(room, settings.max_running - running_now);
+        END IF;
+        IF settings.rate_limit IS NOT NULL THEN
+            rated := rated || settings.queue;
+            -- A start counts for its window and 50 ms more: a handler starts a little after its
+            -- claim, by a delay that varies.
+            DELETE FROM pgtaskd.queue_starts AS r
+             WHERE r.queue = settings.queue
+               AND r.started_at <= decided_at - settings.rate_period - interval '50 milliseconds';
+            SELECT count(*), min(r.started_at) INTO started, oldest
+              FROM pgtaskd.queue_starts AS r
+             WHERE r.queue = settings.queue;
+            room := least(room, settings.rate_limit - started);
+            IF started >= settings.rate_limit THEN
+                again_in := least(coalesce(again_in, 'infinity'),
+                                  greatest(extract(epoch FROM oldest + settings.rate_period
+                                                   + interval '50 milliseconds' - decided_at)::float8,
+                                           0.001));
+            END IF;
+        END IF;
+        CONTINUE WHEN room <= 0;
+        IF settings.max_running_per_key IS NULL THEN
+            limited_ids := limited_ids || ARRAY(
+                SELECT k.id FROM pgtaskd.tasks AS k
+                 WHERE k.status = 'QUEUED' AND k.queue = settings.queue AND k.run_at <= now()
+                 ORDER BY k.priority DESC, k.id
+                 LIMIT room
+                   FOR UPDATE SKIP LOCKED);
+        ELSE
+            -- The first tasks in claim order (a bounded read) whose key has a slot left,
+            -- counting the ones taken before it; tasks without a key are not counted by key.
+            -- Then locked, skipping what another transaction holds.
+            limited_ids := limited_ids || ARRAY(
+                SELECT k.id FROM pgtaskd.tasks AS k
+                 WHERE k.id = ANY (ARRAY(
+                        SELECT r.id
+                          FROM (SELECT w.id, w.priority, w.concurrency_key,
+                                       row_number() OVER (PARTITION BY w.concurrency_key
+                                                          ORDER BY w.priority DESC, w.id) AS nth
+                                  FROM (SELECT q.id, q.priority, q.concurrency_key
+                                          FROM pgtaskd.tasks AS q
+                                         WHERE q.status = 'QUEUED' AND q.queue = settings.queue
+                                           AND q.run_at <= now()
+                                         ORDER BY q.priority DESC, q.id
+                                         LIMIT 1000 + claim.max_tasks) AS w) AS r
+                          LEFT JOIN (SELECT b.concurrency_key, count(*) AS n
+                                       FROM pgtaskd.tasks AS b
+                                      WHERE b.status = 'RUNNING' AND b.queue = settings.queue
+                                        AND b.concurrency_key IS NOT NULL
+                                      GROUP BY b.concurrency_key) AS busy
+                            ON busy.concurrency_key = r.concurrency_key
+                         WHERE r.concurrency_key IS NULL
+                            OR coalesce(busy.n, 0) + r.nth <= settings.max_running_per_key
+                         ORDER BY r.priority DESC, r.id
+                         LIMIT room))
+                   AND coalesce(k.status, '') = 'QUEUED'
+                   FOR UPDATE SKIP LOCKED);
+        END IF;
+    END LOOP;
     RETURN QUERY
     WITH candidates AS MATERIALIZED (
-        -- No position (either half null) is before every task: all of it is "the lower
-        -- priorities" below (a smallint priority is always under 32768), read from the
-        -- start of the queue.
         SELECT c.id, c.priority, c.size
-          FROM unnest(claim.queues) AS q(name)
+          FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- After the position: the rest of its priority...
                 SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
@@ -447,7 +876,7 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
         UNION ALL
         SELECT c.id, c.priority, c.size
-          FROM unnest(claim.queues) AS q(name)
+          FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- ...then the lower priorities.
                 SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
@@ -462,10 +891,14 @@ BEGIN
                    FOR UPDATE SKIP LOCKED
                ) AS c
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
+        UNION ALL
+        -- The limited queues' tasks, picked and locked above.
+        SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
+          FROM pgtaskd.tasks AS k
+         WHERE k.id = ANY (limited_ids)
          ORDER BY 2 DESC, 1
          LIMIT claim.max_tasks
     ), sized AS MATERIALIZED (
-        -- A payload that will not be loaded weighs nothing in the budget.
         SELECT s.id, s.size,
                row_number() OVER w AS n,
                sum(CASE WHEN s.size > claim.max_payload THEN 0 ELSE s.size END) OVER w AS running
@@ -478,8 +911,7 @@ BEGIN
         UPDATE pgtaskd.tasks AS t
            SET status = 'RUNNING',
                attempt = t.attempt + 1,
-               -- The server's timeline above the sequence's value (version 25): a new
-               -- primary's sequence may be behind the old one's after a failover.
+               runs = greatest(t.runs, t.attempt) + 1,
                claim_token = (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN 0::bigint
                                           ELSE ((('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(
                                                     pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
@@ -489,24 +921,38 @@ BEGIN
                lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
                started_at = now()
          WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
-           -- Found by primary key, never through a partial index (see version 4).
            AND coalesce(t.status, '') = 'QUEUED'
-        RETURNING t.id, t.attempt, t.priority, t.claim_token,
+        RETURNING t.id, t.attempt, t.priority, t.claim_token, t.queue,
                   CASE WHEN octet_length(t.payload) > claim.max_payload THEN NULL
                        ELSE t.payload END AS payload,
                   octet_length(t.payload)::bigint AS size,
-                  extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8 AS waited
+                  extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8 AS waited,
+                  t.runs,
+                  coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
+                      || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
+                  t.idempotency_key, t.traceparent
+    ), starts AS (
+        -- Each start of a rate-limited queue, for the next claims to count.
+        INSERT INTO pgtaskd.queue_starts (queue, started_at)
+        SELECT claimed.queue, coalesce(decided_at, now()) FROM claimed
+         WHERE claimed.queue = ANY (rated)
     )
     (SELECT claimed.id, claimed.attempt, claimed.payload, claimed.size, claimed.waited,
-            claimed.priority::int, claimed.claim_token
+            claimed.priority::int, claimed.claim_token, claimed.runs, claimed.task_key,
+            claimed.idempotency_key, claimed.traceparent
        FROM claimed
       ORDER BY claimed.priority DESC, claimed.id)
     UNION ALL
-    (SELECT NULL::bigint, NULL::int, NULL::text, z.size, NULL::float8, NULL::int, NULL::bigint
+    (SELECT NULL::bigint, NULL::int, NULL::text, z.size, NULL::float8, NULL::int, NULL::bigint,
+            NULL::int, NULL::text, NULL::text, NULL::text
        FROM sized AS z
       WHERE z.id NOT IN (SELECT picked.id FROM picked)
       ORDER BY z.n
-      LIMIT 1);
+      LIMIT 1)
+    UNION ALL
+    SELECT NULL::bigint, NULL::int, NULL::text, NULL::bigint, again_in, NULL::int, NULL::bigint,
+           NULL::int, NULL::text, NULL::text, NULL::text
+     WHERE again_in IS NOT NULL;
 END
 $$;
 
@@ -559,23 +1005,46 @@ BEGIN
                FOR UPDATE) AS w
     ), done AS (
         UPDATE pgtaskd.tasks AS t
-           -- Tried again: a failed attempt with a delay, attempts left, no cancel.
+           -- Tried again: a failed attempt with a delay, attempts left, no cancel; or a
+           -- snooze, which uses no attempt, the 100th snooze aside (version 32).
            SET status = CASE WHEN t.cancel_requested THEN 'CANCELED'
                              WHEN f.status = 'FAILED' AND f.retry_in IS NOT NULL
-                                  AND t.attempt < t.max_attempts THEN 'QUEUED'
+                                  AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) THEN 'QUEUED'
+                             WHEN f.status = 'SNOOZED' AND t.snoozes < 100 THEN 'QUEUED'
+                             WHEN f.status = 'SNOOZED' THEN 'FAILED'
                              ELSE f.status END,
+               attempt = CASE WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
+                                   AND t.snoozes < 100 THEN t.attempt - 1
+                              ELSE t.attempt END,
+               snoozes = CASE WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
+                                   AND t.snoozes < 100 THEN t.snoozes + 1
+                              ELSE t.snoozes END,
                words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.words END,
                bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.bytes END,
                runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.runes END,
                output = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.output END,
-               error = CASE WHEN t.cancel_requested OR f.status <> 'FAILED' THEN NULL ELSE f.error END,
+               error = CASE WHEN t.cancel_requested THEN NULL
+                            WHEN f.status = 'SNOOZED' AND t.snoozes < 100 THEN t.error
+                            WHEN f.status NOT IN ('FAILED', 'SNOOZED') THEN NULL
+                            ELSE f.error END,
+               -- Every failed attempt's error, the last ten (version 30); a snooze is none.
+               errors = CASE WHEN t.cancel_requested OR f.status NOT IN ('FAILED', 'SNOOZED')
+                                  OR (f.status = 'SNOOZED' AND t.snoozes < 100) THEN t.errors
+                             ELSE pgtaskd.error_history(t.errors, t.attempt, t.runs, f.error) END,
                run_at = CASE WHEN NOT t.cancel_requested AND f.status = 'FAILED'
-                                  AND f.retry_in IS NOT NULL AND t.attempt < t.max_attempts
-                             THEN now() + f.retry_in * interval '1 second' ELSE t.run_at END,
+                                  AND f.retry_in IS NOT NULL AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
+                             THEN now() + f.retry_in * interval '1 second'
+                             WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
+                                  AND t.snoozes < 100
+                             THEN now() + coalesce(f.retry_in, 0) * interval '1 second'
+                             ELSE t.run_at END,
                lease_owner = NULL,
                lease_expires_at = NULL,
                finished_at = CASE WHEN NOT t.cancel_requested AND f.status = 'FAILED'
-                                       AND f.retry_in IS NOT NULL AND t.attempt < t.max_attempts
+                                       AND f.retry_in IS NOT NULL AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
+                                  THEN NULL
+                                  WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
+                                       AND t.snoozes < 100
                                   THEN NULL ELSE now() END
           FROM input AS f
          -- Looked up by primary key, the rows held as the index condition (version 11).
@@ -586,7 +1055,10 @@ BEGIN
            AND t.claim_token = f.token
            -- Only a recorded cancel request ends a task CANCELED.
            AND (f.status <> 'CANCELED' OR t.cancel_requested)
-        RETURNING t.id, t.status
+        RETURNING t.id, t.status, t.queue
+    ), freed AS (
+        -- The tasks that stopped running free their slots of a running limit (version 33).
+        SELECT pgtaskd.notify_freed(array_agg(done.queue)) AS sent FROM done
     ), notified AS (
         -- One row whatever `done` holds (an aggregate); volatile, so evaluated once, after
         -- every row of `done` was written. A task QUEUED again has not ended.
@@ -604,7 +1076,8 @@ BEGIN
                             AND coalesce(c.status, '') = 'RUNNING')
       FROM input AS f
       LEFT JOIN done AS d ON d.id = f.id
-     CROSS JOIN notified;
+     CROSS JOIN notified
+     CROSS JOIN freed;
 END
 $$;
 
@@ -692,22 +1165,28 @@ BEGIN
         UPDATE pgtaskd.tasks AS t
            SET status = CASE
                    WHEN t.cancel_requested THEN 'CANCELED'
-                   WHEN t.attempt < t.max_attempts THEN 'QUEUED'
+                   WHEN t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) THEN 'QUEUED'
                    ELSE 'FAILED'
                END,
                error = CASE
-                   WHEN NOT t.cancel_requested AND t.attempt >= t.max_attempts
+                   WHEN NOT t.cancel_requested AND t.attempt >= coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
                    THEN format('lease lost after %s attempts (last held by %s)',
                                t.attempt, t.lease_owner)
                END,
+               -- A lost lease is a failed attempt (version 30).
+               errors = CASE
+                   WHEN t.cancel_requested THEN t.errors
+                   ELSE pgtaskd.error_history(t.errors, t.attempt, t.runs,
+                            format('lease lost (last held by %s)', t.lease_owner))
+               END,
                -- The n-th lost lease waits (n-1)^2 seconds, at most ten minutes.
                run_at = CASE
-                   WHEN NOT t.cancel_requested AND t.attempt < t.max_attempts
+                   WHEN NOT t.cancel_requested AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
                    THEN now() + least(power(t.attempt - 1, 2), 600) * interval '1 second'
                    ELSE t.run_at
                END,
                finished_at = CASE
-                   WHEN t.cancel_requested OR t.attempt >= t.max_attempts THEN now()
+                   WHEN t.cancel_requested OR t.attempt >= coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) THEN now()
                END,
                lease_owner = NULL,
                lease_expires_at = NULL
@@ -716,13 +1195,15 @@ BEGIN
            AND t.status = 'RUNNING'
            AND t.claim_token IS NOT DISTINCT FROM expired.claim_token
            AND t.lease_expires_at < now()
-        RETURNING t.id, expired.attempt, expired.lease_owner, t.status
+        RETURNING t.id, expired.attempt, expired.lease_owner, t.status, t.queue
+    ), freed AS (
+        SELECT pgtaskd.notify_freed(array_agg(r.queue)) AS sent FROM rescued AS r
     ), notified AS (
         SELECT pgtaskd.notify_done(array_agg(r.id)) AS sent
           FROM rescued AS r WHERE r.status <> 'QUEUED'
     )
     SELECT r.id, r.attempt, r.lease_owner, r.status
-      FROM rescued AS r CROSS JOIN notified;
+      FROM rescued AS r CROSS JOIN notified CROSS JOIN freed;
 END
 $$;
 
@@ -839,7 +1320,9 @@ BEGIN
          WHERE t.id = release.id AND coalesce(t.status, '') = 'RUNNING'
            AND t.claim_token = release.token
            AND (release.wait OR t.id IN (SELECT u.id FROM unlocked AS u))
-        RETURNING t.id, t.status
+        RETURNING t.id, t.status, t.queue
+    ), freed AS (
+        SELECT pgtaskd.notify_freed(array_agg(d.queue)) AS sent FROM done AS d
     ), notified AS (
         -- A release that ends the task (CANCELED) tells the waiters, in the same transaction.
         SELECT pgtaskd.notify_done(array_agg(d.id)) AS sent
@@ -847,7 +1330,7 @@ BEGIN
     )
     SELECT (SELECT d.status FROM done AS d),
            (SELECT k.status FROM pgtaskd.tasks AS k WHERE k.id = release.id)
-      FROM notified;
+      FROM notified CROSS JOIN freed;
 END
 $$;
 
@@ -896,9 +1379,16 @@ BEGIN
          WHERE t.id = ANY (ARRAY(
                 SELECT k.id
                   FROM pgtaskd.tasks AS k
-                 WHERE k.finished_at < now() - prune.older_than_ms * interval '1 millisecond'
+                 WHERE k.finished_at < now() - least(
+                           prune.older_than_ms * interval '1 millisecond',
+                           (SELECT min(s.retain) FROM pgtaskd.queue_settings AS s))
                    AND k.finished_at >= coalesce(prune.from_finished, '-infinity')
                    AND k.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+                   -- A queue's own `retain` (version 33) over the daemon's setting.
+                   AND k.finished_at < now() - coalesce(
+                           (SELECT s.retain FROM pgtaskd.queue_settings AS s
+                             WHERE s.queue = k.queue),
+                           prune.older_than_ms * interval '1 millisecond')
                  ORDER BY k.finished_at
                  LIMIT prune.max_rows
                    FOR UPDATE SKIP LOCKED
@@ -952,6 +1442,88 @@ BEGIN
 END
 $$;
 
+-- Set the settings of `queue` named in `settings` (a JSON object: `max_running`,
+-- `max_running_per_key`, `rate_limit` with `rate_period`, `max_attempts`, `retain`; a JSON
+-- null removes one), keep the others, and wake every daemon. Returns the settings now in
+-- force; a queue left with none loses its row.
+CREATE FUNCTION pgtaskd.set_queue(queue text, settings jsonb) RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    known CONSTANT text[] := ARRAY['max_running', 'max_running_per_key', 'rate_limit',
+                                   'rate_period', 'max_attempts', 'retain'];
+    unknown text;
+    kept pgtaskd.queue_settings;
+BEGIN
+    IF settings IS NULL OR jsonb_typeof(settings) <> 'object' THEN
+        RAISE EXCEPTION 'pgtaskd.set_queue: the settings must be a JSON object'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT k INTO unknown FROM jsonb_object_keys(settings) AS k WHERE k <> ALL (known) LIMIT 1;
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtaskd.set_queue: unknown setting "%" (known: %)', unknown,
+            array_to_string(known, ', ')
+            USING ERRCODE = '22023';
+    END IF;
+    IF (settings ? 'rate_limit') <> (settings ? 'rate_period') THEN
+        RAISE EXCEPTION 'pgtaskd.set_queue: rate_limit and rate_period are set together'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO pgtaskd.queue_settings AS s (queue) VALUES (set_queue.queue)
+        ON CONFLICT (queue) DO NOTHING;
+    UPDATE pgtaskd.queue_settings AS s
+       SET max_running = CASE WHEN settings ? 'max_running'
+                              THEN (settings ->> 'max_running')::int ELSE s.max_running END,
+           max_running_per_key = CASE WHEN settings ? 'max_running_per_key'
+                                      THEN (settings ->> 'max_running_per_key')::int
+                                      ELSE s.max_running_per_key END,
+           rate_limit = CASE WHEN settings ? 'rate_limit'
+                             THEN (settings ->> 'rate_limit')::int ELSE s.rate_limit END,
+           rate_period = CASE WHEN settings ? 'rate_period'
+                              THEN (settings ->> 'rate_period')::interval ELSE s.rate_period END,
+           max_attempts = CASE WHEN settings ? 'max_attempts'
+                               THEN (settings ->> 'max_attempts')::int ELSE s.max_attempts END,
+           retain = CASE WHEN settings ? 'retain'
+                         THEN (settings ->> 'retain')::interval ELSE s.retain END,
+           updated_at = now()
+     WHERE s.queue = set_queue.queue
+    RETURNING s.* INTO kept;
+    IF kept.rate_limit IS NULL THEN
+        DELETE FROM pgtaskd.queue_starts AS r WHERE r.queue = set_queue.queue;
+    END IF;
+    IF kept.max_running IS NULL AND kept.max_running_per_key IS NULL AND kept.rate_limit IS NULL
+       AND kept.max_attempts IS NULL AND kept.retain IS NULL THEN
+        DELETE FROM pgtaskd.queue_settings AS s WHERE s.queue = set_queue.queue;
+    END IF;
+    -- A raised or removed limit lets waiting tasks start now.
+    PERFORM pgtaskd.notify('pgtaskd_tasks', '');
+    RETURN jsonb_strip_nulls(jsonb_build_object(
+        'queue', set_queue.queue,
+        'max_running', kept.max_running,
+        'max_running_per_key', kept.max_running_per_key,
+        'rate_limit', kept.rate_limit,
+        'rate_period', kept.rate_period::text,
+        'max_attempts', kept.max_attempts,
+        'retain', kept.retain::text));
+END
+$$;
+
+-- A slot of a running limit may have been freed by tasks of `queues` that stopped running:
+-- wake the daemons waiting for one.
+CREATE FUNCTION pgtaskd.notify_freed(queues text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgtaskd.queue_settings AS s
+                WHERE s.queue = ANY (notify_freed.queues)
+                  AND (s.max_running IS NOT NULL OR s.max_running_per_key IS NOT NULL)) THEN
+        PERFORM pgtaskd.notify('pgtaskd_tasks', '');
+    END IF;
+END
+$$;
+
 -- A FAILED or CANCELED task back to QUEUED, as if new ("States").
 CREATE FUNCTION pgtaskd.retry(task_id bigint) RETURNS text
 LANGUAGE plpgsql
@@ -968,6 +1540,7 @@ BEGIN
     UPDATE pgtaskd.tasks AS t
        SET status = 'QUEUED',
            attempt = 0,
+           snoozes = 0,
            cancel_requested = false,
            words = 0,
            bytes = 0,
@@ -1017,6 +1590,7 @@ BEGIN
         UPDATE pgtaskd.tasks AS t
            SET status = 'QUEUED',
                attempt = 0,
+               snoozes = 0,
                cancel_requested = false,
                words = 0,
                bytes = 0,
@@ -1263,7 +1837,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent) '
+                   'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
@@ -1273,6 +1847,10 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.schema_migrations TO %I', role_name);
     -- Which queues are paused, for `pgtaskd stats` (version 26).
     EXECUTE format('GRANT SELECT ON pgtaskd.paused_queues TO %I', role_name);
+    -- The schedules (version 31).
+    EXECUTE format('GRANT SELECT ON pgtaskd.schedules TO %I', role_name);
+    -- The queues' limits and defaults (version 33).
+    EXECUTE format('GRANT SELECT ON pgtaskd.queue_settings TO %I', role_name);
 END
 $$;
 
@@ -1286,7 +1864,7 @@ BEGIN
     -- an operator; `/metrics` and `/readyz` read the vacuum health.
     EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent) '
+                   'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);
     -- The CLI and the HTTP API read tasks' state through the view (version 24).
     EXECUTE format('GRANT SELECT ON pgtaskd.task_view TO %I', role_name);
@@ -1325,6 +1903,18 @@ BEGIN
                    'pgtaskd.park(bigint[], bigint[], text[], bigint[], bigint[], bigint[], text[], text[], float8[]), '
                    'pgtaskd.write_parked(bigint, text) '
                    'TO %I', role_name);
+    -- Schedules: read, fired, and steered like queues (version 31).
+    EXECUTE format('GRANT SELECT ON pgtaskd.schedules TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION '
+                   'pgtaskd.put_schedule(text, text, interval, text, text, text, text, boolean, smallint, boolean), '
+                   'pgtaskd.remove_schedule(text), pgtaskd.pause_schedule(text, boolean), '
+                   'pgtaskd.fire_schedule(text, timestamptz, timestamptz, timestamptz[], timestamptz) '
+                   'TO %I', role_name);
+    -- Limits: read and set like queues, counted and written by the claim (version 33).
+    EXECUTE format('GRANT SELECT ON pgtaskd.queue_settings TO %I', role_name);
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON pgtaskd.queue_starts TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.set_queue(text, jsonb), '
+                   'pgtaskd.notify_freed(text[]) TO %I', role_name);
 END
 $$;
 
@@ -1342,6 +1932,15 @@ BEGIN
                    'pgtaskd.vacuum_health() TO %I', role_name);
     -- Which daemons serve which queues (version 21).
     EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
+    -- Schedules: read and steered (version 31).
+    EXECUTE format('GRANT SELECT ON pgtaskd.schedules TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION '
+                   'pgtaskd.put_schedule(text, text, interval, text, text, text, text, boolean, smallint, boolean), '
+                   'pgtaskd.remove_schedule(text), pgtaskd.pause_schedule(text, boolean) '
+                   'TO %I', role_name);
+    -- Limits and defaults: read and set (version 33).
+    EXECUTE format('GRANT SELECT ON pgtaskd.queue_settings TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.set_queue(text, jsonb) TO %I', role_name);
 END
 $$;
 
@@ -1377,6 +1976,13 @@ REVOKE ALL ON FUNCTION pgtaskd.set_idle_until() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.grant_producer(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.grant_daemon(name) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.grant_operator(name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.put_schedule(text, text, interval, text, text, text, text, boolean, smallint, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.remove_schedule(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.pause_schedule(text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.set_queue(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.notify_freed(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.fire_schedule(text, timestamptz, timestamptz, timestamptz[], timestamptz) FROM PUBLIC;
+GRANT SELECT ON pgtaskd.site TO PUBLIC;
 
 REVOKE ALL ON SEQUENCE pgtaskd.claim_tokens FROM PUBLIC;
 GRANT SELECT ON SEQUENCE pgtaskd.idle_until TO PUBLIC;

@@ -10,8 +10,24 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, ValueHint};
 use crate::queue::{RunAt, TaskStatus};
 
 mod help;
+mod queue;
 
 pub use help::SUBCOMMAND_GROUPS;
+pub use queue::{QueueCommand, QueueSetArgs};
+
+/// What pgtaskd is, in one line: `-h`, and the manual page's NAME.
+const ABOUT: &str = "A PostgreSQL task daemon: INSERT a task, and it runs your command or \
+                     posts to your webhook (the built-in text analyzer is the default)";
+
+/// What pgtaskd is, as `--help` and the manual page's DESCRIPTION say it.
+const LONG_ABOUT: &str = "\
+A PostgreSQL task daemon: applications INSERT tasks into the pgtaskd.tasks table (or submit
+them with `pgtaskd enqueue` or POST /tasks), and the daemon runs each with its queue's
+handler: exec starts your command with the payload on its standard input, http posts the
+payload to your URL (a webhook), and the built-in text analyzer, every queue's default,
+counts the payload's words, bytes and runes. The row is the single source of truth: a task's
+status, output and error are read from the database. The handlers: docs/handlers.md; the
+HTTP API: docs/http.md (installed in /usr/share/doc/pgtaskd/).";
 
 /// The environment variables and exit codes, after every `--help`.
 const AFTER_HELP: &str = "\
@@ -61,7 +77,8 @@ pub fn parse() -> Cli {
 #[command(
     name = "pgtaskd",
     version,
-    about = "A PostgreSQL task daemon: INSERT a row into pgtaskd.tasks, get its words, bytes and runes",
+    about = ABOUT,
+    long_about = LONG_ABOUT,
     after_help = AFTER_HELP
 )]
 pub struct Cli {
@@ -111,8 +128,8 @@ pub enum Command {
         #[arg(value_hint = ValueHint::Other)]
         id: i64,
     },
-    /// Analyze files locally, without a database: one line `WORDS BYTES RUNES PATH` per
-    /// file, in the order given
+    /// Analyze files locally with the built-in text analyzer, without a database: one line
+    /// `WORDS BYTES RUNES PATH` per file, in the order given
     Analyze {
         /// Files analyzed at once (default: the number of CPUs)
         #[arg(long, value_hint = ValueHint::Other, value_parser = clap::value_parser!(u32).range(1..))]
@@ -184,6 +201,10 @@ pub enum Command {
         /// exec (`wc -c` per task) or http (a keep-alive server of the bench's own)
         #[arg(long, value_enum)]
         handler: Option<crate::bench::BenchHandler>,
+        /// Limit the bench's queue to N tasks RUNNING at once
+        /// (docs/limits.md), so that the figures show what a limited claim costs
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_running: Option<u32>,
         /// Print one JSON object
         #[arg(long)]
         json: bool,
@@ -245,6 +266,91 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Tasks made at instants (a cron expression in a time zone, or every N seconds), fired
+    /// by whichever daemon looks first: add, list, remove, pause, resume (docs/schedules.md)
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
+    /// A queue's limits across every daemon (most RUNNING, most RUNNING per concurrency key,
+    /// a rate of starts) and its tasks' defaults (attempts, retention): set, show
+    /// (docs/limits.md)
+    #[command(subcommand)]
+    Queue(QueueCommand),
+}
+
+/// `pgtaskd schedule ...`; exit 3 for a schedule that does not exist.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Add a schedule, or replace the definition of one (its fires count from now on)
+    Add(ScheduleArgs),
+    /// Print the schedules with their next fire
+    List {
+        /// Print one JSON object per schedule, one per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a schedule (the tasks it made stay)
+    Remove {
+        #[arg(value_parser = parse_schedule_name, value_hint = ValueHint::Other)]
+        name: String,
+    },
+    /// Stop a schedule firing
+    Pause {
+        #[arg(value_parser = parse_schedule_name, value_hint = ValueHint::Other)]
+        name: String,
+    },
+    /// Let a paused schedule fire again, from now on (what fell while it was paused is not
+    /// made)
+    Resume {
+        #[arg(value_parser = parse_schedule_name, value_hint = ValueHint::Other)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("rule").required(true).args(["cron", "every"])))]
+pub struct ScheduleArgs {
+    /// The schedule's name: 1 to 128 letters, digits and _ . : -
+    #[arg(value_parser = parse_schedule_name, value_hint = ValueHint::Other)]
+    pub name: String,
+    /// A cron expression: five fields (minute hour day-of-month month day-of-week), an
+    /// optional leading seconds field, or @hourly, @daily, @weekly, @monthly, @yearly
+    #[arg(long, value_name = "EXPR", value_hint = ValueHint::Other)]
+    pub cron: Option<String>,
+    /// A period of whole seconds ("1s", "15m", "1h"): fires at its multiples since 1970 UTC
+    #[arg(long, value_name = "DURATION", value_parser = parse_every, value_hint = ValueHint::Other)]
+    pub every: Option<Duration>,
+    /// The queue the tasks go to
+    #[arg(long, default_value = "default", value_parser = parse_queue, value_hint = ValueHint::Other)]
+    pub queue: String,
+    /// The IANA time zone the cron expression is read in
+    #[arg(long, default_value = "UTC", value_name = "ZONE", value_hint = ValueHint::Other)]
+    pub tz: String,
+    /// What fires no daemon made at their instant become: one task (coalesce), none (skip),
+    /// or one each, the last 1,000 (catch-up)
+    #[arg(long, default_value = "coalesce", value_parser = ["coalesce", "skip", "catch-up"])]
+    pub missed: String,
+    /// Make no task while the previous fire's task is QUEUED or RUNNING
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// The tasks' priority
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true, value_hint = ValueHint::Other)]
+    pub priority: i16,
+    /// The payload of every task it makes
+    #[arg(value_hint = ValueHint::Other)]
+    pub payload: String,
+}
+
+/// A schedule name, by the rule of the table's `schedules_name`.
+fn parse_schedule_name(text: &str) -> Result<String, String> {
+    crate::schedule::check_name(text)?;
+    Ok(text.to_string())
+}
+
+/// A schedule's period: whole seconds, from 1 s to 366 days.
+fn parse_every(text: &str) -> Result<Duration, String> {
+    let every = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    crate::schedule::Rule::new(None, Some(every), "UTC").map_err(|err| err.to_string())?;
+    Ok(every)
 }
 
 /// The configuration keys `run` and `check-config` take as flags; each wins over its
@@ -374,13 +480,18 @@ pub struct EnqueueArgs {
     /// Not claimed before this: an RFC 3339 time ("2026-12-01T08:00:00Z") or a delay ("10m")
     #[arg(long, value_name = "TIME|DELAY", value_hint = ValueHint::Other, value_parser = parse_run_at)]
     pub run_at: Option<RunAt>,
-    /// Lost leases allowed before the task fails, at least 1 (default 3)
+    /// Lost leases allowed before the task fails, at least 1 (default: the queue's
+    /// --max-attempts setting, else 3)
     #[arg(long, value_hint = ValueHint::Other, value_parser = parse_max_attempts)]
     pub max_attempts: Option<i32>,
     /// Idempotency key, unique per queue: enqueueing again with it prints the first task's id
     /// (1 to 255 visible ASCII characters)
     #[arg(long, value_name = "K", value_hint = ValueHint::Other, value_parser = parse_key)]
     pub key: Option<String>,
+    /// The key its queue's --max-running-per-key counts by, such as a tenant (at most 256
+    /// bytes)
+    #[arg(long, value_name = "KEY", value_hint = ValueHint::Other, value_parser = parse_concurrency_key)]
+    pub concurrency_key: Option<String>,
     /// Then wait until the task is finished, as `pgtaskd wait` does
     #[arg(long)]
     pub wait: bool,
@@ -414,6 +525,12 @@ fn parse_queue(text: &str) -> Result<String, String> {
 /// An idempotency key, by the rule the HTTP API applies to `Idempotency-Key`.
 fn parse_key(text: &str) -> Result<String, String> {
     crate::queue::enqueue::check_idempotency_key(text).map_err(|err| err.to_string())?;
+    Ok(text.to_string())
+}
+
+/// A concurrency key, by the rule the HTTP API applies to `concurrency_key`.
+fn parse_concurrency_key(text: &str) -> Result<String, String> {
+    crate::queue::enqueue::check_concurrency_key(text).map_err(|err| err.to_string())?;
     Ok(text.to_string())
 }
 

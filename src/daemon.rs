@@ -288,6 +288,14 @@ async fn prepare_schema(
         let attempt = async {
             let mut client = start.settings.connect().await?;
             if start.options.migrate {
+                let target = migrate::target(start.settings, &client).await?;
+                tracing::info!(
+                    host = %target.host,
+                    port = target.port,
+                    database = %target.database,
+                    user = %target.user,
+                    "migrating {target}"
+                );
                 let applied = migrate::migrate(&mut client).await?;
                 if !applied.is_empty() {
                     tracing::info!(?applied, "migrations applied");

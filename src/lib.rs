@@ -13,7 +13,8 @@
 //! | [`db`] | connecting as libpq would, migrations, the dedicated LISTEN connection |
 //! | [`queue`] | the task table's operations: enqueue, claim, finish, release, heartbeat, cancel, read, wait, pause, retry, list, stats |
 //! | `completer` | every write after the analyzer: batched finishes, releases, and re-reading a row whose commit outcome is unknown |
-//! | [`maintenance`] | the periodic services beside the worker: the rescuer of expired leases, retention, the daemon's own `VACUUM`, the vacuum-health watch |
+//! | [`schedule`] | schedules: cron and periodic rules, their instants, and the table that decides who fires each |
+//! | [`maintenance`] | the periodic services beside the worker: the rescuer of expired leases, the scheduler, retention, the daemon's own `VACUUM`, the vacuum-health watch |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
@@ -26,6 +27,7 @@
 //! | `repeats` | a failure that repeats logged once at WARN, then at DEBUG, and its recovery once |
 //! | [`mod@bench`] | `pgtaskd bench`: the text-stats workload and its figures |
 //! | [`process`] | `pgtaskd run` as a child process, for the bench and the integration tests |
+//! | [`privileges`] | the process made non-dumpable at start; who an `exec` queue's children run as (`user`, `group`) and whether the daemon may switch them |
 //! | [`events`] | the messages of the log events that the bench and the tests read back |
 //! | [`cli`], [`commands`] | the command line and its exit codes |
 
@@ -45,9 +47,11 @@ pub(crate) mod health;
 pub(crate) mod http;
 pub mod maintenance;
 pub mod metrics;
+pub mod privileges;
 pub mod process;
 pub mod queue;
 pub(crate) mod repeats;
+pub mod schedule;
 pub mod shutdown;
 pub mod worker;
 

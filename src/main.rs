@@ -11,6 +11,13 @@ use pgtaskd::commands::{self, EXIT_CONFIG};
 use pgtaskd::config::{Config, LogFormat, Overlay};
 
 fn main() -> ExitCode {
+    // Before anything else: the environment holds the database URL from the first instruction.
+    if let Err(err) = pgtaskd::privileges::at_start() {
+        report(format_args!(
+            "cannot make the process non-dumpable or clear its ambient capabilities: {err}"
+        ));
+        return ExitCode::from(commands::EXIT_RUNTIME);
+    }
     quiet_on_closed_output();
     let cli = pgtaskd::cli::parse();
     // Neither needs the configuration: a broken file must not stop them.

@@ -12,6 +12,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 #[cfg(any(target_os = "linux", target_os = "android"))]
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,9 @@ pub struct DaemonCommand {
     args: Vec<std::ffi::OsString>,
     /// `None`: no `--config`, the settings come from the environment and the flags.
     config: Option<ConfigFile>,
+    /// Descriptors handed to the daemon, not close-on-exec: (a copy held here, its number in
+    /// the daemon).
+    inherited: Vec<(OwnedFd, RawFd)>,
 }
 
 impl DaemonCommand {
@@ -43,6 +47,7 @@ impl DaemonCommand {
             command: Command::new(exe),
             args: Vec::new(),
             config: Some(ConfigFile::write(config_toml)?),
+            inherited: Vec::new(),
         })
     }
 
@@ -53,6 +58,7 @@ impl DaemonCommand {
             command: Command::new(exe),
             args: Vec::new(),
             config: None,
+            inherited: Vec::new(),
         }
     }
 
@@ -73,6 +79,32 @@ impl DaemonCommand {
         self
     }
 
+    /// Run the daemon as `uid` and `gid`, with no supplementary group (from a root process).
+    pub fn user(&mut self, uid: u32, gid: u32) -> &mut DaemonCommand {
+        self.command.uid(uid).gid(gid);
+        self
+    }
+
+    /// Hand the daemon `fd` as its descriptor `number`, not close-on-exec: what a starting
+    /// shell or socket activation leaves a process.
+    ///
+    /// # Errors
+    ///
+    /// `fd` cannot be copied.
+    pub fn inherit(&mut self, fd: impl AsFd, number: RawFd) -> std::io::Result<&mut DaemonCommand> {
+        // A copy above every number a test names, so that no copy is overwritten by the
+        // placing of another.
+        // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor, owned here alone.
+        let copy = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_DUPFD_CLOEXEC, 1000) };
+        if copy < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: just opened, owned by nobody else.
+        self.inherited
+            .push((unsafe { OwnedFd::from_raw_fd(copy) }, number));
+        Ok(self)
+    }
+
     /// Remove an environment variable the child would inherit.
     pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut DaemonCommand {
         self.command.env_remove(key);
@@ -90,7 +122,18 @@ impl DaemonCommand {
         // async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
             let parent = std::process::id() as libc::pid_t;
+            let inherited: Vec<(RawFd, RawFd)> = self
+                .inherited
+                .iter()
+                .map(|(fd, number)| (fd.as_raw_fd(), *number))
+                .collect();
             self.command.pre_exec(move || {
+                // dup2 leaves the new descriptor open across the exec.
+                for (fd, number) in &inherited {
+                    if libc::dup2(*fd, *number) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 // The daemon is told to stop (SIGTERM: a graceful drain) when the thread that
                 // started it ends, so that a bench or test killed without its clean-up leaves
                 // no daemon behind. Callers start it from a thread that lives as long as they

@@ -3,8 +3,9 @@
 // takes any free port), and point the queue's `url` at http://127.0.0.1:8080/tasks.
 //
 // pgtaskd posts each task's payload as the body (text/plain; charset=utf-8) with
-// Pgtaskd-Task-Id, Pgtaskd-Attempt, Pgtaskd-Queue, Idempotency-Key and, when the task has
-// one, traceparent. What this endpoint answers decides the attempt:
+// Pgtaskd-Task-Id, Idempotency-Key (the task's key, the same for every attempt),
+// Pgtaskd-Attempt, Pgtaskd-Run, Pgtaskd-Queue, Pgtaskd-Claim and, when the task has them,
+// Pgtaskd-Idempotency-Key and traceparent. What this endpoint answers decides the attempt:
 //
 //   200 and a body   the task SUCCEEDED; the body is its output
 //   422              the task FAILED at once: retrying cannot help (an empty payload here)
@@ -12,7 +13,8 @@
 //
 // The work here is a stand-in: it counts the payload's words. A real endpoint would send
 // the mail, charge the card... once per Idempotency-Key: pgtaskd may post a task again (a
-// timeout, a lost connection, a daemon restart), and the key says which claim a post is.
+// failed attempt, a timeout, a lost connection, a daemon restart), and the key, the same on
+// every post of one task, says which task a post is.
 
 "use strict";
 

@@ -34,10 +34,14 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     task = os.environ["PGTASKD_TASK_ID"]
     attempt = int(os.environ["PGTASKD_ATTEMPT"])
-    # Unique per claim: the idempotency key to give any side effect (an API call, a row
-    # written elsewhere), so that the same claim's work is never applied twice.
-    claim = os.environ["PGTASKD_CLAIM"]
-    print(f"task {task}, attempt {attempt}, claim {claim}", file=sys.stderr)
+    # The same for every attempt of this task: the idempotency key to give any side effect
+    # (an API call, a row written elsewhere), so that the task's work is applied once
+    # however often it runs.
+    key = os.environ["PGTASKD_TASK_KEY"]
+    # Every start of the task's work counts; above 1, a run before this one may have done
+    # some of it (a failed attempt, a lost lease, a shutdown that stopped it).
+    run = int(os.environ["PGTASKD_RUN"])
+    print(f"task {task}, attempt {attempt}, run {run}, key {key}", file=sys.stderr)
 
     try:
         payload = json.loads(sys.stdin.buffer.read())

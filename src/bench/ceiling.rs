@@ -106,7 +106,14 @@ async fn claim_and_finish(
     loop {
         let batch = queue::claim_within(client, owner, queues, limits, LEASE).await?;
         if batch.tasks.is_empty() {
-            return Ok(());
+            // A limited queue another session was claiming from: again once it may have room.
+            match batch.again_in {
+                Some(again_in) => {
+                    tokio::time::sleep(again_in).await;
+                    continue;
+                }
+                None => return Ok(()),
+            }
         }
         let finishes: Vec<Finish> = batch
             .tasks

@@ -127,6 +127,8 @@ pub struct BenchOptions {
     pub soak: SoakOptions,
     /// Drain mode: drain the backlog again with this handler, in the same run.
     pub handler: Option<BenchHandler>,
+    /// Drain and ceiling modes: the bench's queue's `max_running` (docs/limits.md).
+    pub max_running: Option<u32>,
 }
 
 /// Why a run has no result.

@@ -31,38 +31,63 @@ pub async fn run(config: &Config, options: BenchOptions) -> Result<Report, Bench
     let client = settings.connect().await?;
     migrate::check(&client).await?;
     let queue = format!("bench-{}", std::process::id());
+    // A limited queue's settings are the bench's own, and go with it.
+    let limit = options
+        .max_running
+        .map(|most| serde_json::json!({ "max_running": most }));
+    if let Some(limit) = &limit {
+        client
+            .execute(sql::SET_QUEUE, &[&queue, &limit.to_string()])
+            .await?;
+    }
+    let result = run_on(&settings, &client, config, &queue, options).await;
+    if limit.is_some() {
+        let unset = serde_json::json!({ "max_running": null }).to_string();
+        client.execute(sql::SET_QUEUE, &[&queue, &unset]).await?;
+    }
+    result
+}
+
+/// Run `options` on `queue`.
+async fn run_on(
+    settings: &ConnectSettings,
+    client: &Client,
+    config: &Config,
+    queue: &str,
+    options: BenchOptions,
+) -> Result<Report, BenchError> {
     if options.mode == Mode::Soak {
         // Retention deletes its rows as it goes: it checks them as it reads them.
-        delete_rows(&client, &queue).await?;
-        let result = soak::soak(&settings, &client, config, &queue, options).await;
-        delete_rows(&client, &queue).await?;
+        delete_rows(client, queue).await?;
+        let result = soak::soak(settings, client, config, queue, options).await;
+        delete_rows(client, queue).await?;
         return result;
     }
-    let mut report = checked(&settings, &client, config, &queue, options).await?;
+    let mut report = checked(settings, client, config, queue, options).await?;
     if let (Mode::Drain, Some(handler)) = (options.mode, options.handler) {
         let texts: Vec<String> = (0..options.tasks).map(workload::gen_text).collect();
         let result = handlers::drain(
-            &client,
+            client,
             config,
-            &queue,
+            queue,
             &texts,
             options.concurrency,
             handler,
             report.tasks_per_s,
         )
         .await;
-        delete_rows(&client, &queue).await?;
+        delete_rows(client, queue).await?;
         report.handler = Some(result?);
     }
     if options.mode == Mode::Ceiling {
         // The drain of the same backlog, on a table in the state the ceiling found it in:
         // the ceiling's rows deleted, the table vacuumed and analyzed while empty of them.
-        vacuum(&client).await?;
+        vacuum(client).await?;
         let drain = BenchOptions {
             mode: Mode::Drain,
             ..options
         };
-        let drain = checked(&settings, &client, config, &queue, drain).await?;
+        let drain = checked(settings, client, config, queue, drain).await?;
         report.drain_over_ceiling = Some(drain.tasks_per_s / report.tasks_per_s);
         report.drain = Some(Box::new(drain));
     }
@@ -213,6 +238,7 @@ async fn measure(
             _ => options.concurrency,
         },
         batch,
+        max_running: options.max_running,
         seconds,
         tasks_per_s: n as f64 / seconds,
         latency_ms: latency,

@@ -50,6 +50,9 @@ pub(super) const FLAG_IDLE: &str = "INSERT INTO pgtaskd.idle_daemons (instance, 
      VALUES ($1, now() + $2 * interval '1 second')
      ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at";
 /// Remove instance `$1`'s idle flag.
+/// Set the bench queue's limits (docs/limits.md).
+pub(super) const SET_QUEUE: &str = "SELECT pgtaskd.set_queue($1, $2::text::jsonb)";
+
 pub(super) const UNFLAG_IDLE: &str = "DELETE FROM pgtaskd.idle_daemons WHERE instance = $1";
 
 /// `LISTEN` on each of `channels`, in one batch.

@@ -11,7 +11,10 @@ pub const SUBCOMMAND_GROUPS: &[(&str, &[&str])] = &[
         "Tasks",
         &["enqueue", "status", "wait", "cancel", "retry", "list"],
     ),
-    ("Queues", &["stats", "pause", "resume", "daemons"]),
+    (
+        "Queues",
+        &["stats", "queue", "pause", "resume", "daemons", "schedule"],
+    ),
     ("Tools", &["analyze", "bench", "completions", "man", "help"]),
 ];
 

@@ -23,6 +23,7 @@ pub(super) async fn bench(
     duration: Option<Duration>,
     soak: bench::SoakOptions,
     handler: Option<bench::BenchHandler>,
+    max_running: Option<u32>,
     json: bool,
 ) -> Result<ExitCode, CommandError> {
     let mode = match mode {
@@ -68,6 +69,7 @@ pub(super) async fn bench(
         duration,
         soak,
         handler,
+        max_running,
     };
     let report = bench::run(config, options).await?;
     if json {

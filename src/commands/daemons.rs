@@ -54,14 +54,19 @@ fn describe(rows: &[Registered]) -> String {
             beat,
         ]);
     }
-    let mut widths = [0; 5];
-    for line in &lines {
+    aligned(&lines)
+}
+
+/// `lines` as columns, each as wide as its widest cell (the first line is the heading).
+pub(super) fn aligned<const N: usize>(lines: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for line in lines {
         for (width, cell) in widths.iter_mut().zip(line) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut text = String::new();
-    for line in &lines {
+    for line in lines {
         for (i, cell) in line.iter().enumerate() {
             if i + 1 == line.len() {
                 let _ = writeln!(text, "{cell}");

@@ -61,14 +61,29 @@ fn write_pages(dir: &Path) -> std::io::Result<String> {
     cmd.build();
     let source = format!("pgtaskd {}", env!("CARGO_PKG_VERSION"));
     let mut written = vec![clap_mangen::Man::new(cmd.clone()).generate_to(dir)?];
-    for sub in cmd.get_subcommands().filter(|sub| !sub.is_hide_set()) {
-        let page = clap_mangen::Man::new(sub.clone()).source(source.clone());
-        written.push(page.generate_to(dir)?);
-    }
+    write_subcommand_pages(&cmd, dir, &source, &mut written)?;
     Ok(written
         .iter()
         .map(|path| format!("{}\n", path.display()))
         .collect())
+}
+
+/// A page for each subcommand of `cmd`, and for theirs (`pgtaskd-schedule-add.1`).
+fn write_subcommand_pages(
+    cmd: &clap::Command,
+    dir: &Path,
+    source: &str,
+    written: &mut Vec<std::path::PathBuf>,
+) -> std::io::Result<()> {
+    for sub in cmd
+        .get_subcommands()
+        .filter(|sub| !sub.is_hide_set() && sub.get_name() != "help")
+    {
+        let page = clap_mangen::Man::new(sub.clone()).source(source.to_string());
+        written.push(page.generate_to(dir)?);
+        write_subcommand_pages(sub, dir, source, written)?;
+    }
+    Ok(())
 }
 
 /// The command line the pages describe: without clap's `help` subcommand, which has no page

@@ -10,7 +10,8 @@
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
 //! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
-//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `daemons.rs` (`daemons`),
+//! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `queue_settings.rs` (`queue set`,
+//! `queue show`), `daemons.rs` (`daemons`), `schedules.rs` (`schedule`),
 //! `analyze.rs`, `bench.rs`, `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
 
 use std::future::Future;
@@ -30,7 +31,9 @@ mod bench;
 mod daemons;
 mod generate;
 mod probe;
+mod queue_settings;
 mod queues;
+mod schedules;
 mod service;
 mod task;
 mod wait;
@@ -56,6 +59,8 @@ pub enum CommandError {
     /// `retry --queue Q --failed` of a queue without any task that is not paused either: 3.
     #[error("no such queue: {0} has no task and is not paused")]
     NoSuchQueue(String),
+    #[error("no such schedule: {0}")]
+    NoSuchSchedule(String),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
     #[error(
@@ -105,7 +110,9 @@ impl CommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Usage(_) => EXIT_USAGE,
-            CommandError::NotFound(_) | CommandError::NoSuchQueue(_) => EXIT_NOT_FOUND,
+            CommandError::NotFound(_)
+            | CommandError::NoSuchQueue(_)
+            | CommandError::NoSuchSchedule(_) => EXIT_NOT_FOUND,
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
             CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
@@ -204,6 +211,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
             hold_snapshot,
             report_every,
             handler,
+            max_running,
             json,
         } => {
             let soak = crate::bench::SoakOptions {
@@ -220,6 +228,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
                 duration,
                 soak,
                 handler,
+                max_running,
                 json,
             )
             .await
@@ -240,11 +249,12 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::Stats { json } => queues::stats(&config, json).await,
         Command::Probe { ready, timeout } => probe::probe(&config, ready, timeout).await,
         Command::Daemons { json } => daemons::daemons(&config, json).await,
+        Command::Schedule(command) => schedules::schedule(&config, &command).await,
+        Command::Queue(command) => queue_settings::queue(&config, &command).await,
     }
 }
 
-/// One session, as it comes: for `run` and `migrate`, which check or migrate the schema
-/// themselves.
+/// One session, as it comes, on which [`session`] checks the schema.
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, CommandError> {
     let settings = ConnectSettings::new(&config.database, "cli")?;
     Ok(settings.connect().await?)

@@ -253,7 +253,7 @@ fn state(queue: &queue::QueueStats) -> &'static str {
 /// The human form of `stats`: one line per queue, then the daemons.
 fn describe_stats(stats: &Stats) -> String {
     let mut text = format!(
-        "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}\n",
+        "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}\n",
         "QUEUE",
         "STATE",
         "QUEUED",
@@ -261,7 +261,8 @@ fn describe_stats(stats: &Stats) -> String {
         "OLDEST",
         "RUNNING",
         "LAST MIN (S/F/C)",
-        "LAST HOUR (S/F/C)"
+        "LAST HOUR (S/F/C)",
+        "LIMITS"
     );
     for queue in &stats.queues {
         let oldest = queue
@@ -270,7 +271,7 @@ fn describe_stats(stats: &Stats) -> String {
         let window = |f: &queue::Finished| format!("{}/{}/{}", f.succeeded, f.failed, f.canceled);
         let _ = writeln!(
             text,
-            "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {}",
+            "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}",
             printable(&queue.queue),
             state(queue),
             queue.queued,
@@ -279,6 +280,7 @@ fn describe_stats(stats: &Stats) -> String {
             queue.running,
             window(&queue.finished_last_minute),
             window(&queue.finished_last_hour),
+            queue.settings.describe(),
         );
     }
     if stats.daemons.is_empty() {

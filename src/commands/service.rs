@@ -17,7 +17,7 @@ use crate::db::ConnectSettings;
 use crate::http;
 use crate::shutdown::Shutdown;
 
-use super::{connect, CommandError};
+use super::CommandError;
 
 /// Run the daemon until a signal stops it.
 pub(super) async fn run(config: &Config, migrate: bool) -> Result<ExitCode, CommandError> {
@@ -33,9 +33,12 @@ pub(super) async fn run(config: &Config, migrate: bool) -> Result<ExitCode, Comm
     Ok(ExitCode::SUCCESS)
 }
 
-/// Apply the migrations this binary knows and the database lacks.
+/// Apply the migrations this binary knows and the database lacks, saying first which
+/// database (host, port, name, user; never the password).
 pub(super) async fn migrate(config: &Config) -> Result<ExitCode, CommandError> {
-    let mut client = connect(config).await?;
+    let settings = ConnectSettings::new(&config.database, "cli")?;
+    let mut client = settings.connect().await?;
+    println!("migrating {}", migrate::target(&settings, &client).await?);
     let applied = migrate::migrate(&mut client).await?;
     if applied.is_empty() {
         println!("schema is up to date (version {})", migrate::LATEST_VERSION);
@@ -360,6 +363,10 @@ fn describe_queue(out: &mut String, queue: &crate::config::QueueConfig, served: 
             let _ = writeln!(out, "command = {:?}", spec.command);
             let _ = writeln!(out, "timeout = {}", duration(spec.timeout));
             let _ = writeln!(out, "kill_after = {}", duration(spec.kill_after));
+            if let Some(run_as) = &spec.run_as {
+                let who = crate::privileges::Identity::of_child(Some(run_as)).describe();
+                let _ = writeln!(out, "runs as {who}");
+            }
             let _ = writeln!(
                 out,
                 "max_output = {}",

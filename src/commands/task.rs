@@ -34,6 +34,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         run_at: args.run_at.unwrap_or(queue::RunAt::Now),
         max_attempts: args.max_attempts,
         idempotency_key: args.key.clone(),
+        concurrency_key: args.concurrency_key.clone(),
     };
     // The arguments were checked by the parser; the payload is known only now. Refused as
     // the HTTP API refuses it, before a connection is opened.
@@ -254,6 +255,17 @@ pub fn describe_task(task: &Task) -> String {
         task.attempt,
         task.max_attempts
     ));
+    text.push_str(&format!("  key: {}  runs: {}", task.task_key, task.runs));
+    if task.snoozes > 0 {
+        text.push_str(&format!("  snoozes: {}", task.snoozes));
+    }
+    text.push('\n');
+    if let Some(key) = &task.concurrency_key {
+        text.push_str(&format!(
+            "  concurrency key: {}\n",
+            super::queues::printable(key)
+        ));
+    }
     if let Some(output) = &task.output {
         text.push_str(&format!("  output: {}\n", shown_output(output)));
     }
@@ -265,6 +277,19 @@ pub fn describe_task(task: &Task) -> String {
             "last attempt's error"
         };
         text.push_str(&format!("  {label}: {}\n", super::queues::printable(error)));
+    }
+    // The history, when there is more than the error above to tell.
+    if task.errors.len() > 1 || (task.errors.len() == 1 && task.error.is_none()) {
+        text.push_str(&format!("  failed attempts ({}):\n", task.errors.len()));
+        for failed in &task.errors {
+            text.push_str(&format!(
+                "    attempt {} (run {}) at {}: {}\n",
+                failed.attempt,
+                failed.run,
+                failed.at.to_rfc3339(),
+                super::queues::printable(failed.error.lines().next().unwrap_or(""))
+            ));
+        }
     }
     if task.cancel_requested {
         text.push_str("  cancel requested\n");

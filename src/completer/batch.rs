@@ -20,7 +20,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::db::Pool;
+use crate::db::{DbError, Pool, Session};
 use crate::queue::{self, Finish, FinishError, TaskStatus};
 use crate::repeats::{log_failure, log_recovery, Repeats};
 
@@ -140,6 +140,18 @@ fn gather(
     batch
 }
 
+/// Return once the server has rolled back the transaction of a statement it refused on
+/// `session`, and so let go of the rows it locked. The server sends the error first and rolls
+/// back after: a claim settled alone at once, on another session, could otherwise find its
+/// row still locked by this very batch, take it for someone else's lock, and park its result
+/// (`resolve.rs`) on a busy machine. The session answers its next statement only after the
+/// rollback; a failure here is the next user's to meet.
+async fn rolled_back(session: &Session) {
+    let _ = session
+        .bounded(async { session.batch_execute("").await.map_err(DbError::from) })
+        .await;
+}
+
 /// A commit that panicked dropped its claims' reply channels: each of them is settled alone
 /// (a re-read first). Say so, rather than leave it to stderr.
 fn said_if_panicked(done: Result<(), tokio::task::JoinError>) {
@@ -160,9 +172,13 @@ async fn commit(
     let began = Instant::now();
     let result = match pool.get().await {
         Ok(session) => {
-            session
+            let result = session
                 .bounded(queue::finish_many(&session, &finishes))
-                .await
+                .await;
+            if matches!(&result, Err(FinishError::Db(err)) if !err.is_unavailable()) {
+                rolled_back(&session).await;
+            }
+            result
         }
         Err(err) => Err(FinishError::Db(err)),
     };

@@ -29,6 +29,10 @@
 //! [`Completer::give_up`] makes every claim still unsettled return, left RUNNING for its
 //! lease to expire.
 //!
+//! Each task a finish ends FAILED gets one INFO line (`events::TASK_FAILED`): the finish
+//! statement (`queue::finish`) answers the queue and attempt of those rows and logs it; a
+//! re-read that finds a FAILED end landed, its answer lost, logs it too.
+//!
 //! Callers: [`crate::worker`] starts one completer and hands it every settled claim.
 
 mod batch;
@@ -98,6 +102,10 @@ struct Shared {
     exhausted: Arc<reachable::Reachable>,
     /// This completer's results held for room (the gauge counts every lane's).
     held_for_room: std::sync::atomic::AtomicUsize,
+    /// Shared by the lease heartbeat's statements in flight ([`Completer::heartbeat_turn`]);
+    /// taken alone by a claim that found its row locked, for one more try that no heartbeat
+    /// of this daemon's can hold up: a lock found then is someone else's.
+    heartbeat: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Shared {
@@ -143,6 +151,7 @@ impl Completer {
                 reachable,
                 exhausted,
                 held_for_room: std::sync::atomic::AtomicUsize::new(0),
+                heartbeat: Arc::new(tokio::sync::RwLock::new(())),
             }),
         }
     }
@@ -184,6 +193,14 @@ impl Completer {
     /// turn to be settled alone tries again now.
     pub fn database_answered(&self) {
         self.shared.reachable.worked();
+    }
+
+    /// Held by the lease heartbeat while its statement, which locks the rows it extends for
+    /// a moment, is in flight: a claim settled alone that found its row locked tries again
+    /// once none is, before it takes the lock for someone else's and parks its result. Take
+    /// it with a session in hand, as the claims do, and for one statement only.
+    pub async fn heartbeat_turn(&self) -> tokio::sync::OwnedRwLockReadGuard<()> {
+        Arc::clone(&self.shared.heartbeat).read_owned().await
     }
 
     /// The daemon is stopping: claims waiting their turn to be settled alone try again now,

@@ -82,7 +82,12 @@ async fn retry(
 ) -> Result<TaskStatus, FinishError> {
     let Claim { id, attempt, .. } = claim;
     let mut outcome_unknown = why == Why::OutcomeUnknown;
-    let mut wait = why == Why::Locked;
+    // A row found locked is first tried once more with this daemon's heartbeat out of the
+    // way (its statement locks the rows it extends for a moment): only a lock that is still
+    // there then is someone else's, to be waited for, with the result parked.
+    let mut recheck = why == Why::Locked;
+    let mut rechecked = recheck;
+    let mut wait = false;
     let mut parked = false;
     let mut held_for_room = HeldForRoom {
         shared,
@@ -102,6 +107,11 @@ async fn retry(
             // claims, the heartbeat and the rescuer of sessions.
             let _turn = shared.alone.acquire().await.expect("never closed");
             let client = shared.pool.get().await.map_err(FinishError::Db)?;
+            // After the session: the heartbeat takes its share after its session too.
+            let _heartbeat_held_off = match recheck {
+                true => Some(shared.heartbeat.write().await),
+                false => None,
+            };
             if wait && !parked {
                 park(&client, claim, action).await?;
                 parked = true;
@@ -119,7 +129,17 @@ async fn retry(
             result = write => result,
             _ = shared.give_up.cancelled() => return shared.abandon(claim, action),
         };
+        recheck = false;
         match result {
+            Err(FinishError::Locked) if !rechecked => {
+                tracing::debug!(
+                    id,
+                    attempt,
+                    "row locked; trying once more with this daemon's heartbeat held off"
+                );
+                recheck = true;
+                rechecked = true;
+            }
             Err(FinishError::Locked) => {
                 tracing::debug!(
                     id,
@@ -311,6 +331,16 @@ async fn resolve(
         }
         Decision::Landed(status) => {
             tracing::debug!(id, attempt, found = %status, "commit outcome unknown: resolved; the write had landed");
+            if let (TaskStatus::Failed, Action::Finish(outcome)) = (status, action) {
+                // The statement's answer, which says so, was lost.
+                client
+                    .bounded(async {
+                        queue::log_failed_end(client, id, outcome.error()).await;
+                        Ok::<(), FinishError>(())
+                    })
+                    .await
+                    .ok();
+            }
             *landed = true;
             Ok(status)
         }

@@ -23,7 +23,9 @@
 //! variables and flags; `overlay.rs`, the environment and the flags gathered; `resolve.rs`,
 //! the overlay laid over the file and every error collected; `raw.rs`, the structs that mirror
 //! the file and their validation; `values.rs`, the rules of single values and the errors kept; `filter.rs`, what `log.level` may be; `wording.rs`, what each
-//! key takes in plain words; `location.rs`, the line, column and key an error points at.
+//! key takes in plain words; `location.rs`, the line, column and key an error points at;
+//! `queues.rs`, the `[queues.NAME]` sections, with `queues/preflight.rs`, what would fail
+//! every task of a queue, checked before the first.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -5,7 +5,6 @@
 //! its own (docs/configuration.md, "[queues.NAME]"; docs/handlers.md).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -14,6 +13,11 @@ use toml::Spanned;
 use super::values::{duration, nonzero, positive, positive_size, size, Errors};
 use crate::handler::exec::ExecSpec;
 use crate::handler::http::HttpSpec;
+use crate::privileges::{self, Identity, RunAs};
+
+mod preflight;
+
+use preflight::{check_program, check_url};
 
 /// An exec handler's `timeout` when none is given.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(300);
@@ -159,6 +163,8 @@ pub(super) struct RawQueue {
     retry_backoff: Option<Spanned<Duration>>,
     #[serde(default, deserialize_with = "duration")]
     max_backoff: Option<Spanned<Duration>>,
+    user: Option<Spanned<String>>,
+    group: Option<Spanned<String>>,
     /// Keys whose values the reading of the file refused (and said so), and took out: what
     /// depends on them is not checked again.
     #[serde(skip)]
@@ -264,6 +270,8 @@ impl RawQueue {
                 self.max_output.as_ref().map(Spanned::span),
                 "exec\" or \"http",
             ),
+            ("user", self.user.as_ref().map(Spanned::span), "exec"),
+            ("group", self.group.as_ref().map(Spanned::span), "exec"),
         ];
         if let Some(handler) = handler {
             for (k, at, owner) in foreign {
@@ -296,6 +304,9 @@ impl RawQueue {
         };
         let handler = match handler {
             Some("exec") => {
+                // First: the program is checked as the user and group the child runs as.
+                let run_as = self.run_as(&key, check_programs, e);
+                let who = Identity::of_child(run_as.as_ref());
                 let command = match &self.command {
                     None if refused("command") => Vec::new(),
                     None => {
@@ -309,7 +320,8 @@ impl RawQueue {
                         Vec::new()
                     }
                     Some(command) => e.check(Some(command), Vec::new(), |command| {
-                        check_program(command.get_ref(), &key("command"), check_programs)
+                        let exists = check_programs.then_some(&who);
+                        check_program(command.get_ref(), &key("command"), exists)
                             .map(|()| command.get_ref().clone())
                             .map_err(|message| (command.span(), message))
                     }),
@@ -323,6 +335,7 @@ impl RawQueue {
                     timeout,
                     kill_after,
                     max_output,
+                    run_as,
                 }))
             }
             Some("http") => {
@@ -393,55 +406,61 @@ impl RawQueue {
     }
 }
 
-/// `command` names a program; with `exists`, it exists and is executable: a path as given, a
-/// bare name on `PATH`.
-fn check_program(command: &[String], key: &str, exists: bool) -> Result<(), String> {
-    let Some(program) = command.first().filter(|p| !p.is_empty()) else {
-        return Err(format!(
-            "{key} is empty: write the program and its arguments, [\"/path/to/program\", \"arg\"]"
-        ));
-    };
-    if let Some(n) = command.iter().position(|word| word.contains('\0')) {
-        let word = n + 1;
-        return Err(format!("{key} holds a NUL character (in word {word})"));
-    }
-    if !exists {
-        return Ok(());
-    }
-    let found = if program.contains('/') {
-        executable(Path::new(program))
-    } else {
-        std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
-            .unwrap_or(false)
-    };
-    if found {
-        Ok(())
-    } else if program.contains('/') {
-        Err(format!("{key}: {program} is not an executable file"))
-    } else {
-        Err(format!(
-            "{key}: {program} is not an executable file on PATH; give its full path"
-        ))
-    }
-}
-
-fn executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// An absolute `http://` or `https://` URL with a host, as the handler's client parses it
-/// (a port over 65535 included).
-fn check_url(url: &str, key: &str) -> Result<(), String> {
-    let shown = crate::handler::http::shown_url(url);
-    let parsed =
-        reqwest::Url::parse(url).map_err(|err| format!("{key} {shown:?} is not a URL: {err}"))?;
-    match (parsed.scheme(), parsed.host_str()) {
-        ("http" | "https", Some(host)) if !host.is_empty() => Ok(()),
-        _ => Err(format!(
-            "{key} {shown:?} is not an http:// or https:// URL with a host"
-        )),
+impl RawQueue {
+    /// `user` and `group`, resolved to ids; `None` when neither is given or one is refused
+    /// (added to `e`). With `check_switch` (the commands that start children), the system must
+    /// know both names, and the daemon must be able to switch a child to them and signal it:
+    /// root, or `CAP_SETGID` (and `CAP_SETUID` and `CAP_KILL` for a user) in its effective
+    /// set. Without it, a name the system does not know is let pass (nothing is started).
+    fn run_as(
+        &self,
+        key: &dyn Fn(&str) -> String,
+        check_switch: bool,
+        e: &mut Errors,
+    ) -> Option<RunAs> {
+        let user = self.user.as_ref();
+        let group = self.group.as_ref();
+        let (k, at) = match (user, group) {
+            (Some(user), _) => ("user", user),
+            (None, Some(group)) => ("group", group),
+            (None, None) => return None,
+        };
+        let run_as = match privileges::resolve(
+            user.map(|u| u.get_ref().as_str()),
+            group.map(|g| g.get_ref().as_str()),
+        ) {
+            Ok(run_as) => run_as,
+            // For the commands that never start a child: a user not created yet, in a deploy
+            // half done, must not keep an operator from `status` or `list`.
+            Err(_) if !check_switch => return None,
+            Err((is_user, message)) => {
+                let (k, at) = match (is_user, user, group) {
+                    (true, Some(user), _) => ("user", user),
+                    (false, _, Some(group)) => ("group", group),
+                    _ => (k, at),
+                };
+                e.0.push((at.span(), format!("{}: {message}", key(k))));
+                return None;
+            }
+        };
+        if check_switch {
+            if let Err(missing) = privileges::can_switch(user.is_some()) {
+                let daemon = Identity::current().describe();
+                e.0.push((
+                    at.span(),
+                    format!(
+                        "{} = {:?}: this daemon runs as {daemon} without {missing}, and cannot \
+                         start and stop a child as another user or group; run it as root or \
+                         give it CAP_SETUID, CAP_SETGID and CAP_KILL (docs/handlers.md, \"Who \
+                         the child runs as\")",
+                        key(k),
+                        at.get_ref()
+                    ),
+                ));
+                return None;
+            }
+        }
+        Some(run_as)
     }
 }
 

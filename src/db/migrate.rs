@@ -4,12 +4,17 @@
 //! transaction-level advisory lock so that daemons started together never race; it records
 //! each in `pgtaskd.schema_migrations`, so applying twice is a no-op. [`check`] is what
 //! `pgtaskd run` does instead: it refuses a database whose schema it does not know.
-//! Both refuse a database whose encoding is not UTF8 (payloads are UTF-8 text).
+//! Both refuse a database whose encoding is not UTF8 (payloads are UTF-8 text). [`target`]
+//! says which database a session is on, as `pgtaskd migrate` prints it and `run --migrate`
+//! logs it before migrating.
 
+use std::fmt;
+
+use tokio_postgres::config::Host;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use super::DbError;
+use super::{ConnectSettings, DbError};
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
@@ -166,6 +171,26 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0029_quiet_sessions",
         sql: include_str!("../../sql/0029_quiet_sessions.sql"),
     },
+    Migration {
+        version: 30,
+        name: "0030_task_keys",
+        sql: include_str!("../../sql/0030_task_keys.sql"),
+    },
+    Migration {
+        version: 31,
+        name: "0031_schedules",
+        sql: include_str!("../../sql/0031_schedules.sql"),
+    },
+    Migration {
+        version: 32,
+        name: "0032_snooze",
+        sql: include_str!("../../sql/0032_snooze.sql"),
+    },
+    Migration {
+        version: 33,
+        name: "0033_queue_limits",
+        sql: include_str!("../../sql/0033_queue_limits.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.
@@ -187,6 +212,8 @@ pub enum SchemaError {
     Behind { found: i32 },
     #[error("the pgtaskd schema is at version {found}, newer than this binary knows ({LATEST_VERSION}): upgrade pgtaskd")]
     Ahead { found: i32 },
+    #[error("pgtaskd.site has no row: its id is the first part of every task key a handler is given; run `pgtaskd migrate` to make a new one, or insert the old one back (docs/handlers.md, \"What a handler is told\")")]
+    NoSite,
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -195,6 +222,76 @@ impl From<tokio_postgres::Error> for SchemaError {
     fn from(err: tokio_postgres::Error) -> Self {
         SchemaError::Db(err.into())
     }
+}
+
+/// The database a session is on: what an operator needs to tell one database from another,
+/// never the password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The host name or address the configuration names, or for a Unix-domain socket its
+    /// directory. A configuration naming several servers gives the address of the one that
+    /// answered, as that server reports it.
+    pub host: String,
+    pub port: u16,
+    /// The database and the user, as the server reports them (`current_database()`,
+    /// `current_user`): right also when the configuration left them to their defaults.
+    pub database: String,
+    pub user: String,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "database {:?} on host {}, port {}, as user {:?}",
+            self.database, self.host, self.port, self.user
+        )
+    }
+}
+
+/// Which database `client`, opened with `settings`, is on.
+///
+/// # Errors
+///
+/// Database failures.
+pub async fn target(settings: &ConnectSettings, client: &Client) -> Result<Target, DbError> {
+    let row = client
+        .query_typed_one(
+            "SELECT current_database()::text, current_user::text, \
+                    host(inet_server_addr()), inet_server_port()",
+            &[],
+        )
+        .await?;
+    let (database, user): (String, String) = (row.get(0), row.get(1));
+    let (server_host, server_port): (Option<String>, Option<i32>) = (row.get(2), row.get(3));
+    let config = &settings.config;
+    let configured_port = config.get_ports().first().copied().unwrap_or(5432);
+    let one_server = config.get_hosts().len().max(config.get_hostaddrs().len()) <= 1;
+    let configured_host = match (config.get_hosts().first(), config.get_hostaddrs().first()) {
+        (Some(Host::Tcp(name)), _) => Some(name.clone()),
+        (Some(Host::Unix(dir)), _) => Some(dir.display().to_string()),
+        (None, Some(addr)) => Some(addr.to_string()),
+        (None, None) => None,
+    };
+    let (host, port) = match (one_server, configured_host, server_host) {
+        (true, Some(host), _) => (host, configured_port),
+        (_, _, Some(host)) => (
+            host,
+            server_port
+                .and_then(|port| u16::try_from(port).ok())
+                .unwrap_or(configured_port),
+        ),
+        (_, configured, None) => (
+            configured.unwrap_or_else(|| "localhost".to_string()),
+            configured_port,
+        ),
+    };
+    Ok(Target {
+        host,
+        port,
+        database,
+        user,
+    })
 }
 
 /// Apply every pending migration. Returns the versions applied (empty when up to date).
@@ -257,6 +354,14 @@ pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, Sc
         .await?;
         applied.push(migration.version);
     }
+    // The database's own id (schema 30), made again if someone deleted it.
+    if target >= 30 {
+        tx.batch_execute(
+            "INSERT INTO pgtaskd.site (created_at) SELECT now() \
+              WHERE NOT EXISTS (SELECT FROM pgtaskd.site)",
+        )
+        .await?;
+    }
     tx.commit().await?;
     Ok(applied)
 }
@@ -274,7 +379,17 @@ pub async fn check(client: &Client) -> Result<i32, SchemaError> {
         None => Err(SchemaError::Missing),
         Some(found) if found < LATEST_VERSION => Err(SchemaError::Behind { found }),
         Some(found) if found > LATEST_VERSION => Err(SchemaError::Ahead { found }),
-        Some(found) => Ok(found),
+        Some(found) => {
+            let site: bool = client
+                .query_typed_one("SELECT EXISTS (SELECT FROM pgtaskd.site)", &[])
+                .await?
+                .get(0);
+            if site {
+                Ok(found)
+            } else {
+                Err(SchemaError::NoSite)
+            }
+        }
     }
 }
 

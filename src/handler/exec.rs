@@ -6,8 +6,10 @@
 //! 1. **Start** (`child.rs`). `command` is an argv: no shell, and the payload is never in it.
 //!    The child gets the daemon's environment minus its secrets and settings, plus
 //!    `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` and `TRACEPARENT`
-//!    ([`child_env`]). It leads a process group of its own, and is SIGKILLed by the kernel if
-//!    the daemon dies (`PR_SET_PDEATHSIG`). A command that cannot be started is an
+//!    ([`child_env`]), and no descriptor but its three pipes. It runs as the queue's `user`
+//!    and `group` when given (`HOME`, `USER` and `LOGNAME` then the user's). It leads a
+//!    process group of its own, and is SIGKILLed by the kernel if the daemon dies
+//!    (`PR_SET_PDEATHSIG`). A command that cannot be started is an
 //!    [`FailureKind::Unreachable`] failure naming the program and the OS's error.
 //! 2. **Feed and read.** One loop writes the payload to stdin while it reads stdout and
 //!    stderr, so a child that writes before it reads cannot deadlock; stdin is closed after
@@ -33,7 +35,7 @@
 //! | --- | --- |
 //! | `exec.rs` | the run: the feed-and-read loop, stopping, the answer |
 //! | `exec/child.rs` | starting the child in its group; signalling the group |
-//! | `exec/spawn.rs` | starting a child without `fork`; waiting for its exit |
+//! | `exec/spawn.rs` | starting a child without `fork`, its descriptors closed and its credentials switched; waiting for its exit |
 //! | `exec/argv.rs` | what the child is given to `execve`: argv, environment, the paths tried, the shell's argv |
 //! | `exec/env.rs` | the child's environment ([`child_env`]) |
 //! | `exec/output.rs` | bounded stdout, the stderr ring, reading a pipe without waiting |
@@ -54,6 +56,7 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use super::{Failure, FailureKind, Job, Ran, Retry};
+use crate::privileges::RunAs;
 pub use env::{child_env, is_removed};
 pub use output::STDERR_TAIL;
 use output::{read_now, StderrTail, Stdout};
@@ -61,6 +64,29 @@ use spawn::Child;
 
 /// The exit status that fails a task for good: its input is bad (`EX_DATAERR` of sysexits.h).
 pub const EX_DATAERR: i32 = 65;
+
+/// The exit status that asks to run the task later without using an attempt, the delay as the
+/// first line of stdout (`EX_TEMPFAIL` of sysexits.h: "try again later").
+pub const EX_TEMPFAIL: i32 = 75;
+
+/// The longest snooze: a longer one asked for is cut to this.
+pub const MAX_SNOOZE: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The delay a snoozing command wrote as its first line of stdout: a duration (`30s`, `5m`,
+/// `1h 30m`) or a number of seconds (`30`, `2.5`); `None` (the queue's backoff) for anything
+/// else. At most [`MAX_SNOOZE`].
+pub fn snooze_delay(stdout: &[u8]) -> Option<Duration> {
+    let line = stdout.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim();
+    let delay = match line.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => {
+            Duration::try_from_secs_f64(seconds).ok()?
+        }
+        Ok(_) => return None,
+        Err(_) => humantime::parse_duration(line).ok()?,
+    };
+    Some(delay.min(MAX_SNOOZE))
+}
 
 /// The most bytes written to stdin or read from stdout in one go.
 const CHUNK: usize = 64 * 1024;
@@ -81,6 +107,8 @@ pub struct ExecSpec {
     pub kill_after: Duration,
     /// The most bytes of stdout kept as the output; over it the attempt fails.
     pub max_output: usize,
+    /// `user` and `group`: who the child runs as; the daemon's own user when `None`.
+    pub run_as: Option<RunAs>,
 }
 
 /// Run `spec.command` for `job`, with `payload` on its stdin.
@@ -358,6 +386,9 @@ fn answer(
                 ),
             ),
         },
+        (Some(EX_TEMPFAIL), _) => Ran::Snoozed {
+            after: snooze_delay(&out.into_bytes()),
+        },
         (Some(code), _) => {
             let retry = if code == EX_DATAERR {
                 Retry::Never
@@ -415,5 +446,34 @@ fn later(kind: FailureKind, message: String) -> Failure {
         message,
         retry: Retry::Later { after: None },
         kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snooze_delay_is_a_duration_or_seconds_on_the_first_line() {
+        let secs = Duration::from_secs;
+        assert_eq!(snooze_delay(b"30s\nwhy"), Some(secs(30)));
+        assert_eq!(snooze_delay(b"1h 30m"), Some(secs(5400)));
+        assert_eq!(snooze_delay(b" 45 \n"), Some(secs(45)));
+        assert_eq!(snooze_delay(b"2.5"), Some(Duration::from_millis(2500)));
+        assert_eq!(snooze_delay(b"0"), Some(Duration::ZERO));
+        assert_eq!(
+            snooze_delay(b"100000000000"),
+            Some(MAX_SNOOZE),
+            "at most a year"
+        );
+        assert_eq!(snooze_delay(b"999y"), Some(MAX_SNOOZE));
+        for none in [&b""[..], b"\n30s", b"soon", b"-5", b"NaN", b"inf", b"\xff"] {
+            assert_eq!(
+                snooze_delay(none),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(none)
+            );
+        }
     }
 }

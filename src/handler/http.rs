@@ -2,7 +2,9 @@
 //! keep-alive client (docs/handlers.md, "http").
 //!
 //! The request carries the payload as its body and says which task and claim it is
-//! (`Pgtaskd-Task-Id`, `Pgtaskd-Attempt`, `Pgtaskd-Queue`, `Idempotency-Key`, `traceparent`).
+//! (`Pgtaskd-Task-Id`, `Idempotency-Key`, the task's key, the same for every attempt,
+//! `Pgtaskd-Attempt`, `Pgtaskd-Run`, `Pgtaskd-Queue`, `Pgtaskd-Claim`, and when the task has
+//! them `Pgtaskd-Idempotency-Key` and `traceparent`).
 //! The answer decides the attempt: a 2xx body is the output; 400, 404, 410 and 422 fail the
 //! task at once; any other status, a timeout or a broken connection is a failed attempt,
 //! retried (after the answer's `Retry-After` when it has one). Redirects are not followed: a
@@ -112,7 +114,7 @@ impl HttpClient {
         let response = match self
             .client
             .post(spec.url.as_str())
-            .headers(headers(job))
+            .headers(headers(job, &payload))
             .body(payload)
             .send()
             .await
@@ -143,16 +145,17 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
         .with_no_client_auth())
 }
 
-/// The headers that tell the endpoint which task and claim a request is.
+/// The headers that tell the endpoint what the body is ([`content_type`]) and which task and
+/// claim a request is.
 ///
 /// The ids are digits and queue names are checked by the configuration; a `traceparent`
 /// that is not a valid header value (it came from a row) is left out rather than failing the
 /// task.
-fn headers(job: &Job) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(6);
+fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(11);
     headers.insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
+        HeaderValue::from_static(content_type(payload)),
     );
     headers.insert(
         HeaderName::from_static("pgtaskd-task-id"),
@@ -169,9 +172,32 @@ fn headers(job: &Job) -> HeaderMap {
         Err(_) => tracing::warn!(queue = %job.queue, "queue name is not a valid header value"),
     }
     headers.insert(
-        HeaderName::from_static("idempotency-key"),
+        HeaderName::from_static("pgtaskd-run"),
+        HeaderValue::from(job.run),
+    );
+    headers.insert(
+        HeaderName::from_static("pgtaskd-claim"),
         HeaderValue::from(job.token),
     );
+    // The task's key is ASCII letters, digits and dashes: always a valid value.
+    if let Ok(key) = HeaderValue::from_str(&job.key) {
+        headers.insert(HeaderName::from_static("idempotency-key"), key);
+    }
+    if let Some(key) = &job.idempotency_key {
+        if let Ok(key) = HeaderValue::from_str(&percent_encoded(key)) {
+            headers.insert(HeaderName::from_static("pgtaskd-idempotency-key"), key);
+        }
+        // A schedule's fire: its name and instant are visible ASCII.
+        if let Some((schedule, instant)) = crate::schedule::fired_by(key) {
+            if let (Ok(schedule), Ok(instant)) = (
+                HeaderValue::from_str(schedule),
+                HeaderValue::from_str(instant),
+            ) {
+                headers.insert(HeaderName::from_static("pgtaskd-schedule"), schedule);
+                headers.insert(HeaderName::from_static("pgtaskd-scheduled-at"), instant);
+            }
+        }
+    }
     if let Some(traceparent) = &job.traceparent {
         match HeaderValue::from_str(traceparent) {
             Ok(value) => {
@@ -184,6 +210,38 @@ fn headers(job: &Job) -> HeaderMap {
         }
     }
     headers
+}
+
+/// `text` with every byte but the unreserved characters of RFC 3986 (`A-Z a-z 0-9 - . _ ~`)
+/// written `%XX`: a producer's idempotency key is any text, a header value only visible
+/// ASCII, and a key of unreserved characters alone is sent as it is.
+fn percent_encoded(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// The `Content-Type` of a payload: `application/json` when the whole text is a JSON object
+/// or array (what `POST /tasks` stores for a JSON payload that is not a string, and what a
+/// producer's `json.dumps` or `JSON.stringify` of one writes), else `text/plain;
+/// charset=utf-8`. A JSON string, number or bare word stays text: most payloads that are one
+/// are meant as text (`42`, `true`, a quoted line).
+fn content_type(payload: &[u8]) -> &'static str {
+    let starts_as_json = payload
+        .iter()
+        .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+        .is_some_and(|byte| matches!(byte, b'{' | b'['));
+    if starts_as_json && serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_ok() {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    }
 }
 
 /// `url` as messages show it (in a task's error, which every reader of the table sees, and in
@@ -308,18 +366,71 @@ mod tests {
             attempt: 3,
             queue: "mail".into(),
             token: 9001,
+            run: 4,
+            key: "0123456789abcdef-42-1765000000000000".into(),
+            idempotency_key: None,
             traceparent: None,
         };
-        let headers = headers(&job);
+        let headers = headers(&job, b"x");
         assert_eq!(headers["pgtaskd-task-id"], "42");
         assert_eq!(headers["pgtaskd-attempt"], "3");
+        assert_eq!(headers["pgtaskd-run"], "4");
         assert_eq!(headers["pgtaskd-queue"], "mail");
-        assert_eq!(headers["idempotency-key"], "9001");
+        assert_eq!(headers["pgtaskd-claim"], "9001");
+        assert_eq!(
+            headers["idempotency-key"],
+            "0123456789abcdef-42-1765000000000000"
+        );
+        assert!(!headers.contains_key("pgtaskd-idempotency-key"));
         assert!(!headers.contains_key("traceparent"));
+        let keyed = Job {
+            idempotency_key: Some("order-17".into()),
+            ..job.clone()
+        };
+        assert_eq!(
+            super::headers(&keyed, b"x")["pgtaskd-idempotency-key"],
+            "order-17"
+        );
+        assert!(!super::headers(&keyed, b"x").contains_key("pgtaskd-schedule"));
+        let fired = Job {
+            idempotency_key: Some("schedule:nightly:2026-12-06T03:00:00Z".into()),
+            ..job.clone()
+        };
+        let fired = super::headers(&fired, b"x");
+        assert_eq!(fired["pgtaskd-schedule"], "nightly");
+        assert_eq!(fired["pgtaskd-scheduled-at"], "2026-12-06T03:00:00Z");
+        let odd = Job {
+            idempotency_key: Some("order 17/ü%\n".into()),
+            ..job.clone()
+        };
+        assert_eq!(
+            super::headers(&odd, b"x")["pgtaskd-idempotency-key"],
+            "order%2017%2F%C3%BC%25%0A"
+        );
         let bad = Job {
             traceparent: Some("00-x\n-y".into()),
             ..job
         };
-        assert!(!super::headers(&bad).contains_key("traceparent"));
+        assert!(!super::headers(&bad, b"x").contains_key("traceparent"));
+    }
+
+    #[test]
+    fn a_json_object_or_array_is_sent_as_json_and_anything_else_as_text() {
+        for json in [&b"{}"[..], b"[1,2]", b" \n{\"a\": [true]}\n", b"[]"] {
+            assert_eq!(content_type(json), "application/json", "{json:?}");
+        }
+        for text in [
+            &b""[..],
+            b"hello",
+            b"42",
+            b"true",
+            b"null",
+            b"\"quoted\"",
+            b"{not json}",
+            b"[1, 2",
+            b"{} and more",
+        ] {
+            assert_eq!(content_type(text), "text/plain; charset=utf-8", "{text:?}");
+        }
     }
 }

@@ -17,15 +17,25 @@ use std::time::Duration;
 pub mod exec;
 pub mod http;
 
-/// What a handler is told about the task it runs (besides its payload).
+/// What a handler is told about the task it runs (besides its payload): docs/handlers.md,
+/// "What a handler is told".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
     pub id: i64,
-    /// The attempt this claim is, counted from 1.
+    /// The attempt this claim is, counted from 1 (a claim a shutdown gave back is not
+    /// counted, so a re-run may be told the same attempt again).
     pub attempt: i32,
     pub queue: String,
-    /// The claim's fencing token: unique per claim, the handler's idempotency key.
+    /// The claim's fencing token: unique per claim, never given twice.
     pub token: i64,
+    /// How many times the task's work was started, this start included: grows with every
+    /// start, never goes back.
+    pub run: i32,
+    /// The task's key: the same for every attempt and claim of the task, different for every
+    /// task and database. The idempotency key of the task's side effects.
+    pub key: String,
+    /// The key the producer enqueued the task with, when it gave one.
+    pub idempotency_key: Option<String>,
     /// The producer's W3C `traceparent`, when the row has one.
     pub traceparent: Option<String>,
 }
@@ -37,6 +47,10 @@ pub enum Ran {
     Succeeded { output: String },
     /// The attempt failed.
     Failed(Failure),
+    /// The handler asked to run later without using an attempt (exec: exit 75 with the delay
+    /// as its first line of stdout; http: 202 with `Retry-After`); `None`: after the queue's
+    /// backoff.
+    Snoozed { after: Option<Duration> },
     /// The run was stopped because its cancellation token fired (a user's cancel or the abort
     /// phase of a shutdown), and the child or request is gone.
     Canceled,

@@ -39,6 +39,8 @@ pub(crate) enum ApiError {
     NoSuchRoute,
     #[error("no such queue: it has no task and is not paused")]
     NoSuchQueue,
+    #[error("no such schedule")]
+    NoSuchSchedule,
     #[error("task is already {0}")]
     AlreadyFinished(TaskStatus),
     #[error("task is {0}: only a FAILED or CANCELED task can be retried")]
@@ -75,9 +77,10 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::BadTaskId => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NoSuchTask | ApiError::NoSuchRoute | ApiError::NoSuchQueue => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::NoSuchTask
+            | ApiError::NoSuchRoute
+            | ApiError::NoSuchQueue
+            | ApiError::NoSuchSchedule => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
             ApiError::KeyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,

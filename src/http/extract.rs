@@ -33,3 +33,18 @@ impl FromRequestParts<AppState> for Db {
         Ok(Db(state.pool.get().await?))
     }
 }
+
+/// Refuses (400) a body not sent as JSON, naming `what` it should hold.
+pub(super) fn require_json(headers: &axum::http::HeaderMap, what: &str) -> Result<(), ApiError> {
+    let is_json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.trim_start().starts_with("application/json"));
+    if is_json {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "send the {what} as JSON (Content-Type: application/json)"
+        )))
+    }
+}

@@ -3,8 +3,11 @@
 //! | route | file |
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel`, `POST /tasks/{id}/retry` | `tasks.rs` |
+//! | what a `POST /tasks` asks for: its body (text or JSON, a JSON payload's text) and its query | `submission.rs` |
 //! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume`, `POST /queues/{queue}/retry-failed` | `queues.rs` |
+//! | `GET` and `PUT /queues/{queue}/settings`, a queue's limits and defaults | `settings.rs` |
+//! | `GET /schedules`, `GET`, `PUT` and `DELETE /schedules/{name}` | `schedules.rs` |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | `ops.rs` |
 //! | `GET /stats`, `GET /stats/throughput` | `stats.rs` |
 //! | `GET /tasks?queue=&status=&limit=&after=`, a page of tasks | `list.rs` |
@@ -32,10 +35,13 @@ mod extract;
 mod list;
 mod ops;
 mod queues;
+mod schedules;
 mod server;
+mod settings;
 mod socket;
 mod stats;
 mod streamed;
+mod submission;
 mod tasks;
 mod ui;
 mod wait;
@@ -147,6 +153,17 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/queues/{queue}/pause", post(queues::pause))
         .route("/queues/{queue}/resume", post(queues::resume))
         .route("/queues/{queue}/retry-failed", post(queues::retry_failed))
+        .route(
+            "/queues/{queue}/settings",
+            get(settings::read).put(settings::put),
+        )
+        .route("/schedules", get(schedules::list))
+        .route(
+            "/schedules/{name}",
+            get(schedules::read)
+                .put(schedules::put)
+                .delete(schedules::remove),
+        )
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))

@@ -8,77 +8,20 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::Deserialize;
 
 use super::budget::{ReadBudget, UNCOUNTED_PAYLOAD};
 use super::error::ApiError;
 use super::extract::{Db, TaskId};
 use super::streamed::StreamedTask;
+use super::submission::Submission;
 use super::AppState;
-use crate::queue::enqueue::BadInput;
 use crate::queue::task::Read;
-use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, RunAt, TaskStatus};
+use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, TaskStatus};
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Submission {
-    payload: String,
-    /// Absent or `null`: the default queue, as for the other optional fields.
-    #[serde(default)]
-    queue: Option<String>,
-    /// Taken as any JSON value, so that a wrong one is refused with the field's own rule
-    /// (`queue::enqueue::check_priority`), as the CLI refuses it, not with serde's words.
-    #[serde(default)]
-    priority: Option<serde_json::Value>,
-    #[serde(default)]
-    run_at: Option<serde_json::Value>,
-    #[serde(default)]
-    max_attempts: Option<serde_json::Value>,
-}
-
-impl Submission {
-    /// The task to insert: the fields checked by the rules `pgtaskd enqueue` applies
-    /// (`queue::enqueue`), each error naming its field. A `null` is the column's default.
-    fn task(self, idempotency_key: Option<String>) -> Result<queue::NewTask, ApiError> {
-        let integer = |value: &serde_json::Value| value.as_i64();
-        let priority = match self.priority.filter(|v| !v.is_null()) {
-            None => None,
-            Some(value) => Some(
-                integer(&value)
-                    .ok_or(BadInput::Priority)
-                    .and_then(queue::enqueue::check_priority)?,
-            ),
-        };
-        let max_attempts = match self.max_attempts.filter(|v| !v.is_null()) {
-            None => None,
-            Some(value) => Some(
-                integer(&value)
-                    .ok_or(BadInput::MaxAttempts)
-                    .and_then(queue::enqueue::check_max_attempts)?,
-            ),
-        };
-        let run_at = match self.run_at.filter(|v| !v.is_null()) {
-            None => RunAt::Now,
-            Some(serde_json::Value::String(text)) => queue::enqueue::parse_run_at(&text)?,
-            Some(other) => return Err(BadInput::RunAt(other.to_string()).into()),
-        };
-        let task = queue::NewTask {
-            queue: self
-                .queue
-                .unwrap_or_else(|| crate::config::DEFAULT_QUEUE.to_string()),
-            payload: self.payload,
-            priority,
-            run_at,
-            max_attempts,
-            idempotency_key,
-        };
-        task.check()?;
-        Ok(task)
-    }
-}
-
-/// `POST /tasks`: a `text/plain` body, or `application/json` `{"payload": "...", "queue":
-/// "...", "priority": 0, "run_at": "...", "max_attempts": 3}` (all but the payload optional).
+/// `POST /tasks`: a `text/plain` body with `?queue=&priority=&run_at=&max_attempts=`, or
+/// `application/json` `{"payload": "..." or {...} or [...], "queue": "...", "priority": 0,
+/// "run_at": "...", "max_attempts": 3}` (all but the payload optional), read by
+/// `submission.rs`.
 /// 202 means accepted (committed to the table), not done. With an `Idempotency-Key` header
 /// already used in the queue: 200 with that task's id and current status when the payload is
 /// the same, 422 when it is another.
@@ -96,7 +39,7 @@ pub(super) async fn submit(
     // The request is judged before a session is taken: a bad request is 400 even in an outage.
     let wait = super::wait::requested(query.as_deref())?;
     let key = idempotency_key(&headers)?;
-    let task = parse_submission(&headers, &body)?.task(key)?;
+    let task = Submission::read(&headers, query.as_deref(), &body)?.task(key)?;
     drop(body);
     let (code, id, status) = {
         let session = state.pool.get().await?;
@@ -164,33 +107,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let key = value.to_str().map_err(|_| queue::enqueue::BadInput::Key)?;
     queue::enqueue::check_idempotency_key(key)?;
     Ok(Some(key.to_string()))
-}
-
-fn parse_submission(headers: &HeaderMap, body: &[u8]) -> Result<Submission, ApiError> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        });
-    let submission = match content_type.as_deref() {
-        Some("application/json") => serde_json::from_slice::<Submission>(body)
-            .map_err(|err| ApiError::BadRequest(format!("invalid JSON body: {err}")))?,
-        Some("text/plain") => Submission {
-            payload: String::from_utf8(body.to_vec())
-                .map_err(|_| ApiError::BadRequest("the body is not UTF-8 text".into()))?,
-            queue: None,
-            priority: None,
-            run_at: None,
-            max_attempts: None,
-        },
-        _ => return Err(ApiError::UnsupportedMediaType),
-    };
-    Ok(submission)
 }
 
 /// `GET /tasks/{id}`: the row, read now. With `?wait=D` (at most a minute): as soon as the

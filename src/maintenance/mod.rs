@@ -4,6 +4,7 @@
 //! | file | owns |
 //! | --- | --- |
 //! | [`rescuer`] | taking back the tasks of other daemons' expired leases (docs/design.md, "Nothing lost", "Settle before rescuing") |
+//! | [`scheduler`] | firing the schedules that are due, with exactly one daemon making each fire |
 //! | [`retention`] | deleting finished rows older than `retention.finished_after`, when set |
 //! | [`vacuum`] | the daemon's own `VACUUM` of the task table, after retention's deletes or while autovacuum leaves the table alone |
 //! | [`presence`] | the daemon's row in `pgtaskd.daemons`: its queues, version and heartbeat; forgetting the long gone |
@@ -12,6 +13,7 @@
 pub mod presence;
 pub mod rescuer;
 pub mod retention;
+pub mod scheduler;
 pub mod vacuum;
 pub(crate) mod vacuum_health;
 
@@ -42,6 +44,7 @@ pub(crate) fn start(
         Arc::clone(metrics),
         stop.clone(),
     ));
+    tokio::spawn(scheduler::run(pool.clone(), stop.clone()));
     // Rows retention deleted, which the vacuum counts as made dead.
     let pruned = Arc::new(AtomicU64::new(0));
     if let Some(older_than) = config.retention.finished_after {

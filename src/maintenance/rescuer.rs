@@ -23,6 +23,9 @@
 //! Each rescue first writes the results that stopped daemons parked for claims whose leases
 //! expired (`pgtaskd.write_parked`, docs/design.md "Parked results"): those tasks end with the
 //! result their daemon computed, and the rescue passes over them.
+//!
+//! Each task a rescue ends FAILED (its last lease ran out, or its parked result failed) gets
+//! its INFO line (`events::TASK_FAILED`) once the rescue has committed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +36,7 @@ use crate::backoff::jitter;
 use tokio_postgres::error::SqlState;
 
 use crate::db::{DbError, Pool, Session};
+use crate::events;
 use crate::metrics::Metrics;
 use crate::queue::{self, TaskStatus};
 
@@ -148,10 +152,35 @@ fn lock_wait(lease: Duration) -> Duration {
     (lease / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-/// What one rescue took: the parked results it wrote, and the leases it took back.
+/// What one rescue took: the parked results it wrote, the leases it took back, and the
+/// tasks either ended FAILED (`queue`, `attempt`, `error`), read before its commit and
+/// logged after it.
 struct Taken {
     unparked: Vec<queue::Unparked>,
     rescued: Vec<queue::Rescued>,
+    failed: Vec<(i64, String, i32, String)>,
+}
+
+/// The queue, attempt and error of the tasks `ids`, for their [`events::TASK_FAILED`]
+/// lines; read in the rescue's transaction, only when it ended some FAILED.
+async fn failed_ends(
+    client: &Session,
+    ids: &[i64],
+) -> Result<Vec<(i64, String, i32, String)>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query_typed(
+            "SELECT id, queue, attempt, coalesce(error, '') FROM pgtaskd.tasks \
+              WHERE id = ANY($1) ORDER BY id",
+            &[(&ids, tokio_postgres::types::Type::INT8_ARRAY)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect())
 }
 
 /// One rescue taking back at most `limit` leases, after writing at most `limit` parked
@@ -172,7 +201,18 @@ async fn rescue_within(
             let taken = async {
                 let unparked = queue::write_parked(client, limit, instance).await?;
                 let rescued = queue::rescue(client, limit, instance).await?;
-                Ok::<_, DbError>(Taken { unparked, rescued })
+                let ids: Vec<i64> = unparked
+                    .iter()
+                    .map(|task| (task.id, task.status))
+                    .chain(rescued.iter().map(|task| (task.id, task.status)))
+                    .filter_map(|(id, status)| (status == TaskStatus::Failed).then_some(id))
+                    .collect();
+                let failed = failed_ends(client, &ids).await?;
+                Ok::<_, DbError>(Taken {
+                    unparked,
+                    rescued,
+                    failed,
+                })
             }
             .await;
             match taken {
@@ -200,11 +240,17 @@ pub async fn run_once(pool: &Pool, instance: &str, lease: Duration) -> Result<us
     let mut by_status = [0usize; 3];
     let mut owners = std::collections::BTreeSet::new();
     let result = loop {
-        let Taken { unparked, rescued } = match rescue_within(&client, BATCH, instance, lease).await
-        {
+        let Taken {
+            unparked,
+            rescued,
+            failed,
+        } = match rescue_within(&client, BATCH, instance, lease).await {
             Ok(taken) => taken,
             Err(err) => break Err(err),
         };
+        for (id, queue, attempt, error) in &failed {
+            events::task_failed(*id, queue, *attempt, error);
+        }
         if !unparked.is_empty() {
             tracing::info!(
                 tasks = unparked.len(),

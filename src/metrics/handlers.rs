@@ -26,6 +26,7 @@ pub(super) struct HandlerMetrics {
     durations: Durations,
     failures: Family<FailureLabel, Counter>,
     retries: Family<QueueLabel, Counter>,
+    snoozes: Family<QueueLabel, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -53,10 +54,17 @@ impl HandlerMetrics {
             "Failed attempts given another try later, by queue",
             retries.clone(),
         );
+        let snoozes = Family::<QueueLabel, Counter>::default();
+        registry.register(
+            "handler_snoozes",
+            "Runs put off at the handler's request without using an attempt (exec exit 75, http 202 with Retry-After), by queue",
+            snoozes.clone(),
+        );
         HandlerMetrics {
             durations,
             failures,
             retries,
+            snoozes,
         }
     }
 
@@ -73,6 +81,14 @@ impl HandlerMetrics {
                 })
                 .inc();
         }
+    }
+
+    pub(super) fn snoozed(&self, queue: &str) {
+        self.snoozes
+            .get_or_create(&QueueLabel {
+                queue: queue.to_string(),
+            })
+            .inc();
     }
 
     pub(super) fn retried(&self, queue: &str) {

@@ -10,7 +10,7 @@
 //! | `listener` | LISTEN reconnects | the daemon's listener events |
 //! | `completer` | unknown-commit resolutions | the completer, re-reading a row |
 //! | `maintenance` | lease rescues; the vacuum health of the task table | the rescuer; the vacuum-health watch, every `vacuum_health.check_interval` |
-//! | `handlers` | per queue: each handler run's duration, failed attempts by kind, retries | the worker's lanes, as each run returns |
+//! | `handlers` | per queue: each handler run's duration, failed attempts by kind, retries, snoozes | the worker's lanes, as each run returns |
 //! | `scrape` | QUEUED and RUNNING tasks, the pool's sessions | the `GET /metrics` handler, at each scrape |
 //! | `queues` | per queue: QUEUED, due and RUNNING tasks, the oldest due task's age, paused; the queues left out | the `GET /metrics` handler, at each scrape |
 //!
@@ -128,6 +128,12 @@ impl Metrics {
     pub fn handler_retried(&self, queue: &str) {
         self.worker.retried();
         self.handlers.retried(queue);
+    }
+
+    /// Queue `queue`'s handler asked to run a task later without using an attempt; not
+    /// counted as finished nor as released.
+    pub fn handler_snoozed(&self, queue: &str) {
+        self.handlers.snoozed(queue);
     }
 
     pub fn listener_reconnected(&self) {

@@ -88,8 +88,22 @@ pub struct Claimed {
     pub payload: Option<Payload>,
     /// Seconds from the task becoming due to the claim, by the database clock.
     pub waited: f64,
-    /// The producer's trace context: read after the claim by lanes with a handler
-    /// ([`traceparents`]), `None` otherwise.
+    /// What a handler is told about the task besides its id, attempt and claim.
+    pub told: Told,
+}
+
+/// What the claim reads for a handler (docs/handlers.md, "What a handler is told").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Told {
+    /// How many times the task's work was started, this start included: it never goes back
+    /// (a release lowers the attempt, not this).
+    pub run: i32,
+    /// The task's key: the same for every claim of the task, different for every task and
+    /// every database (`<site>-<id>-<created>`, as `pgtaskd.task_view.task_key` spells it).
+    pub key: String,
+    /// The key the producer enqueued the task with, if any.
+    pub idempotency_key: Option<String>,
+    /// The producer's W3C trace context, if any.
     pub traceparent: Option<String>,
 }
 
@@ -140,12 +154,17 @@ pub struct ClaimBatch {
     pub left_out: Option<u64>,
     /// The position of the last task claimed, in claim order.
     pub last: Option<Position>,
+    /// A limited queue was passed over and may have room this much later: its lock was held
+    /// by another claim, or its rate window was full (docs/limits.md). A queue at its running
+    /// limit gives none: the end of one of its tasks notifies.
+    pub again_in: Option<Duration>,
 }
 
 /// The statement lives in `pgtaskd.claim` (in sql/schema.sql), whose planner settings
 /// keep the ordered index plan however stale the table's statistics are.
 const CLAIM_AFTER: &str =
-    "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim \
+    "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim, \
+            task_run, task_key, task_idempotency_key, task_traceparent \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
@@ -210,14 +229,26 @@ pub async fn claim_after(
         .await?;
     let mut batch = ClaimBatch::default();
     for row in rows {
-        let size = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
         let Some(id) = row.get::<_, Option<i64>>(0) else {
-            batch.left_out = Some(size);
+            match row.get::<_, Option<i64>>(3) {
+                Some(size) => batch.left_out = Some(u64::try_from(size).unwrap_or(0)),
+                None => {
+                    let seconds = row.get::<_, Option<f64>>(4).unwrap_or(0.0);
+                    batch.again_in = Some(Duration::from_secs_f64(seconds.clamp(0.0, 86_400.0)));
+                }
+            }
             continue;
         };
+        let size = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
         let attempt = row.get(1);
         let waited = row.get(4);
         let token = row.get(6);
+        let told = Told {
+            run: row.get(7),
+            key: row.get::<_, Option<String>>(8).unwrap_or_default(),
+            idempotency_key: row.get(9),
+            traceparent: row.get(10),
+        };
         batch.last = Some(Position {
             priority: row.get(5),
             id,
@@ -239,29 +270,10 @@ pub async fn claim_after(
             bytes: size,
             payload,
             waited,
-            traceparent: None,
+            told,
         });
     }
     Ok(batch)
-}
-
-/// The trace contexts producers set on tasks `ids`, by id (those without one are left out).
-///
-/// # Errors
-///
-/// Database failures.
-pub async fn traceparents(
-    client: &Client,
-    ids: &[i64],
-) -> Result<std::collections::HashMap<i64, String>, DbError> {
-    let rows = client
-        .query_typed(
-            "SELECT id, traceparent FROM pgtaskd.tasks \
-              WHERE id = ANY ($1) AND traceparent IS NOT NULL",
-            &[(&ids, Type::INT8_ARRAY)],
-        )
-        .await?;
-    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
 /// Claim up to `limit` tasks with no byte budget: [`claim_within`] for callers that hold

@@ -27,6 +27,10 @@ pub const MAX_QUEUE_NAME: usize = 128;
 /// The longest idempotency key, in bytes (visible ASCII only).
 pub const MAX_IDEMPOTENCY_KEY: usize = 255;
 
+/// The longest concurrency key, in bytes of UTF-8 (the table's `tasks_concurrency_key_length`,
+/// schema 33).
+pub const MAX_CONCURRENCY_KEY: usize = 256;
+
 /// Why a task's field cannot be used; the same words for the CLI (exit 2), the HTTP API
 /// (400) and the configuration (78).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +45,14 @@ pub enum BadInput {
     PayloadNul,
     #[error("the idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters")]
     Key,
+    #[error("idempotency keys starting with \"schedule:\" are kept for the fires of schedules")]
+    KeyKept,
+    #[error("the concurrency key is {0} bytes long; the limit is {MAX_CONCURRENCY_KEY}")]
+    ConcurrencyKeyTooLong(usize),
+    #[error("the concurrency key contains a NUL character")]
+    ConcurrencyKeyNul,
+    #[error("concurrency_key must be a string of at most {MAX_CONCURRENCY_KEY} bytes")]
+    ConcurrencyKeyType,
     #[error("priority must be an integer from {} to {}", i16::MIN, i16::MAX)]
     Priority,
     #[error("max_attempts must be an integer from 1 to {}", i32::MAX)]
@@ -84,15 +96,35 @@ pub fn check_payload(payload: &str) -> Result<(), BadInput> {
 ///
 /// # Errors
 ///
-/// [`BadInput::Key`].
+/// [`BadInput::Key`]; [`BadInput::KeyKept`] for a key of a schedule's fire.
 pub fn check_idempotency_key(key: &str) -> Result<(), BadInput> {
-    if !key.is_empty()
-        && key.len() <= MAX_IDEMPOTENCY_KEY
-        && key.bytes().all(|b| b.is_ascii_graphic())
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic())
     {
-        Ok(())
-    } else {
         Err(BadInput::Key)
+    } else if key.starts_with("schedule:") {
+        // The table refuses them too (`tasks_schedule_keys`, schema 31).
+        Err(BadInput::KeyKept)
+    } else {
+        Ok(())
+    }
+}
+
+/// A concurrency key (the task's tenant for its queue's `max_running_per_key`,
+/// docs/limits.md): at most [`MAX_CONCURRENCY_KEY`] bytes, no NUL (PostgreSQL text cannot
+/// hold it).
+///
+/// # Errors
+///
+/// The rule it breaks.
+pub fn check_concurrency_key(key: &str) -> Result<(), BadInput> {
+    if key.len() > MAX_CONCURRENCY_KEY {
+        Err(BadInput::ConcurrencyKeyTooLong(key.len()))
+    } else if key.contains('\0') {
+        Err(BadInput::ConcurrencyKeyNul)
+    } else {
+        Ok(())
     }
 }
 
@@ -158,10 +190,12 @@ pub struct NewTask {
     /// Higher is claimed first; `None` is the column's default, 0.
     pub priority: Option<i16>,
     pub run_at: RunAt,
-    /// `None` is the column's default, 3.
+    /// `None`: the queue's `max_attempts` setting (docs/limits.md), else 3.
     pub max_attempts: Option<i32>,
     /// Unique per queue: a second enqueue with it answers the first task.
     pub idempotency_key: Option<String>,
+    /// What the queue's `max_running_per_key` counts by (docs/limits.md).
+    pub concurrency_key: Option<String>,
 }
 
 impl NewTask {
@@ -173,6 +207,7 @@ impl NewTask {
             run_at: RunAt::Now,
             max_attempts: None,
             idempotency_key: None,
+            concurrency_key: None,
         }
     }
 
@@ -187,6 +222,9 @@ impl NewTask {
         check_payload(&self.payload)?;
         if let Some(key) = &self.idempotency_key {
             check_idempotency_key(key)?;
+        }
+        if let Some(key) = &self.concurrency_key {
+            check_concurrency_key(key)?;
         }
         Ok(())
     }
@@ -218,9 +256,10 @@ impl Enqueued {
 /// again, with a fresh snapshot.
 pub(super) const ENQUEUE: &str = "
 WITH inserted AS (
-    INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key)
+    INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key,
+                               concurrency_key)
     VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
-            coalesce($6, 3), $7)
+            $6, $7, $8)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
@@ -269,6 +308,7 @@ pub(super) async fn enqueue_with(
                     (&delay_ms, Type::FLOAT8),
                     (&task.max_attempts, Type::INT4),
                     (&task.idempotency_key, Type::TEXT),
+                    (&task.concurrency_key, Type::TEXT),
                 ],
             )
             .await?;
@@ -335,6 +375,11 @@ mod tests {
             assert_eq!(check_idempotency_key(bad), Err(BadInput::Key), "{bad:?}");
         }
         assert_eq!(check_idempotency_key(&"k".repeat(256)), Err(BadInput::Key));
+        assert_eq!(
+            check_idempotency_key("schedule:nightly:2026-12-07T01:30:00Z"),
+            Err(BadInput::KeyKept)
+        );
+        assert_eq!(check_idempotency_key("schedules"), Ok(()));
     }
 
     #[test]
@@ -346,5 +391,12 @@ mod tests {
         task.payload = "a".into();
         task.idempotency_key = Some(String::new());
         assert_eq!(task.check(), Err(BadInput::Key));
+        task.idempotency_key = None;
+        task.concurrency_key = Some("k".repeat(257));
+        assert_eq!(task.check(), Err(BadInput::ConcurrencyKeyTooLong(257)));
+        task.concurrency_key = Some("é".repeat(128));
+        assert_eq!(task.check(), Ok(()));
+        task.concurrency_key = Some("a\0".into());
+        assert_eq!(task.check(), Err(BadInput::ConcurrencyKeyNul));
     }
 }

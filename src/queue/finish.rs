@@ -38,16 +38,42 @@ pub enum Outcome {
     /// A failed attempt worth another: the task is QUEUED again `after` from now, keeping
     /// `error`, while it has attempts left; else it ends FAILED with `error`.
     Retry { error: String, after: Duration },
+    /// The handler asked to run later without using an attempt (a snooze): the task is
+    /// QUEUED again `after` from now, its attempt not counted, up to [`MAX_SNOOZES`] times;
+    /// the next snooze fails it.
+    Snooze { after: Duration },
     /// The work stopped for a cancel request; zero counts.
     Canceled,
 }
 
+/// The most snoozes of one task (`pgtaskd.finish`, schema 32); the next fails it.
+pub const MAX_SNOOZES: i32 = 100;
+
+/// The error of a task failed for snoozing once too often.
+const SNOOZED_OUT: &str = "the handler asked to run it later (a snooze) more than 100 times; failed rather than put off again";
+
 impl Outcome {
-    fn status(&self) -> TaskStatus {
+    /// The error a failed attempt stores; empty for any other outcome.
+    pub fn error(&self) -> &str {
         match self {
-            Outcome::Succeeded(_) | Outcome::Output(_) => TaskStatus::Succeeded,
-            Outcome::Failed(_) | Outcome::Retry { .. } => TaskStatus::Failed,
-            Outcome::Canceled => TaskStatus::Canceled,
+            Outcome::Failed(error) | Outcome::Retry { error, .. } => error,
+            _ => "",
+        }
+    }
+
+    /// Whether the finish may put the task back QUEUED rather than end it: a failed attempt
+    /// worth another, or a snooze (neither is a finish nor a release for the metrics).
+    pub fn may_queue_again(&self) -> bool {
+        matches!(self, Outcome::Retry { .. } | Outcome::Snooze { .. })
+    }
+
+    /// The status `pgtaskd.finish` is sent: a task status, or `SNOOZED`.
+    fn sent_status(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded(_) | Outcome::Output(_) => TaskStatus::Succeeded.as_str(),
+            Outcome::Failed(_) | Outcome::Retry { .. } => TaskStatus::Failed.as_str(),
+            Outcome::Snooze { .. } => "SNOOZED",
+            Outcome::Canceled => TaskStatus::Canceled.as_str(),
         }
     }
 }
@@ -87,8 +113,13 @@ impl From<tokio_postgres::Error> for FinishError {
 
 /// The statement lives in `pgtaskd.finish` (in sql/schema.sql), planned once per
 /// session; it also sends `NOTIFY pgtaskd_done` with the ids it ended, in the same transaction.
-const FINISH_MANY: &str = "SELECT task_id, written, current, skipped \
-     FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+/// The queue and attempt of each task it wrote FAILED come with its answer, for the line
+/// that says so (`events::TASK_FAILED`): read only for those rows (the lateral read is
+/// skipped for every other row), from the row as the statement began (neither changes).
+const FINISH_MANY: &str = "SELECT f.task_id, f.written, f.current, f.skipped, t.queue, t.attempt \
+     FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS f \
+     LEFT JOIN LATERAL (SELECT queue, attempt FROM pgtaskd.tasks \
+                         WHERE id = f.task_id AND f.written = 'FAILED') AS t ON true";
 
 /// One claim's outcome, for [`finish_many`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +185,28 @@ async fn finish_rows(
     let mut params = columns.params();
     params.push((&wait, Type::BOOL));
     let rows = client.query_typed(FINISH_MANY, &params).await?;
+    // The statement committed (it runs in a transaction of its own): each task it ended
+    // FAILED gets its line.
+    let mut failed = rows
+        .iter()
+        .filter_map(|row| {
+            Some((
+                row.get::<_, i64>(0),
+                row.get::<_, Option<&str>>(4)?,
+                row.get(5),
+            ))
+        })
+        .peekable();
+    if failed.peek().is_some() {
+        let errors: std::collections::HashMap<i64, &str> = finishes
+            .iter()
+            .map(|finish| (finish.id, finish.outcome.error()))
+            .collect();
+        for (id, queue, attempt) in failed {
+            let error = errors.get(&id).copied().unwrap_or_default();
+            crate::events::task_failed(id, queue, attempt, error);
+        }
+    }
     let mut by_id: std::collections::HashMap<i64, Result<TaskStatus, FinishError>> = rows
         .iter()
         .map(|row| {
@@ -206,7 +259,7 @@ impl<'a> Columns<'a> {
             };
             columns.tokens.push(finish.token);
             columns.ids.push(finish.id);
-            columns.statuses.push(finish.outcome.status().as_str());
+            columns.statuses.push(finish.outcome.sent_status());
             columns.words.push(counts.words);
             columns.bytes.push(counts.bytes);
             columns.runes.push(counts.runes);
@@ -214,6 +267,7 @@ impl<'a> Columns<'a> {
                 Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
                     Some(message.as_str())
                 }
+                Outcome::Snooze { .. } => Some(SNOOZED_OUT),
                 _ => None,
             });
             columns.outputs.push(match &finish.outcome {
@@ -221,7 +275,9 @@ impl<'a> Columns<'a> {
                 _ => None,
             });
             columns.retry_in.push(match &finish.outcome {
-                Outcome::Retry { after, .. } => Some(after.as_secs_f64()),
+                Outcome::Retry { after, .. } | Outcome::Snooze { after } => {
+                    Some(after.as_secs_f64())
+                }
                 _ => None,
             });
         }
@@ -292,6 +348,23 @@ fn matched(written: Option<&str>, current: Option<&str>) -> Result<TaskStatus, F
             status: status_column(current),
         }),
         (None, None) => Err(FinishError::NotFound),
+    }
+}
+
+/// Log the line of task `id` that a finish whose answer was lost ended FAILED with `error`
+/// (`events::TASK_FAILED`), its queue and attempt read now. A read that fails leaves the
+/// line out: the task's row says it all.
+pub async fn log_failed_end(client: &Client, id: i64, error: &str) {
+    let read = client
+        .query_typed(
+            "SELECT queue, attempt FROM pgtaskd.tasks WHERE id = $1",
+            &[(&id, Type::INT8)],
+        )
+        .await;
+    match read.as_deref() {
+        Ok([row]) => crate::events::task_failed(id, row.get(0), row.get(1), error),
+        Ok(_) => {}
+        Err(err) => tracing::debug!(id, error = %err, "cannot read the queue of a failed task"),
     }
 }
 

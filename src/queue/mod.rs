@@ -20,6 +20,7 @@
 //! | [`mod@pause`] | pausing and resuming a queue |
 //! | [`mod@retry`] | FAILED / CANCELED -> QUEUED, as if new; a queue's FAILED tasks, a batch at a time |
 //! | [`mod@list`] | the latest tasks, newest first, a page at a time |
+//! | [`mod@settings`] | a queue's limits and defaults (`pgtaskd.queue_settings`, `pgtaskd.set_queue`) |
 //! | [`mod@stats`] | per-queue figures from indexes and bounded ranges; the daemons connected |
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
 //! | [`mod@vacuum`] | the table's bloat and the oldest xmin horizon holding back its vacuum |
@@ -38,6 +39,7 @@ pub mod pause;
 pub mod prune;
 pub mod rescue;
 pub mod retry;
+pub mod settings;
 pub mod stats;
 pub mod task;
 pub mod vacuum;
@@ -45,12 +47,14 @@ pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
 pub use claim::{
-    claim, claim_after, claim_within, held_by, traceparents, ClaimBatch, ClaimLimits, Claimed,
-    Payload, Position,
+    claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
+    Told,
 };
 pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
 pub use enqueue_file::{enqueue_file, FileEnqueueError};
-pub use finish::{finish, finish_many, release, reread, ClaimState, Finish, FinishError, Outcome};
+pub use finish::{
+    finish, finish_many, log_failed_end, release, reread, ClaimState, Finish, FinishError, Outcome,
+};
 pub use heartbeat::{extend_one, heartbeat, Beat, Extended};
 pub use idle::{clear_idle, flag_idle, remove_idle, settled};
 pub use list::{list, page, ListFilter, Listed, Page};

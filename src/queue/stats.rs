@@ -7,6 +7,7 @@
 //! - finished in the last minute and hour, by status: a range of `tasks_finished_idx` (on
 //!   `finished_at`) reaching one hour back, so the cost follows the last hour's throughput;
 //! - paused: `pgtaskd.paused_queues`;
+//! - the settings: `pgtaskd.queue_settings` (docs/limits.md), one row per limited queue;
 //! - served: whether a live daemon of `pgtaskd.daemons` lists the queue (`queue::daemons`); a
 //!   queue with due tasks that none serves is unserved: its tasks wait until one does;
 //! - the daemons connected: the sessions of `pg_stat_activity` named `pgtaskd/<instance>`
@@ -20,6 +21,7 @@ use serde::Serialize;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use super::settings::{limits_columns, Limits};
 use crate::db::DbError;
 
 /// Tasks that ended in a window, by how they ended.
@@ -49,6 +51,8 @@ pub struct QueueStats {
     pub unserved: bool,
     pub finished_last_minute: Finished,
     pub finished_last_hour: Finished,
+    /// Its limits and defaults (`pgtaskd queue show`); each null when unset.
+    pub settings: Limits,
 }
 
 /// One daemon connected to the database.
@@ -63,7 +67,8 @@ pub struct Daemon {
 /// What `pgtaskd stats` prints.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stats {
-    /// Every queue with a QUEUED or RUNNING task, a task finished in the last hour, or a pause.
+    /// Every queue with a QUEUED or RUNNING task, a task finished in the last hour, a pause,
+    /// or settings.
     pub queues: Vec<QueueStats>,
     pub daemons: Vec<Daemon>,
 }
@@ -119,6 +124,7 @@ const QUEUES: &str = concat!(
     UNION SELECT queue FROM running
     UNION SELECT queue FROM finished
     UNION SELECT queue FROM pgtaskd.paused_queues
+    UNION SELECT queue FROM pgtaskd.queue_settings
 )
 SELECT n.queue,
        p.paused_at,
@@ -128,12 +134,14 @@ SELECT n.queue,
        coalesce(r.running, 0) AS running,
        coalesce(f.s_m, 0) AS s_m, coalesce(f.f_m, 0) AS f_m, coalesce(f.c_m, 0) AS c_m,
        coalesce(f.s_h, 0) AS s_h, coalesce(f.f_h, 0) AS f_h, coalesce(f.c_h, 0) AS c_h,
+       ", limits_columns!("s"), ",
        ", served!(), "
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
   LEFT JOIN finished AS f USING (queue)
   LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
+  LEFT JOIN pgtaskd.queue_settings AS s USING (queue)
  ORDER BY n.queue"
 );
 
@@ -244,6 +252,7 @@ pub async fn stats(client: &Client) -> Result<Stats, DbError> {
                     failed: row.get("f_h"),
                     canceled: row.get("c_h"),
                 },
+                settings: Limits::from_row(row),
             }
         })
         .collect();

@@ -101,15 +101,45 @@ pub struct Task<P = String> {
     pub bytes: i64,
     pub runes: i64,
     pub error: Option<String>,
+    /// Every failed attempt's error, the last ten, oldest first (`error` is the last).
+    pub errors: Vec<FailedAttempt>,
+    /// How many times the task's work was started: never goes back.
+    pub runs: i32,
+    /// How many times its handler asked to run it later without using an attempt.
+    pub snoozes: i32,
+    /// The key its handler is given: the same for every attempt (docs/handlers.md).
+    pub task_key: String,
     /// A handler's answer (SUCCEEDED rows of `exec` and `http` queues only).
     pub output: Option<String>,
     /// The producer's W3C trace context, when set.
     pub traceparent: Option<String>,
+    /// What its queue's `max_running_per_key` counts it by (docs/limits.md), when set.
+    pub concurrency_key: Option<String>,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One failed attempt of a task, as `pgtaskd.task_view.errors` keeps it: a failure its
+/// handler answered or a lost lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct FailedAttempt {
+    pub attempt: i32,
+    /// The run it was (`runs` when it failed).
+    pub run: i32,
+    /// When it was recorded, by the database's clock.
+    pub at: DateTime<Utc>,
+    /// Its error, at most 2,000 characters.
+    pub error: String,
+}
+
+/// The `errors` column, read as text: a history that does not parse (written by hand) reads
+/// as none rather than failing the read of the task.
+fn failed_attempts(text: Option<&str>) -> Vec<FailedAttempt> {
+    text.and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
 }
 
 /// `run_at` as it can be shown: a producer may insert `infinity`, `-infinity` or a time past
@@ -134,9 +164,9 @@ macro_rules! columns {
             ", attempt, max_attempts, \
             cancel_requested, words, bytes, runes, error, ",
             $output,
-            ", traceparent, lease_owner, \
+            ", traceparent, concurrency_key, lease_owner, \
             lease_expires_at, \
-            created_at, started_at, finished_at"
+            created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors"
         )
     };
 }
@@ -161,8 +191,13 @@ impl<'a, P: FromSql<'a>> Task<P> {
             bytes: row.get("bytes"),
             runes: row.get("runes"),
             error: row.get("error"),
+            errors: failed_attempts(row.get("errors")),
+            runs: row.get("runs"),
+            snoozes: row.get("snoozes"),
+            task_key: row.get::<_, Option<String>>("task_key").unwrap_or_default(),
             output: row.get("output"),
             traceparent: row.get("traceparent"),
+            concurrency_key: row.get("concurrency_key"),
             lease_owner: row.get("lease_owner"),
             lease_expires_at: row.get("lease_expires_at"),
             created_at: row.get("created_at"),

@@ -37,6 +37,9 @@ pub(super) struct Scan {
     pub claimed: usize,
     /// A claim failed: the scan ended early, not because the queue ran dry.
     pub failed: bool,
+    /// A limited queue was passed over and may have room this much after the scan ended
+    /// (the soonest of its claims' answers).
+    pub again_in: Option<std::time::Duration>,
 }
 
 /// What the claims of one scan share: how many may be on their way, whether the queue ran
@@ -51,6 +54,9 @@ struct ScanState {
     failed: AtomicBool,
     /// The size of the first task the budget left out (0: none).
     needed: AtomicU64,
+    /// The soonest a limited queue passed over may have room, in microseconds (`u64::MAX`:
+    /// none).
+    again_in_us: AtomicU64,
 }
 
 impl ScanState {
@@ -62,6 +68,7 @@ impl ScanState {
             claimed: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             needed: AtomicU64::new(0),
+            again_in_us: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -70,6 +77,10 @@ impl ScanState {
         match report {
             Some(report) => {
                 self.claimed.fetch_add(report.claimed, Ordering::AcqRel);
+                if let Some(again_in) = report.again_in {
+                    let us = u64::try_from(again_in.as_micros()).unwrap_or(u64::MAX - 1);
+                    self.again_in_us.fetch_min(us, Ordering::AcqRel);
+                }
                 self.needed
                     .store(report.left_out.unwrap_or(0), Ordering::Release);
                 if report.full {
@@ -107,6 +118,8 @@ pub(super) struct ClaimReport {
     /// The size of the first due task the byte budget left out: claim again once that much
     /// is free, rather than at the next poll.
     pub left_out: Option<u64>,
+    /// A limited queue was passed over and may have room this much later.
+    pub again_in: Option<std::time::Duration>,
 }
 
 impl Worker {
@@ -125,6 +138,7 @@ impl Worker {
                 return Scan {
                     claimed: 0,
                     failed: true,
+                    again_in: None,
                 };
             }
         }
@@ -188,9 +202,12 @@ impl Worker {
         }
         // Return once no claim is on its way: the next scan starts from a settled state.
         while claims.join_next().await.is_some() {}
+        let again_in_us = state.again_in_us.load(Ordering::Acquire);
         Scan {
             claimed: state.claimed.load(Ordering::Acquire),
             failed: state.failed.load(Ordering::Acquire),
+            again_in: (again_in_us != u64::MAX)
+                .then(|| std::time::Duration::from_micros(again_in_us)),
         }
     }
 
@@ -296,17 +313,12 @@ impl Worker {
         let room_refused = inner.completer.held_for_room() >= inner.config.concurrency;
         let batch = async {
             if queues.is_empty() || room_refused {
-                let nothing = queue::ClaimBatch {
-                    tasks: Vec::new(),
-                    bytes: 0,
-                    left_out: None,
-                    last: None,
-                };
+                let nothing = queue::ClaimBatch::default();
                 return Ok::<_, DbError>((nothing, std::time::Duration::ZERO, Instant::now()));
             }
             let client = inner.pool.get().await?;
             let sent = Instant::now();
-            let mut batch = client
+            let batch = client
                 .bounded(queue::claim_after(
                     &client,
                     &inner.instance,
@@ -325,9 +337,6 @@ impl Worker {
                 .map(|task| task.bytes)
                 .max();
             client.carried(largest.unwrap_or(0));
-            if inner.handler.is_some() && !batch.tasks.is_empty() {
-                self.read_traceparents(&client, &mut batch.tasks).await;
-            }
             Ok::<_, DbError>((batch, took, sent))
         }
         .await;
@@ -371,22 +380,7 @@ impl Worker {
             claimed,
             full,
             left_out: batch.left_out,
+            again_in: batch.again_in,
         })
-    }
-
-    /// Give each claimed task of a lane with a handler the trace context its producer set. A
-    /// failed read costs only the trace context: the tasks run without it.
-    async fn read_traceparents(&self, client: &crate::db::Session, tasks: &mut [queue::Claimed]) {
-        let ids: Vec<i64> = tasks.iter().map(|task| task.id).collect();
-        match client.bounded(queue::traceparents(client, &ids)).await {
-            Ok(mut found) => {
-                for task in tasks.iter_mut() {
-                    task.traceparent = found.remove(&task.id);
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot read the claimed tasks' trace contexts; they run without");
-            }
-        }
     }
 }

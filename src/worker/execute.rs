@@ -29,7 +29,7 @@ impl Worker {
             token,
             bytes,
             payload,
-            traceparent,
+            told,
             ..
         } = task;
         let claim = Claim { id, attempt, token };
@@ -78,10 +78,7 @@ impl Worker {
         // The analyzer (or the handler) takes the payload and lets go of it when it returns.
         let action = match &inner.handler {
             None => self.analyze(claim, payload, &cancel).await,
-            Some(lane) => {
-                self.handle(lane, claim, traceparent, payload, &cancel)
-                    .await
-            }
+            Some(lane) => self.handle(lane, claim, told, payload, &cancel).await,
         };
         held.analyzed();
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
@@ -202,10 +199,7 @@ impl Worker {
         // release.
         let retried = matches!(
             (&result, action),
-            (
-                Ok(TaskStatus::Queued),
-                Action::Finish(Outcome::Retry { .. })
-            )
+            (Ok(TaskStatus::Queued), Action::Finish(outcome)) if outcome.may_queue_again()
         );
         if let (Ok(status), false) = (&result, retried) {
             self.inner.metrics.finished(*status, duration.as_secs_f64());
@@ -231,6 +225,14 @@ impl Worker {
                     self.inner.metrics.handler_retried(&lane.queue.name);
                 }
                 tracing::debug!(id, attempt, %status, retry_in = ?after, error = error.as_str(), ?duration, "attempt failed; task queued again");
+            }
+            (Ok(status), Action::Finish(Outcome::Snooze { after }))
+                if status == TaskStatus::Queued =>
+            {
+                if let Some(lane) = &self.inner.handler {
+                    self.inner.metrics.handler_snoozed(&lane.queue.name);
+                }
+                tracing::debug!(id, attempt, %status, run_in = ?after, ?duration, "task snoozed: queued again, no attempt used");
             }
             (Ok(status), Action::Release) if status == TaskStatus::Queued => {
                 tracing::debug!(id, attempt, %status, ?duration, "task released for another daemon");

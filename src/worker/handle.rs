@@ -20,7 +20,7 @@ use super::Worker;
 use crate::completer::{Action, Claim};
 use crate::config::HandlerConfig;
 use crate::handler::{exec, Failure, FailureKind, Job, Ran, Retry};
-use crate::queue::{Outcome, Payload};
+use crate::queue::{Outcome, Payload, Told};
 
 impl Worker {
     /// Run `payload` through `lane`'s handler, and say what to do with the claim.
@@ -28,7 +28,7 @@ impl Worker {
         &self,
         lane: &LaneHandler,
         claim: Claim,
-        traceparent: Option<String>,
+        told: Told,
         payload: Payload,
         cancel: &CancellationToken,
     ) -> Action {
@@ -39,7 +39,10 @@ impl Worker {
             attempt,
             queue: queue.name.clone(),
             token,
-            traceparent,
+            run: told.run,
+            key: told.key,
+            idempotency_key: told.idempotency_key,
+            traceparent: told.traceparent,
         };
         tracing::debug!(
             id,
@@ -96,6 +99,13 @@ impl Worker {
                         after: queue.backoff(attempt, after),
                     }),
                 }
+            }
+            Ran::Snoozed { after } => {
+                metrics.handler_ran(&queue.name, seconds, None);
+                // As asked, however long (at most a year); else the queue's backoff.
+                let after = after.unwrap_or_else(|| queue.backoff(attempt, None));
+                tracing::debug!(id, attempt, queue = %queue.name, ?after, "handler snoozed");
+                Action::Finish(Outcome::Snooze { after })
             }
             Ran::Canceled if self.released_unfinished(id, token) => Action::Release,
             Ran::Canceled => Action::Finish(Outcome::Canceled),

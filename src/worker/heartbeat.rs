@@ -7,6 +7,10 @@
 //! its own that waits for that row, one claim at a time, on one session (docs/design.md, "No
 //! one else's lock delays a batch").
 //!
+//! The batched statement locks the rows it extends while it runs; it holds the completer's
+//! heartbeat turn meanwhile, so that a finish that finds its row locked can tell this
+//! daemon's heartbeat from someone else's lock ([`crate::completer::Completer::heartbeat_turn`]).
+//!
 //! Spawned by [`Worker::run`]; ends when [`Worker::shutdown`] saw the last task end.
 
 use std::collections::HashMap;
@@ -42,6 +46,7 @@ impl Worker {
             let sent = Instant::now();
             let extended = match self.inner.pool.get().await {
                 Ok(client) => {
+                    let _turn = self.inner.completer.heartbeat_turn().await;
                     client
                         .bounded(queue::heartbeat(
                             &client,

@@ -262,7 +262,11 @@ mod tests {
     const POLL: Duration = Duration::from_secs(2);
 
     fn scan(claimed: usize, failed: bool) -> Scan {
-        Scan { claimed, failed }
+        Scan {
+            claimed,
+            failed,
+            again_in: None,
+        }
     }
 
     #[test]

@@ -282,12 +282,15 @@ impl Worker {
         let mut scan_now = true;
         let mut scan = claim::Scan::default();
         let mut poll_at = Instant::now();
+        // When a limited queue passed over by the last scan may have room (docs/limits.md).
+        let mut limited_at: Option<Instant> = None;
         loop {
             if scan_now {
                 scan = self.fill(&stop).await;
                 if stop.is_cancelled() {
                     break;
                 }
+                limited_at = scan.again_in.map(|after| Instant::now() + after);
                 if self.after_scan(&mut idle, scan).await {
                     // Flagged idle: the last claim, which sees every producer that read the
                     // flags before they held this one and committed since.
@@ -308,6 +311,7 @@ impl Worker {
                 _ = stop.cancelled() => break,
                 _ = self.inner.wake.notified() => true,
                 _ = self.inner.intake.freed(), if for_room => true,
+                _ = sleep_until_some(limited_at) => true,
                 _ = tokio::time::sleep_until(until.into()) => {
                     !watch || self.check_watched(&mut idle).await
                 }
@@ -330,5 +334,13 @@ impl Worker {
             return Ok(0);
         };
         Ok(self.claim_and_start(room).await?.claimed)
+    }
+}
+
+/// Sleep until `at`, or for ever when there is none.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Worker;
 use crate::completer::Action;
-use crate::queue::{Outcome, TaskStatus};
+use crate::queue::TaskStatus;
 
 /// How often the summary is written while tasks come.
 pub const EVERY: Duration = Duration::from_secs(60);
@@ -70,7 +70,7 @@ impl Summary {
         let _ = self
             .dropped
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        let retried = matches!(action, Action::Finish(Outcome::Retry { .. }));
+        let retried = matches!(action, Action::Finish(outcome) if outcome.may_queue_again());
         self.settled(Some(status), retried);
     }
 

@@ -277,3 +277,36 @@ async fn a_password_rotated_under_a_running_daemon_is_waited_out_and_readyz_says
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_run_migrate_name_the_database_but_never_the_password() {
+    let password = "pw-never-shown-7f3a";
+    let cluster = password_cluster(password).await;
+    let db = TestDb::empty_on(&cluster).await;
+    let alice = url(&cluster, "alice", Some(password), &db.name);
+    let named = format!(
+        "database \"{}\" on host 127.0.0.1, port {}, as user \"alice\"",
+        db.name, cluster.port
+    );
+    let (status, stdout, stderr) = pgtaskd(&alice, &["migrate"]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with(&format!("migrating {named}\n")),
+        "{stdout}"
+    );
+    assert!(
+        !format!("{stdout}{stderr}").contains(password),
+        "{stdout}{stderr}"
+    );
+
+    let mut daemon = DaemonProcess::start_url(&alice, "", &["--migrate"]);
+    daemon.wait_for_log(&format!("migrating {named}")).await;
+    daemon.wait_for_log("schema checked").await;
+    daemon.stop_cleanly().await;
+    let log = daemon.log_text();
+    assert!(
+        log.contains("database=") && log.contains("user=alice"),
+        "{log}"
+    );
+    assert!(!log.contains(password), "{log}");
+}

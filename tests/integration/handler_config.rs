@@ -50,6 +50,21 @@ async fn each_mistake_in_a_queue_section_is_named_with_its_line() {
             "queues.jobs.max_backoff (1s) is shorter than queues.jobs.retry_backoff (10s)",
             "line 7",
         ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\ncommand = [\"sh\"]\nuser = \"no-such-user-x\"\n",
+            "queues.jobs.user: there is no user \"no-such-user-x\" on this system",
+            "line 6",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\ncommand = [\"sh\"]\nuser = \"root\"\ngroup = \"no-such-group-x\"\n",
+            "queues.jobs.group: there is no group \"no-such-group-x\" on this system",
+            "line 7",
+        ),
+        (
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"http\"\nurl = \"http://127.0.0.1:1/\"\nuser = \"nobody\"\n",
+            "queues.jobs.user is for handler = \"exec\"",
+            "line 6",
+        ),
     ] {
         let (code, _, stderr) = check(toml).await;
         assert_eq!(code, Some(78), "{toml}\n{stderr}");
@@ -145,7 +160,8 @@ async fn a_missing_program_stops_only_the_commands_that_start_it() {
     let id = crate::support::enqueue(&client, "a few words").await;
     let config = TempPath::write(
         "[worker]\nqueues = [\"default\", \"gone\"]\n\n\
-         [queues.gone]\nhandler = \"exec\"\ncommand = [\"/nonexistent/pgtaskd-handler\"]\n",
+         [queues.gone]\nhandler = \"exec\"\ncommand = [\"/nonexistent/pgtaskd-handler\"]\n\
+         user = \"pgtaskd-user-not-yet-created\"\n",
     );
     let path = config.path().display().to_string();
     let id = id.to_string();
@@ -168,8 +184,87 @@ async fn a_missing_program_stops_only_the_commands_that_start_it() {
         assert!(
             stderr.contains(
                 "queues.gone.command: /nonexistent/pgtaskd-handler is not an executable file"
-            ),
+            ) && stderr
+                .contains("queues.gone.user: there is no user \"pgtaskd-user-not-yet-created\""),
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// The mistakes that used to fail every task instead, named before the first one: a program
+/// the children's user may not run, a script it may not read, a `#!` interpreter that does
+/// not exist, a URL whose host is missing between its slashes, port 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_would_fail_every_task_is_refused_before_the_first() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = crate::handlers::Scratch::new();
+    let script = |name: &str, body: &str, mode: u32| {
+        let path = scratch.path(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path.display().to_string()
+    };
+    let private = script("private.sh", "#!/bin/sh\necho hi\n", 0o700);
+    let unreadable = script("unreadable.sh", "#!/bin/sh\necho hi\n", 0o711);
+    let typo = script("typo.py", "#!/usr/bin/pyhton3\nprint(1)\n", 0o755);
+    let exec = |command: &str, extra: &str| {
+        format!(
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"exec\"\n{extra}command = [\"{command}\"]\n"
+        )
+    };
+    let http = |url: &str| {
+        format!(
+            "[worker]\nqueues = [\"jobs\"]\n[queues.jobs]\nhandler = \"http\"\nurl = \"{url}\"\n"
+        )
+    };
+    for (toml, said, line) in [
+        (
+            exec(&private, "user = \"nobody\"\n"),
+            format!("queues.jobs.command: {private} is not executable by user nobody (uid 65534, gid 65534) (mode 0700, owner uid 0, group gid 0)"),
+            "line 6",
+        ),
+        (
+            exec(&unreadable, "user = \"nobody\"\n"),
+            format!("queues.jobs.command: {unreadable} is a script, which its interpreter must read, and user nobody"),
+            "line 6",
+        ),
+        (
+            exec(&typo, ""),
+            format!("queues.jobs.command: {typo} names /usr/bin/pyhton3 on its #! line, which is not an executable file"),
+            "line 5",
+        ),
+        (
+            http("http:///jobs"),
+            "queues.jobs.url has no host right after \"http://\", and would be read as host \"jobs\"".to_string(),
+            "line 5",
+        ),
+        (
+            http("http://127.0.0.1:0/jobs"),
+            "queues.jobs.url \"http://127.0.0.1:0/jobs\" has port 0".to_string(),
+            "line 5",
+        ),
+    ] {
+        let (code, _, stderr) = check(&toml).await;
+        assert_eq!(code, Some(78), "{toml}\n{stderr}");
+        assert!(stderr.contains(&said), "{toml}\nwanted {said:?} in:\n{stderr}");
+        assert!(stderr.contains(line), "{toml}\nwanted {line:?} in:\n{stderr}");
+    }
+    // Without `user`, as the daemon's own user: nobody may not run root's 0700 script, root
+    // may; `run` refuses it as `check-config` does.
+    let toml = exec(&private, "");
+    let config = TempPath::write(&toml);
+    let path = config.path().display().to_string();
+    for command in ["check-config", "run"] {
+        let (code, stderr) =
+            crate::isolation::pgtaskd_as_nobody(&[command, "--config", &path]).await;
+        assert_eq!(code, Some(78), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "line 5, column 11: queues.jobs.command: {private} is not executable by user nobody"
+            )),
+            "{command}: {stderr}"
+        );
+    }
+    let (code, _, stderr) = check(&toml).await;
+    assert_eq!(code, Some(0), "root runs its own 0700 script: {stderr}");
 }

@@ -33,6 +33,9 @@ fn job() -> Job {
         attempt: 2,
         queue: "thumbnails".into(),
         token: 9001,
+        run: 4,
+        key: "0123456789abcdef-42-1765000000000000".into(),
+        idempotency_key: Some("order-17".into()),
         traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
     }
 }
@@ -44,6 +47,7 @@ fn spec(command: Vec<String>) -> ExecSpec {
         timeout: Duration::from_secs(60),
         kill_after: Duration::from_secs(5),
         max_output: MIB,
+        run_as: None,
     }
 }
 
@@ -371,12 +375,21 @@ async fn the_child_is_told_its_task_and_not_the_daemons_secrets() {
     assert_eq!(get("PGTASKD_ATTEMPT"), ["2"]);
     assert_eq!(get("PGTASKD_QUEUE"), ["thumbnails"]);
     assert_eq!(get("PGTASKD_CLAIM"), ["9001"]);
+    assert_eq!(get("PGTASKD_RUN"), ["4"]);
+    assert_eq!(
+        get("PGTASKD_TASK_KEY"),
+        ["0123456789abcdef-42-1765000000000000"]
+    );
+    assert_eq!(get("PGTASKD_IDEMPOTENCY_KEY"), ["order-17"]);
     assert_eq!(get("TRACEPARENT"), [job().traceparent.unwrap().as_str()]);
     let ours = [
         "PGTASKD_TASK_ID",
+        "PGTASKD_TASK_KEY",
         "PGTASKD_ATTEMPT",
+        "PGTASKD_RUN",
         "PGTASKD_QUEUE",
         "PGTASKD_CLAIM",
+        "PGTASKD_IDEMPOTENCY_KEY",
         "TRACEPARENT",
     ];
     for (name, _) in &vars {

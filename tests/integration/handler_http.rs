@@ -23,6 +23,9 @@ fn job(traceparent: Option<&str>) -> Job {
         attempt: 3,
         queue: "mail".to_string(),
         token: 987_654_321,
+        run: 5,
+        key: "0123456789abcdef-4242-1765000000000000".to_string(),
+        idempotency_key: Some("order-17".to_string()),
         traceparent: traceparent.map(str::to_string),
     }
 }
@@ -96,8 +99,46 @@ async fn the_request_names_the_task_and_the_claim() {
         assert_eq!(header("pgtaskd-task-id"), Some("4242"));
         assert_eq!(header("pgtaskd-attempt"), Some("3"));
         assert_eq!(header("pgtaskd-queue"), Some("mail"));
-        assert_eq!(header("idempotency-key"), Some("987654321"));
+        assert_eq!(
+            header("idempotency-key"),
+            Some("0123456789abcdef-4242-1765000000000000")
+        );
+        assert_eq!(header("pgtaskd-claim"), Some("987654321"));
+        assert_eq!(header("pgtaskd-run"), Some("5"));
+        assert_eq!(header("pgtaskd-idempotency-key"), Some("order-17"));
         assert_eq!(header("traceparent"), trace);
+    }
+}
+
+#[tokio::test]
+async fn a_json_object_or_array_payload_is_posted_as_application_json() {
+    let mut server = TestServer::start(|_| async { respond(200, &[], "ok") }).await;
+    let client = client();
+    let spec = spec(&server.url("/tasks"));
+    for (payload, content_type) in [
+        (r#"{"to":"ada@example.com","n":[1,2]}"#, "application/json"),
+        ("[1,2,3]", "application/json"),
+        ("plain text", "text/plain; charset=utf-8"),
+        ("42", "text/plain; charset=utf-8"),
+        ("{half an object", "text/plain; charset=utf-8"),
+    ] {
+        let ran = post(&client, &spec, payload).await;
+        assert_eq!(
+            ran,
+            Ran::Succeeded {
+                output: "ok".into()
+            },
+            "{payload}"
+        );
+        let seen = server.next_request().await;
+        assert_eq!(&seen.body[..], payload.as_bytes());
+        assert_eq!(
+            seen.headers
+                .get("content-type")
+                .map(|v| v.to_str().unwrap()),
+            Some(content_type),
+            "{payload}"
+        );
     }
 }
 

@@ -119,7 +119,7 @@ async fn wait_status(client: &Client, id: i64, status: &str) {
     .await;
 }
 
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     // A zombie waiting for its new parent to reap it is gone as far as work goes.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat
@@ -228,7 +228,7 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
     let handler = scratch.script(
         "fail.sh",
         &format!(
-            "echo \"$PGTASKD_ATTEMPT $PGTASKD_CLAIM\" >> {}\necho \"disk full on attempt $PGTASKD_ATTEMPT\" >&2\nexit 3",
+            "echo \"$PGTASKD_ATTEMPT $PGTASKD_CLAIM $PGTASKD_RUN $PGTASKD_TASK_KEY\" >> {}\necho \"disk full on attempt $PGTASKD_ATTEMPT\" >&2\nexit 3",
             runs.display()
         ),
     );
@@ -278,6 +278,71 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
         3,
         "each attempt is a claim of its own: {runs:?}"
     );
+    // One key for the whole task, the view's; a run number that grows.
+    let key: String = client
+        .query_one(
+            "SELECT task_key FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let told: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|l| {
+            let words: Vec<&str> = l.split(' ').collect();
+            (words[2], words[3])
+        })
+        .collect();
+    assert_eq!(
+        told,
+        [
+            ("1", key.as_str()),
+            ("2", key.as_str()),
+            ("3", key.as_str())
+        ],
+        "{runs:?}"
+    );
+    // Every failed attempt's error is kept, in the view, `status` and GET /tasks/{id}.
+    let history: Vec<(i32, i32, String)> = client
+        .query(
+            "SELECT (e->>'attempt')::int, (e->>'run')::int, e->>'error' \
+               FROM pgtaskd.task_view, jsonb_array_elements(errors) AS e WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(history.len(), 3, "{history:?}");
+    for (n, (attempt, run, error)) in history.iter().enumerate() {
+        let n = n as i32 + 1;
+        assert_eq!((*attempt, *run), (n, n), "{history:?}");
+        assert!(
+            error.contains(&format!("disk full on attempt {n}")),
+            "{error}"
+        );
+    }
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["status", &id.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("failed attempts (3):"), "{stdout}");
+    assert!(stdout.contains(&format!("key: {key}  runs: 3")), "{stdout}");
+    let answer: serde_json::Value = crate::support::within(WAIT, "GET /tasks/{id}", async {
+        reqwest::get(format!("http://{addr}/tasks/{id}"))
+            .await?
+            .json()
+            .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        answer["errors"].as_array().map(Vec::len),
+        Some(3),
+        "{answer}"
+    );
+    assert_eq!(answer["task_key"], key.as_str());
+    assert_eq!(answer["runs"], 3);
 
     // The summary at the stop says the same.
     daemon.signal(libc::SIGTERM);
@@ -304,6 +369,56 @@ async fn a_command_that_fails_every_time_comes_back_after_its_backoff_then_ends_
         .unwrap()
         .get(0);
     assert_eq!(attempt, 1, "exit 65 fails at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ends_failed_gets_one_info_line_with_its_queue_attempts_and_error() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let scratch = Scratch::new();
+    let long = "e".repeat(300);
+    let handler = scratch.script(
+        "fail.sh",
+        &format!("echo 'disk full: {long}' >&2\necho 'the second line' >&2\nexit 3"),
+    );
+    let config = exec_config(
+        &handler,
+        "retry_backoff = \"20ms\"\nmax_backoff = \"100ms\"\n",
+    );
+    let mut daemon =
+        DaemonProcess::start_with_env(&db.url, &config, &[], &[("RUST_LOG", "pgtaskd=info")]);
+    daemon.wait_for_log("listening for notifications").await;
+    let succeeding: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('three small words')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let id = enqueue(&client, "x", 2).await;
+    wait_status(&client, id, "FAILED").await;
+    wait_status(&client, succeeding, "SUCCEEDED").await;
+    daemon.wait_for_log("task failed").await;
+    daemon.stop_cleanly().await;
+
+    let log = daemon.log_text();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("task failed")).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line, for the end, none for the retried attempt:\n{log}"
+    );
+    let line = lines[0];
+    assert!(line.contains(" INFO "), "{line}");
+    for field in [format!("id={id}"), "queue=jobs".into(), "attempts=2".into()] {
+        assert!(line.contains(&field), "{field}: {line}");
+    }
+    assert!(
+        line.contains("exited with status 3; stderr: disk full: eee"),
+        "the error's first line: {line}"
+    );
+    assert!(line.contains("e..."), "cut: {line}");
+    assert!(!line.contains(&long), "cut: {line}");
+    assert!(!line.contains("the second line"), "{line}");
+    assert!(line.len() < 400, "{} bytes: {line}", line.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -606,13 +721,29 @@ async fn an_http_handler_answers_become_output_retry_after_is_honoured_and_404_f
             .get(name)
             .map(|v| v.to_str().unwrap().to_string())
     };
-    assert_eq!(header(&second, "idempotency-key"), Some(token.to_string()));
+    let key: String = client
+        .query_one(
+            "SELECT task_key FROM pgtaskd.task_view WHERE id = $1",
+            &[&later],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(header(&second, "pgtaskd-claim"), Some(token.to_string()));
+    assert_eq!(header(&second, "idempotency-key"), Some(key.clone()));
+    assert_eq!(
+        header(&first, "idempotency-key"),
+        Some(key),
+        "the key is the task's, the same for every attempt"
+    );
     assert_eq!(header(&second, "pgtaskd-task-id"), Some(later.to_string()));
     assert_eq!(header(&second, "pgtaskd-attempt").as_deref(), Some("2"));
+    assert_eq!(header(&first, "pgtaskd-run").as_deref(), Some("1"));
+    assert_eq!(header(&second, "pgtaskd-run").as_deref(), Some("2"));
     assert_eq!(header(&second, "pgtaskd-queue").as_deref(), Some("jobs"));
     assert_ne!(
-        header(&first, "idempotency-key"),
-        header(&second, "idempotency-key"),
+        header(&first, "pgtaskd-claim"),
+        header(&second, "pgtaskd-claim"),
         "each attempt is a claim of its own"
     );
     // Retry-After: 1 and not the queue's hour of backoff.

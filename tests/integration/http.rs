@@ -180,6 +180,88 @@ async fn bad_requests_get_400_404_and_413_with_a_json_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_payload_may_be_an_object_or_an_array_stored_as_its_json_text() {
+    let db = TestDb::new().await;
+    // Queues no daemon serves: the tasks stay QUEUED with their payload as stored.
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    for (body, stored) in [
+        (
+            r#"{"payload": {"to": "ada@example.com", "ids": [3, 1, 12345678901234567890]}, "queue": "mail"}"#,
+            r#"{"to":"ada@example.com","ids":[3,1,12345678901234567890]}"#,
+        ),
+        (
+            r#"{"payload": [ {"b": 1, "a": 2} ], "queue": "mail"}"#,
+            r#"[{"b":1,"a":2}]"#,
+        ),
+        (
+            r#"{"payload": "{ text that stays }", "queue": "mail"}"#,
+            "{ text that stays }",
+        ),
+    ] {
+        let (status, _, accepted) = api.post("/tasks", body, true).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}: {accepted}");
+        let (_, task) = api.get(&format!("/tasks/{}", accepted["id"])).await;
+        assert_eq!(task["payload"], stored, "{body}");
+        assert_eq!(task["queue"], "mail");
+    }
+    for (body, says) in [
+        (r#"{"payload": 5}"#, "payload is a number"),
+        (r#"{"payload": false}"#, "payload is a boolean"),
+        (r#"{"payload": null}"#, "payload is null"),
+    ] {
+        let (status, _, error) = api.post("/tasks", body, true).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {error}");
+        let text = error["error"].as_str().unwrap();
+        assert!(text.contains(says), "{body}: {text}");
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_body_takes_queue_priority_run_at_and_max_attempts_from_the_query() {
+    let db = TestDb::new().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    let (status, _, accepted) = api
+        .post(
+            "/tasks?queue=thumbs&priority=7&max_attempts=5&run_at=2099-01-01T00:00:00Z",
+            "resize me",
+            false,
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let (_, task) = api.get(&format!("/tasks/{}", accepted["id"])).await;
+    assert_eq!(task["queue"], "thumbs");
+    assert_eq!(task["payload"], "resize me");
+    assert_eq!(task["priority"], 7);
+    assert_eq!(task["max_attempts"], 5);
+    assert!(
+        task["run_at"].as_str().unwrap().starts_with("2099-01-01"),
+        "{task}"
+    );
+    for (query, says) in [
+        ("queue=", "queue name is empty"),
+        ("priority=urgent", "priority"),
+        ("max_attempts=0", "max_attempts"),
+        ("run_at=someday", "run_at"),
+        ("qeue=thumbs", "unknown query parameter"),
+        ("queue=a&queue=b", "given twice"),
+    ] {
+        let (status, _, error) = api.post(&format!("/tasks?{query}"), "x", false).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        let text = error["error"].as_str().unwrap();
+        assert!(text.contains(says), "{query}: {text}");
+    }
+    let (status, _, error) = api
+        .post("/tasks?queue=thumbs", r#"{"payload": "x"}"#, true)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    // Nothing of the refused requests was inserted.
+    let (_, page) = api.get("/tasks").await;
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1, "{page}");
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_over_http_of_a_running_task_held_at_a_gate_then_of_queued_and_finished_ones() {
     let db = TestDb::new().await;
     let analyzer = GatedAnalyzer::closed_ignoring_cancel();

@@ -183,6 +183,48 @@ async fn a_task_that_loses_every_lease_ends_failed_after_max_attempts() {
     assert!(error.contains("crashy"), "{error}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescuer_that_ends_a_task_failed_logs_one_info_line_for_it() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let id: i64 = client
+        .query_one(
+            "SELECT pgtaskd.enqueue('doomed', queue => 'mail', max_attempts => 1)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let queues = vec!["mail".to_string()];
+    let claimed = queue::claim(&client, "crashy", &queues, 1, Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    // A daemon that serves another queue: its rescuer takes the lease back, on its last
+    // attempt, so the task ends FAILED.
+    let mut daemon = DaemonProcess::start_with_env(
+        &db.url,
+        "[worker]\nlease = \"1s\"\n",
+        &[],
+        &[("RUST_LOG", "pgtaskd=info")],
+    );
+    daemon.wait_for_log("task failed").await;
+    daemon.stop_cleanly().await;
+    let task = queue::get(&client, id).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::Failed);
+    let log = daemon.log_text();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("task failed")).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    for field in [format!("id={id}"), "queue=mail".into(), "attempts=1".into()] {
+        assert!(lines[0].contains(&field), "{field}: {}", lines[0]);
+    }
+    assert!(
+        lines[0].contains("lease lost after 1 attempt"),
+        "{}",
+        lines[0]
+    );
+}
+
 #[tokio::test]
 async fn an_expired_lease_of_a_canceled_task_ends_canceled() {
     let db = TestDb::new().await;
@@ -500,4 +542,110 @@ async fn wait_succeeded(client: &tokio_postgres::Client, id: i64, what: &str) {
         what,
     )
     .await;
+}
+
+/// Test-only SQL: every park counted, and the lease heartbeat's extension held, with the
+/// rows it extends locked, while the test holds advisory lock 4242.
+const HOLD_THE_HEARTBEAT: &str = "
+CREATE TABLE public.parks (task_id bigint NOT NULL);
+CREATE FUNCTION public.count_park() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.parks VALUES (NEW.task_id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER count_park AFTER INSERT ON pgtaskd.parked_results
+    FOR EACH ROW EXECUTE FUNCTION public.count_park();
+CREATE FUNCTION public.hold_extension() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status = 'RUNNING' AND NEW.status = 'RUNNING' THEN
+        PERFORM pg_advisory_xact_lock_shared(4242);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER hold_extension BEFORE UPDATE ON pgtaskd.tasks
+    FOR EACH ROW EXECUTE FUNCTION public.hold_extension();
+";
+
+/// A finish that finds its row locked by its own daemon's heartbeat (whose statement locks
+/// the rows it extends) waits for that heartbeat and writes, and parks nothing: a park is for
+/// someone else's lock. Before, it took the heartbeat's lock for another's and parked its
+/// result; a park a rescue then could not write held back every rescue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_that_meets_its_own_heartbeats_lock_waits_for_it_and_parks_nothing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client.batch_execute(HOLD_THE_HEARTBEAT).await.unwrap();
+    client
+        .execute("SELECT pg_advisory_lock(4242)", &[])
+        .await
+        .unwrap();
+    let scratch = crate::handlers::Scratch::new();
+    let gate = scratch.path("gate");
+    let path = std::ffi::CString::new(gate.to_str().unwrap()).unwrap();
+    // SAFETY: a plain system call on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o666) }, 0, "mkfifo");
+    let handler = scratch.script(
+        "gated.sh",
+        &format!(
+            "echo $$ >> {}\ncat {} > /dev/null\necho finished",
+            scratch.path("started").display(),
+            gate.display()
+        ),
+    );
+    // A lease long enough that the claim's work is not stopped while its heartbeat is held.
+    let config = format!(
+        "[worker]\nqueues = [\"jobs\"]\nlease = \"9s\"\n\n[queues.jobs]\nhandler = \"exec\"\n\
+         command = [\"{}\"]\nkill_after = \"100ms\"\n",
+        handler.display()
+    );
+    let mut daemon = DaemonProcess::start(&db, &config, &[]);
+    let id: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('jobs', 'x') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    scratch.pids("started", 1).await;
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE wait_event = 'advisory' AND query LIKE '%pgtaskd.heartbeat%'",
+        1,
+        "the heartbeat to be held with the row locked",
+    )
+    .await;
+    // The handler ends; its batched finish skips the row the heartbeat holds.
+    let gate_open = tokio::task::spawn_blocking(move || std::fs::write(gate, ""));
+    crate::support::within(WAIT, "the gate to open", gate_open)
+        .await
+        .unwrap()
+        .expect("open the gate");
+    daemon
+        .wait_for_log(&format!(
+            "row locked by another transaction; finishing the task alone id={id} "
+        ))
+        .await;
+    client
+        .execute("SELECT pg_advisory_unlock(4242)", &[])
+        .await
+        .unwrap();
+    wait_count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM pgtaskd.task_view
+              WHERE id = {id} AND status = 'SUCCEEDED' AND attempt = 1"
+        ),
+        1,
+        "the task to finish",
+    )
+    .await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM public.parks").await,
+        0,
+        "no result was parked:\n{}",
+        daemon.log_text()
+    );
+    daemon.stop_cleanly().await;
 }

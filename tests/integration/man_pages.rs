@@ -227,3 +227,30 @@ async fn bash_completions_complete_what_each_argument_takes() {
         "{zsh}"
     );
 }
+
+#[tokio::test]
+async fn help_and_manual_describe_a_task_daemon_running_commands_and_webhooks() {
+    let (status, short, stderr) = pgtaskd(None, &["-h"]).await;
+    assert!(status.success(), "{stderr}");
+    let (status, long, stderr) = pgtaskd(None, &["--help"]).await;
+    assert!(status.success(), "{stderr}");
+    let (status, page, stderr) = pgtaskd(None, &["man"]).await;
+    assert!(status.success(), "{stderr}");
+    // roff writes a dash as `\-`; a line break may fall anywhere in the description.
+    let page = page.replace("\\-", "-").replace('\n', " ");
+    let long = long.replace('\n', " ");
+    for (what, text) in [("-h", &short), ("--help", &long), ("pgtaskd.1", &page)] {
+        for said in ["your command", "webhook", "text analyzer"] {
+            assert!(text.contains(said), "{what} says {said:?}:\n{text}");
+        }
+        assert!(!text.contains("get its words"), "{what}:\n{text}");
+    }
+    for (what, text) in [("--help", &long), ("pgtaskd.1", &page)] {
+        for handler in [
+            "exec starts your command",
+            "http posts the payload to your URL",
+        ] {
+            assert!(text.contains(handler), "{what} names {handler:?}:\n{text}");
+        }
+    }
+}

@@ -7,12 +7,14 @@
 //! through chromedriver. `console` pages the task list, opens a task, retries and cancels it,
 //! reads the chart's labels and the page's width at 800 px; `retry_failed` tests `POST
 //! /queues/{queue}/retry-failed`, its SQL function and its CLI form; `million` pages the list
-//! of a table of 1,000,000 finished rows.
+//! of a table of 1,000,000 finished rows; `task_refresh` watches a task's page follow its task
+//! from QUEUED to SUCCEEDED and stop reading it then.
 
 mod browser;
 mod console;
 mod million;
 mod retry_failed;
+mod task_refresh;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -42,7 +44,7 @@ pub fn chromium() -> PathBuf {
 }
 
 /// Run headless Chromium on `url` with `extra` arguments; its standard output.
-async fn browse(url: &str, extra: &[&str]) -> String {
+pub(crate) async fn browse(url: &str, extra: &[&str]) -> String {
     let profile = std::env::temp_dir().join(format!(
         "pgtaskd-test-chromium-{}-{}",
         std::process::id(),
@@ -81,7 +83,7 @@ async fn browse(url: &str, extra: &[&str]) -> String {
 }
 
 /// The text of the `<tr data-queue="NAME">` row in `dom`.
-fn queue_row<'a>(dom: &'a str, name: &str) -> &'a str {
+pub(crate) fn queue_row<'a>(dom: &'a str, name: &str) -> &'a str {
     let start = dom
         .find(&format!("<tr data-queue=\"{name}\">"))
         .unwrap_or_else(|| panic!("no row of queue {name} in\n{dom}"));
@@ -143,7 +145,9 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
                      ('reports', 'f', 'SUCCEEDED', 1, now(), now());
          INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at, error)
               VALUES ('reports', 'g', 'FAILED', 1, now(), now(), '{}');
-         SELECT pgtaskd.pause_queue('thumbnails');",
+         SELECT pgtaskd.pause_queue('thumbnails');
+         SELECT pgtaskd.put_schedule('nightly', '30 2 * * *', NULL, 'x', 'reports', 'Europe/Berlin');
+         INSERT INTO pgtaskd.schedules (name, cron, payload) VALUES ('broken', '<b>x</b>', 'y');",
         ERROR.replace('\'', "''")
     );
     within(WAIT, "the tasks", client.batch_execute(&statements))
@@ -251,6 +255,23 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
         "a script ran: {dom}"
     );
     assert!(dom.contains("<svg"), "no throughput chart:\n{dom}");
+    // The schedules, a rule the daemons cannot read shown as text.
+    let nightly = &dom[dom
+        .find("data-schedule=\"nightly\"")
+        .expect("the nightly schedule's row")..];
+    let nightly = &nightly[..nightly.find("</tr>").unwrap()];
+    assert!(
+        nightly.contains("cron 30 2 * * * (Europe/Berlin)") && nightly.contains("coalesce"),
+        "{nightly}"
+    );
+    let broken = &dom[dom
+        .find("data-schedule=\"broken\"")
+        .expect("the broken schedule's row")..];
+    let broken = &broken[..broken.find("</tr>").unwrap()];
+    assert!(
+        broken.contains("invalid cron expression") && broken.contains("&lt;b&gt;x&lt;/b&gt;"),
+        "{broken}"
+    );
     assert!(
         dom.contains("<span id=\"status\">updated "),
         "the token was not taken:\n{dom}"

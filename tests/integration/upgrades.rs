@@ -3,7 +3,8 @@
 //! up on a table lock held elsewhere and applies later, and resolves nothing through the
 //! migrating role's search_path; schema 18 refuses to apply over queue names longer than 128
 //! bytes until they are renamed; schema 22 grants `pgtaskd.retry_failed` to the roles that may
-//! retry; schema 24 gives `pgtaskd.task_view` to every role that could read the tasks.
+//! retry; schema 24 gives `pgtaskd.task_view` to every role that could read the tasks; schema
+//! 30 keeps tasks of every state, gives each a key and keeps the claim's grants.
 
 use crate::migrate::database_at;
 use crate::support::daemon::pgtaskd;
@@ -402,11 +403,16 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(view, table, "the view's columns are the table's");
+    // Besides the table's columns, the view has the task's key (schema 30), computed.
+    assert_eq!(
+        view,
+        table.replace("traceparent text, ", "traceparent text, task_key text, "),
+        "the view's columns are the table's, and the key"
+    );
     let same: bool = owner
         .query_one(
-            "SELECT (SELECT array_agg(t ORDER BY t.id)::text FROM pgtaskd.tasks AS t) \
-                  = (SELECT array_agg(v ORDER BY v.id)::text FROM pgtaskd.task_view AS v)",
+            "SELECT (SELECT jsonb_agg(to_jsonb(t) ORDER BY t.id) FROM pgtaskd.tasks AS t) \
+                  = (SELECT jsonb_agg(to_jsonb(v) - 'task_key' ORDER BY v.id) FROM pgtaskd.task_view AS v)",
             &[],
         )
         .await
@@ -857,4 +863,301 @@ async fn upgrade_with_roles(
     .await
     .unwrap();
     (db, owner)
+}
+
+#[tokio::test]
+async fn schema_30_keeps_tasks_of_every_state_and_gives_each_a_key_and_the_claim_its_grants() {
+    let roles = Roles::new("tk");
+    let (_db, mut owner) = database_at(29).await;
+    within(
+        WAIT,
+        "a daemon role of schema 29",
+        owner.batch_execute(&roles.granted("old_daemon", "grant_daemon")),
+    )
+    .await
+    .unwrap();
+    // Tasks of every state, as a daemon of schema 29 leaves them: QUEUED, a retry waiting
+    // with its error, RUNNING under a live lease, SUCCEEDED, FAILED, CANCELED.
+    within(
+        WAIT,
+        "tasks of every state",
+        owner.batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload, queue) SELECT 'p' || n, 'up' FROM generate_series(1, 6) AS n;
+             UPDATE pgtaskd.tasks SET run_at = now() + interval '1 hour', attempt = 1,
+                    error = 'exited with status 3' WHERE id = 2;
+             UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 2, lease_owner = 'old',
+                    lease_expires_at = now() + interval '1 hour', started_at = now(),
+                    claim_token = 77 WHERE id = 3;
+             UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', attempt = 1, words = 1, bytes = 2,
+                    runes = 2, started_at = now(), finished_at = now() WHERE id = 4;
+             UPDATE pgtaskd.tasks SET status = 'FAILED', attempt = 3, error = 'bad',
+                    finished_at = now() WHERE id = 5;
+             UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true,
+                    finished_at = now() WHERE id = 6;",
+        ),
+    )
+    .await
+    .unwrap();
+    let before: Vec<String> = within(
+        WAIT,
+        "the rows before",
+        owner.query("SELECT t::text FROM pgtaskd.tasks AS t ORDER BY id", &[]),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let after = within(
+        WAIT,
+        "the rows after",
+        owner.query(
+            "SELECT (t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt,
+                     t.max_attempts, t.cancel_requested, t.words, t.bytes, t.runes, t.error,
+                     t.lease_owner, t.lease_expires_at, t.created_at, t.started_at,
+                     t.finished_at, t.idempotency_key, t.claim_token, t.output,
+                     t.traceparent)::text, t.runs, t.errors IS NULL, v.task_key
+               FROM pgtaskd.tasks AS t JOIN pgtaskd.task_view AS v USING (id) ORDER BY id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    let site: String = within(
+        WAIT,
+        "the site",
+        owner.query_one("SELECT id FROM pgtaskd.site", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(after.len(), before.len());
+    for (row, before) in after.iter().zip(&before) {
+        assert_eq!(&row.get::<_, String>(0), before, "every column kept");
+        assert_eq!(row.get::<_, i32>(1), 0);
+        assert!(row.get::<_, bool>(2));
+        let key: String = row.get(3);
+        assert!(key.starts_with(&format!("{site}-")), "{key}");
+    }
+    // The RUNNING claim of schema 29 is given back as its daemon would, then claimed by the
+    // daemon role of schema 29, whose grant on the new claim was kept: its run counts on
+    // from its attempts.
+    within(
+        WAIT,
+        "the old claim given back",
+        owner.query("SELECT * FROM pgtaskd.release(3, 77, true)", &[]),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "the daemon role",
+        owner.batch_execute(&format!("SET ROLE {}", roles.name("old_daemon"))),
+    )
+    .await
+    .unwrap();
+    let claimed = within(
+        WAIT,
+        "a claim by the role of schema 29",
+        owner.query(
+            "SELECT task_id, task_attempt, task_run FROM pgtaskd.claim(ARRAY['up'], 10, 'new', \
+             60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL ORDER BY 1",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    let claimed: Vec<(i64, i32, i32)> = claimed
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        claimed,
+        [(1, 1, 1), (3, 2, 2)],
+        "the due tasks only (the retry waits an hour); the given-back one at run 2"
+    );
+}
+
+/// Runs `sql` on `client` as `role`, then goes back to the session's own role.
+async fn as_role(
+    client: &tokio_postgres::Client,
+    role: &str,
+    sql: &str,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    within(
+        WAIT,
+        "acting as the role",
+        client.batch_execute(&format!("SET ROLE {role}")),
+    )
+    .await
+    .unwrap();
+    let answer = within(WAIT, "a statement as the role", client.query(sql, &[])).await;
+    within(
+        WAIT,
+        "the own role back",
+        client.batch_execute("RESET ROLE"),
+    )
+    .await
+    .unwrap();
+    answer
+}
+
+#[tokio::test]
+async fn schema_33_keeps_every_row_and_its_attempts_and_gives_the_old_roles_the_limits() {
+    let roles = Roles::new("ql");
+    // Tasks of schema 32 in every state, one with its own max_attempts, one RUNNING.
+    let setup = "INSERT INTO pgtaskd.tasks (payload, queue) SELECT 'p' || n, 'up' FROM generate_series(1, 5) AS n;
+         UPDATE pgtaskd.tasks SET max_attempts = 5 WHERE id = 1;
+         UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = 'old',
+                lease_expires_at = now() + interval '1 hour', started_at = now(),
+                claim_token = 77 WHERE id = 2;
+         UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', attempt = 1, words = 1, bytes = 2,
+                runes = 2, started_at = now(), finished_at = now() WHERE id = 3;
+         UPDATE pgtaskd.tasks SET status = 'FAILED', attempt = 3, error = 'bad',
+                finished_at = now() WHERE id = 4;
+         UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true,
+                finished_at = now() WHERE id = 5;
+         CREATE TABLE before_33 AS SELECT id, to_jsonb(t) AS row FROM pgtaskd.tasks AS t;";
+    let (_db, owner) = upgrade_with_roles(32, &roles, setup).await;
+
+    // Every column of every row is kept; none has a key; the attempts given are kept.
+    let changed: i64 = within(
+        WAIT,
+        "the rows compared",
+        owner.query_one(
+            "SELECT count(*) FROM before_33 AS b JOIN pgtaskd.tasks AS t USING (id)
+              WHERE to_jsonb(t) - 'concurrency_key' <> b.row OR t.concurrency_key IS NOT NULL",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(changed, 0, "a row of schema 32 changed in the migration");
+    let attempts: Vec<(i64, i32)> = within(
+        WAIT,
+        "the attempts",
+        owner.query(
+            "SELECT id, max_attempts FROM pgtaskd.tasks ORDER BY id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    assert_eq!(attempts, [(1, 5), (2, 3), (3, 3), (4, 3), (5, 3)]);
+
+    // The operator role of schema 32 sets the limits; a role given nothing may not.
+    let stranger = as_role(
+        &owner,
+        &roles.name("stranger"),
+        "SELECT pgtaskd.set_queue('up', '{\"max_running\": 1}')",
+    )
+    .await
+    .expect_err("a role given nothing set a queue's limits");
+    assert_eq!(
+        stranger.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+    as_role(
+        &owner,
+        &roles.name("old_ops"),
+        "SELECT pgtaskd.set_queue('up', '{\"max_running\": 2, \"rate_limit\": 10, \
+         \"rate_period\": \"1 second\", \"max_attempts\": 7}')",
+    )
+    .await
+    .expect("the operator role of schema 32 sets the limits");
+
+    // The producer role of schema 32 reads them and inserts a task with a key; it follows
+    // the queue's attempts, the old rows keep theirs.
+    as_role(
+        &owner,
+        &roles.name("old_app"),
+        "INSERT INTO pgtaskd.tasks (payload, queue, concurrency_key) VALUES ('new', 'up', 'tenant-1')",
+    )
+    .await
+    .expect("the producer role of schema 32 sets a key");
+    let seen = as_role(
+        &owner,
+        &roles.name("old_app"),
+        "SELECT max_running FROM pgtaskd.queue_settings WHERE queue = 'up'",
+    )
+    .await
+    .expect("the producer role of schema 32 reads the settings");
+    assert_eq!(seen[0].get::<_, Option<i32>>(0), Some(2));
+    let in_force: Vec<(i64, i32)> = within(
+        WAIT,
+        "the attempts in force",
+        owner.query(
+            "SELECT id, max_attempts FROM pgtaskd.task_view WHERE id IN (1, 2, 6) ORDER BY id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    assert_eq!(in_force, [(1, 5), (2, 3), (6, 7)]);
+
+    // The daemon role of schema 32 claims the limited queue (writing its starts) and
+    // finishes (notifying): the old RUNNING task holds one of the two slots.
+    let claimed = as_role(
+        &owner,
+        &roles.name("old_daemon"),
+        "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['up'], 10, 'new', \
+         60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+    )
+    .await
+    .expect("the daemon role of schema 32 claims a limited queue");
+    assert_eq!(claimed.len(), 1, "max_running 2 with one RUNNING already");
+    let (id, token): (i64, i64) = (claimed[0].get(0), claimed[0].get(1));
+    assert_eq!(id, 1);
+    let finished = as_role(
+        &owner,
+        &roles.name("old_daemon"),
+        &format!(
+            "SELECT * FROM pgtaskd.finish(ARRAY[{token}]::int8[], ARRAY[{id}]::int8[], \
+             ARRAY['SUCCEEDED'], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], \
+             ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::float8[], false)"
+        ),
+    )
+    .await;
+    finished.expect("the daemon role of schema 32 finishes a limited queue's task");
+    let starts: i64 = within(
+        WAIT,
+        "the starts",
+        owner.query_one(
+            "SELECT count(*) FROM pgtaskd.queue_starts WHERE queue = 'up'",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(
+        starts, 1,
+        "the claim of a rate-limited queue wrote its start"
+    );
+
+    // The grant functions of schema 33 give the new roles the same.
+    as_role(
+        &owner,
+        &roles.name("new_ops"),
+        "SELECT pgtaskd.set_queue('up', '{\"max_running\": null}')",
+    )
+    .await
+    .expect("an operator role of schema 33 sets the limits");
+    as_role(
+        &owner,
+        &roles.name("new_app"),
+        "INSERT INTO pgtaskd.tasks (payload, queue, concurrency_key) VALUES ('n2', 'up', 't2')",
+    )
+    .await
+    .expect("a producer role of schema 33 sets a key");
 }

@@ -60,6 +60,9 @@ pub struct Report {
     /// Ceiling mode: the most tasks one claim takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<usize>,
+    /// The queue's `max_running`, when the run limited it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
     pub seconds: f64,
     pub tasks_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,6 +141,9 @@ impl std::fmt::Display for Report {
             "pgtaskd bench: mode={:?} tasks={} concurrency={}",
             self.mode, self.tasks, self.concurrency
         )?;
+        if let Some(most) = self.max_running {
+            write!(f, " max_running={most}")?;
+        }
         match self.batch {
             Some(batch) => writeln!(f, " batch={batch} (no daemon, no analyzer)")?,
             None => writeln!(f)?,

@@ -237,6 +237,7 @@ pub(super) async fn soak(
         succeeded: finished.succeeded,
     };
     Ok(Report {
+        max_running: None,
         mode: Mode::Soak,
         tasks: n as u32,
         concurrency: options.concurrency,

@@ -16,7 +16,7 @@ use super::ExecSpec;
 use crate::handler::Job;
 
 /// Start `spec.command` for `job` with its three standard streams piped, in a new process
-/// group, with the environment [`child_env`] gives.
+/// group, as `spec.run_as` when given, with the environment [`child_env`] gives.
 ///
 /// # Errors
 ///
@@ -26,8 +26,10 @@ pub fn spawn(spec: &ExecSpec, job: &Job) -> io::Result<(Child, Group)> {
         .command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
-    let env = child_env(std::env::vars_os(), job);
-    let child = spawn::spawn(program, args, &env)?;
+    let run_as = spec.run_as.as_ref();
+    let user = run_as.and_then(|run_as| run_as.user.as_ref());
+    let env = child_env(std::env::vars_os(), job, user);
+    let child = spawn::spawn(program, args, &env, run_as)?;
     let pgid = child.id();
     Ok((child, Group { pgid, live: true }))
 }

@@ -8,6 +8,10 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
 use crate::handler::Job;
+use crate::privileges::User;
+
+/// The variables that name the user, replaced by the queue's `user`'s when it has one.
+const USER_VARS: &[&str] = &["HOME", "USER", "LOGNAME"];
 
 /// Variables never passed on, besides every name starting with `PG` (libpq's `PGPASSWORD`,
 /// `PGHOST`, `PGPASSFILE`, `PGSSLKEY`... and the daemon's own `PGTASKD_*` settings): the
@@ -34,21 +38,40 @@ pub fn is_removed(name: &OsStr) -> bool {
 
 /// The child's environment for `job`: `inherited` (the daemon's environment, as
 /// `std::env::vars_os()` gives it) without the variables [`is_removed`] names, then
-/// `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` (the claim's token:
-/// the handler's idempotency key) and, when the task has one, `TRACEPARENT`.
-pub fn child_env<I>(inherited: I, job: &Job) -> Vec<(OsString, OsString)>
+/// `PGTASKD_TASK_ID`, `PGTASKD_TASK_KEY` (the same for every attempt: the handler's
+/// idempotency key), `PGTASKD_ATTEMPT`, `PGTASKD_RUN`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` (the
+/// claim's token) and, when the task has them, `PGTASKD_IDEMPOTENCY_KEY` (the producer's),
+/// `PGTASKD_SCHEDULE` and `PGTASKD_SCHEDULED_AT` (a schedule's fire) and `TRACEPARENT`. With
+/// `user` (the queue's `user`), `HOME`, `USER` and `LOGNAME` are the user's instead of the
+/// daemon's.
+pub fn child_env<I>(inherited: I, job: &Job, user: Option<&User>) -> Vec<(OsString, OsString)>
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
     let mut env: Vec<(OsString, OsString)> = inherited
         .into_iter()
         .filter(|(name, _)| !is_removed(name))
+        .filter(|(name, _)| user.is_none() || !USER_VARS.iter().any(|var| name == *var))
         .collect();
     let mut set = |name: &str, value: String| env.push((name.into(), value.into()));
+    if let Some(user) = user {
+        set("HOME", user.home.clone());
+        set("USER", user.name.clone());
+        set("LOGNAME", user.name.clone());
+    }
     set("PGTASKD_TASK_ID", job.id.to_string());
+    set("PGTASKD_TASK_KEY", job.key.clone());
     set("PGTASKD_ATTEMPT", job.attempt.to_string());
+    set("PGTASKD_RUN", job.run.to_string());
     set("PGTASKD_QUEUE", job.queue.clone());
     set("PGTASKD_CLAIM", job.token.to_string());
+    if let Some(key) = &job.idempotency_key {
+        set("PGTASKD_IDEMPOTENCY_KEY", key.clone());
+        if let Some((schedule, instant)) = crate::schedule::fired_by(key) {
+            set("PGTASKD_SCHEDULE", schedule.to_string());
+            set("PGTASKD_SCHEDULED_AT", instant.to_string());
+        }
+    }
     if let Some(traceparent) = &job.traceparent {
         set("TRACEPARENT", traceparent.clone());
     }
@@ -65,6 +88,9 @@ mod tests {
             attempt: 3,
             queue: "thumbnails".into(),
             token: 9001,
+            run: 5,
+            key: "0123456789abcdef-42-1765000000000000".into(),
+            idempotency_key: None,
             traceparent: traceparent.map(str::to_owned),
         }
     }
@@ -107,13 +133,15 @@ mod tests {
             ("TRACEPARENT", "00-daemon-trace-01"),
             ("TRACESTATE", "x=y"),
         ]);
-        let env = child_env(daemon, &job(None));
+        let env = child_env(daemon, &job(None), None);
         let names: Vec<_> = env.iter().map(|(k, _)| k.to_str().unwrap()).collect();
         assert_eq!(
             names,
             [
                 "PGTASKD_TASK_ID",
+                "PGTASKD_TASK_KEY",
                 "PGTASKD_ATTEMPT",
+                "PGTASKD_RUN",
                 "PGTASKD_QUEUE",
                 "PGTASKD_CLAIM"
             ]
@@ -135,18 +163,61 @@ mod tests {
             ("MY_PGHOST", "only a prefix counts"),
             ("TZ", "UTC"),
         ]);
-        let env = child_env(daemon.clone(), &job(None));
+        let env = child_env(daemon.clone(), &job(None), None);
         assert_eq!(env[..daemon.len()], daemon[..]);
     }
 
     #[test]
     fn the_task_is_described() {
-        let env = child_env(Vec::new(), &job(Some("00-abc-def-01")));
+        let env = child_env(Vec::new(), &job(Some("00-abc-def-01")), None);
         assert_eq!(get(&env, "PGTASKD_TASK_ID"), ["42"]);
+        assert_eq!(
+            get(&env, "PGTASKD_TASK_KEY"),
+            ["0123456789abcdef-42-1765000000000000"]
+        );
         assert_eq!(get(&env, "PGTASKD_ATTEMPT"), ["3"]);
+        assert_eq!(get(&env, "PGTASKD_RUN"), ["5"]);
         assert_eq!(get(&env, "PGTASKD_QUEUE"), ["thumbnails"]);
         assert_eq!(get(&env, "PGTASKD_CLAIM"), ["9001"]);
         assert_eq!(get(&env, "TRACEPARENT"), ["00-abc-def-01"]);
+        assert!(get(&env, "PGTASKD_IDEMPOTENCY_KEY").is_empty());
+        let keyed = Job {
+            idempotency_key: Some("order 17/ü".into()),
+            ..job(None)
+        };
+        let env = child_env(Vec::new(), &keyed, None);
+        assert_eq!(get(&env, "PGTASKD_IDEMPOTENCY_KEY"), ["order 17/ü"]);
+        assert!(get(&env, "PGTASKD_SCHEDULE").is_empty());
+        let fired = Job {
+            idempotency_key: Some("schedule:nightly:2026-12-06T03:00:00Z".into()),
+            ..job(None)
+        };
+        let env = child_env(Vec::new(), &fired, None);
+        assert_eq!(get(&env, "PGTASKD_SCHEDULE"), ["nightly"]);
+        assert_eq!(get(&env, "PGTASKD_SCHEDULED_AT"), ["2026-12-06T03:00:00Z"]);
+    }
+
+    #[test]
+    fn a_queue_user_gets_its_home_user_and_logname() {
+        let daemon = vars(&[
+            ("HOME", "/root"),
+            ("PATH", "/usr/bin:/bin"),
+            ("USER", "root"),
+            ("LOGNAME", "root"),
+        ]);
+        let user = User {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+            home: "/nonexistent".into(),
+        };
+        let env = child_env(daemon.clone(), &job(None), Some(&user));
+        assert_eq!(get(&env, "HOME"), ["/nonexistent"]);
+        assert_eq!(get(&env, "USER"), ["nobody"]);
+        assert_eq!(get(&env, "LOGNAME"), ["nobody"]);
+        assert_eq!(get(&env, "PATH"), ["/usr/bin:/bin"]);
+        let own = child_env(daemon, &job(None), None);
+        assert_eq!(get(&own, "HOME"), ["/root"], "the daemon's, without a user");
     }
 
     #[test]
@@ -162,8 +233,8 @@ mod tests {
                 OsString::from("kept"),
             ),
         ];
-        let env = child_env(daemon, &job(None));
+        let env = child_env(daemon, &job(None), None);
         assert_eq!(env[0].0, OsString::from_vec(b"K\xff".to_vec()));
-        assert_eq!(env.len(), 5);
+        assert_eq!(env.len(), 7);
     }
 }

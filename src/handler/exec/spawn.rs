@@ -13,7 +13,13 @@
 //! The child, in order: every signal with a handler back to its default (the handlers are the
 //! daemon's, and would run in its memory), SIGPIPE too (the daemon ignores it; a command
 //! expects the default, as `std` gives it); `setpgid(0, 0)`; the three pipes as its standard
-//! streams; `PR_SET_PDEATHSIG` (SIGKILL), then leaving at once if the daemon already died;
+//! streams; every other descriptor closed (`close_range(3, ~0, 0)`, a loop of `close` on a
+//! kernel without it), those the daemon inherited from whatever started it included, which
+//! are not close-on-exec; the queue's credentials when it has `user` or `group` (raw
+//! `setgroups`, `setresgid`, then `setresuid`: glibc's wrappers would signal every thread of
+//! the process to change theirs, and the child shares the daemon's memory and its signal
+//! handlers' state); `PR_SET_PDEATHSIG` (SIGKILL; after the switch, which clears it), then
+//! leaving at once if the daemon already died;
 //! the daemon's signal mask back (every signal is blocked across the clone); `execve` of each
 //! candidate path in turn (a bare name is looked up on the child's `PATH`, as `execvp` does),
 //! and, as `execvp` does too, of `/bin/sh` with the candidate and the arguments when the
@@ -38,6 +44,7 @@ use tokio::net::unix::pipe;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::argv::{c_string, candidates, null_terminated, shell_argv, SHELL};
+use crate::privileges::RunAs;
 
 /// The child's stack until its `exec`: it makes a few system calls, on a few hundred bytes.
 const STACK: usize = 64 * 1024;
@@ -56,16 +63,22 @@ pub struct Child {
     pub stderr: Option<pipe::Receiver>,
 }
 
-/// Start `program` with `args` and the environment `env`, its standard streams piped, leading
-/// a new process group, SIGKILLed by the kernel when the calling thread ends. Call it on a
-/// runtime's thread (the pipes and the SIGCHLD stream are the runtime's).
+/// Start `program` with `args` and the environment `env`, its standard streams piped and no
+/// other descriptor open, with the credentials of `run_as` if given, leading a new process
+/// group, SIGKILLed by the kernel when the calling thread ends. Call it on a runtime's thread
+/// (the pipes and the SIGCHLD stream are the runtime's).
 ///
 /// # Errors
 ///
 /// A NUL byte in an argument or the environment; the pipes, the stack or the clone failing;
-/// a step of the child failing, the `execve` above all (no such program, not executable...):
-/// the OS's error.
-pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io::Result<Child> {
+/// a step of the child failing, the `execve` above all (no such program, not executable...),
+/// or the switch of credentials (`EPERM`): the OS's error.
+pub fn spawn(
+    program: &str,
+    args: &[String],
+    env: &[(OsString, OsString)],
+    run_as: Option<&RunAs>,
+) -> io::Result<Child> {
     reap_orphans();
     // Before the child exists, so that its exit cannot come before the stream.
     let exits = signal(SignalKind::child())?;
@@ -103,13 +116,19 @@ pub fn spawn(program: &str, args: &[String], env: &[(OsString, OsString)]) -> io
             stdout_child.as_raw_fd(),
             stderr_child.as_raw_fd(),
         ],
+        last_fd: last_fd(),
+        switch: run_as.is_some(),
+        uid: run_as.and_then(|run_as| run_as.user.as_ref().map(|user| user.uid)),
+        gid: run_as.map_or(0, |run_as| run_as.gid),
+        groups: run_as.map_or(ptr::null(), |run_as| run_as.groups.as_ptr()),
+        groups_len: run_as.map_or(0, |run_as| run_as.groups.len()),
         parent: std::process::id() as libc::pid_t,
         last_signal: libc::SIGRTMAX(),
         mask: empty_sigset(),
         error: 0,
     };
-    // SAFETY: `shared` and everything it points to (argv, the shell's argv, envp, paths, fds)
-    // outlive the clone: the calling thread is suspended until the child has called `execve`
+    // SAFETY: `shared` and everything it points to (argv, the shell's argv, envp, paths, fds,
+    // groups) outlive the clone: the calling thread is suspended until the child has called `execve`
     // or exited (CLONE_VFORK), and the child's stack is this thread's allocation, freed after.
     // The child runs `child` alone, which makes system calls only and writes nothing but the
     // shell's argv slot and `error`. Every signal is blocked around the clone so that no
@@ -228,6 +247,17 @@ struct Shared {
     envp: *const *const c_char,
     /// The child's ends of the pipes: its stdin, stdout and stderr to be.
     fds: [c_int; 3],
+    /// Above the highest descriptor that may be open: where the loop of `close` stops when
+    /// the kernel has no `close_range`.
+    last_fd: c_int,
+    /// Whether the credentials below are taken (`user` or `group` given).
+    switch: bool,
+    /// The uid taken, when `user` is given.
+    uid: Option<libc::uid_t>,
+    gid: libc::gid_t,
+    /// The supplementary groups: `groups_len` ids.
+    groups: *const libc::gid_t,
+    groups_len: usize,
     parent: libc::pid_t,
     /// The highest signal number.
     last_signal: c_int,
@@ -277,6 +307,40 @@ extern "C" fn child(shared: *mut c_void) -> c_int {
                 fail(shared);
             }
         }
+        // Nothing of the daemon's but the three streams: the descriptors it inherited are not
+        // close-on-exec (a pipe or a socket of whatever started it).
+        let high = libc::c_uint::MAX;
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            high,
+            0 as libc::c_uint,
+        ) != 0
+        {
+            if errno() != libc::ENOSYS {
+                fail(shared);
+            }
+            for fd in 3..shared.last_fd {
+                libc::close(fd);
+            }
+        }
+        // Raw system calls: glibc's `setgroups`, `setresgid` and `setresuid` change every
+        // thread of the process, by a signal to each, and this child shares the daemon's
+        // memory. Groups first, while the uid may still change them; the uid last.
+        if shared.switch {
+            let gid = shared.gid;
+            if libc::syscall(libc::SYS_setgroups, shared.groups_len, shared.groups) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+            {
+                fail(shared);
+            }
+            if let Some(uid) = shared.uid {
+                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
+                    fail(shared);
+                }
+            }
+        }
+        // After the switch, which clears it.
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
             fail(shared);
         }
@@ -326,6 +390,21 @@ unsafe fn fail(shared: &mut Shared) -> ! {
 fn errno() -> c_int {
     // SAFETY: the calling thread's errno, a valid pointer.
     unsafe { *libc::__errno_location() }
+}
+
+/// One past the highest descriptor the process may hold (`RLIMIT_NOFILE`'s soft limit, at
+/// most 2^20): the end of the child's loop of `close` on a kernel without `close_range`.
+fn last_fd() -> c_int {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the limit it is given room for.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if got != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return 1 << 20;
+    }
+    limit.rlim_cur.min(1 << 20) as c_int
 }
 
 /// A pipe, both ends closed on `exec`: (read end, write end).

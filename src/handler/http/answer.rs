@@ -25,6 +25,14 @@ pub(super) async fn read(
     deadline: Instant,
 ) -> Ran {
     let status = response.status();
+    // 202 with Retry-After: "not now, come back then": a snooze, no attempt used.
+    if status == reqwest::StatusCode::ACCEPTED {
+        if let Some(after) = retry_after(response.headers(), SystemTime::now()) {
+            return Ran::Snoozed {
+                after: Some(after.min(crate::handler::exec::MAX_SNOOZE)),
+            };
+        }
+    }
     if status.is_success() {
         return output(response, spec.max_output, shown).await;
     }

@@ -61,7 +61,7 @@ async fn the_python_example_fails_bad_json_for_good() {
     assert!(
         failure
             .message
-            .contains("claim 9001\nthe payload is not JSON: "),
+            .contains("run 4, key 0123456789abcdef-42-1765000000000000\nthe payload is not JSON: "),
         "{}",
         failure.message
     );

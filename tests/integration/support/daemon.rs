@@ -135,6 +135,24 @@ impl DaemonProcess {
         DaemonProcess::start_with_env(url, config_toml, args, &[])
     }
 
+    /// The command [`DaemonProcess::start_url`] runs, for a test to change (its user, the
+    /// descriptors it inherits) before [`DaemonProcess::spawn`].
+    pub fn command(url: &str, config_toml: &str) -> DaemonCommand {
+        let mut command =
+            DaemonCommand::new(binary(), config_toml).expect("write the daemon's configuration");
+        command
+            .env("PGTASKD_DATABASE_URL", url)
+            .env("RUST_LOG", "pgtaskd=debug");
+        command
+    }
+
+    /// Start `command`.
+    pub fn spawn(command: DaemonCommand) -> DaemonProcess {
+        DaemonProcess {
+            child: command.spawn().expect("pgtaskd starts"),
+        }
+    }
+
     /// Start `pgtaskd run ARGS` on the database at `url` with extra environment variables.
     pub fn start_with_env(
         url: &str,
