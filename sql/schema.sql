@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0033_queue_limits.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0034_parked_results_skip_locked.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -1245,9 +1245,10 @@ END
 $$;
 
 -- Write up to `max_tasks` parked results whose claims' leases expired (other than those of
--- instance `owner`), through `pgtaskd.finish`: fenced on the parked token, rows someone else
--- holds skipped (written by a later call). Then drop every parked result whose claim is
--- over. One row per result written: the task and the status written.
+-- instance `owner`), through `pgtaskd.finish`: fenced on the parked token, the rows locked
+-- as they are picked and those someone else holds passed over (version 34). Then drop every
+-- parked result whose claim is over, and those `finish` declined (their claims are left to
+-- the rescue). One row per result written: the task and the status written.
 CREATE FUNCTION pgtaskd.write_parked(max_tasks bigint, owner text)
 RETURNS TABLE (task_id bigint, task_status text)
 LANGUAGE plpgsql
@@ -1278,18 +1279,24 @@ BEGIN
              WHERE coalesce(k.status, '') = 'RUNNING' AND k.lease_expires_at < now()
                AND k.lease_owner IS DISTINCT FROM write_parked.owner
              ORDER BY p.parked_at
-             LIMIT write_parked.max_tasks) AS d;
+             LIMIT write_parked.max_tasks
+               FOR UPDATE OF k SKIP LOCKED) AS d;
     IF due_ids IS NOT NULL THEN
+        -- The rows are this transaction's: `finish` skips none of them.
         RETURN QUERY
         SELECT f.task_id, f.written
           FROM pgtaskd.finish(due_tokens, due_ids, due_statuses, due_words, due_bytes,
                               due_runes, due_errors, due_outputs, due_retry_in, false) AS f
          WHERE f.written IS NOT NULL;
     END IF;
+    -- Every parked result whose claim is over, the declined ones among them once their claim
+    -- is left to the rescue: a declined result's row is still RUNNING under its token.
     DELETE FROM pgtaskd.parked_results AS p
      WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
                         WHERE k.id = p.task_id AND k.claim_token = p.claim_token
-                          AND coalesce(k.status, '') = 'RUNNING');
+                          AND coalesce(k.status, '') = 'RUNNING')
+        OR (p.task_id, p.claim_token) IN (SELECT u.id, u.token
+                                            FROM unnest(due_ids, due_tokens) AS u(id, token));
 END
 $$;
 

@@ -191,6 +191,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0033_queue_limits",
         sql: include_str!("../../sql/0033_queue_limits.sql"),
     },
+    Migration {
+        version: 34,
+        name: "0034_parked_results_skip_locked",
+        sql: include_str!("../../sql/0034_parked_results_skip_locked.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -384,3 +384,135 @@ async fn a_row_lock_across_a_stop_parks_the_result_and_a_rescuer_writes_it() {
     );
     second.stop().await;
 }
+
+/// Parked results whose rows someone holds do not keep the others from being written (schema
+/// 34): the pick locks the rows it takes and passes over the held ones before its limit. A
+/// parked result `finish` declines (CANCELED with no cancel request) is dropped, and its
+/// claim is rescued like any other expired lease instead of being passed over for ever.
+#[tokio::test]
+async fn parked_results_on_held_rows_leave_the_rest_to_be_written_and_declined_ones_to_the_rescue()
+{
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    for i in 0..6 {
+        enqueue(&client, &format!("parked {i}")).await;
+    }
+    let queues = vec!["default".to_string()];
+    let mut claimed = queue::claim(&client, "gone", &queues, 6, Duration::from_secs(30))
+        .await
+        .unwrap();
+    claimed.sort_by_key(|c| c.id);
+    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    let tokens: Vec<i64> = claimed.iter().map(|c| c.token).collect();
+    // Parked oldest first: the first two on rows a producer holds, the last one declined.
+    let statuses = [
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "CANCELED",
+    ];
+    for (n, ((id, token), status)) in ids.iter().zip(&tokens).zip(statuses).enumerate() {
+        within(
+            WAIT,
+            "a parked result",
+            client.execute(
+                "INSERT INTO pgtaskd.parked_results
+                        (task_id, claim_token, status, words, bytes, runes, parked_at)
+                 VALUES ($1, $2, $3, 1, 1, 1, now() - interval '1 minute' + $4 * interval '1 s')",
+                &[id, token, &status, &(n as f64)],
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    within(
+        WAIT,
+        "the leases expired",
+        client.execute(
+            "UPDATE pgtaskd.tasks SET lease_expires_at = now() - interval '1 s' WHERE id = ANY ($1)",
+            &[&ids],
+        ),
+    )
+    .await
+    .unwrap();
+    let mut holder = db.client().await;
+    let held = holder.transaction().await.unwrap();
+    within(
+        WAIT,
+        "the rows held",
+        held.execute(
+            "SELECT 1 FROM pgtaskd.tasks WHERE id = ANY ($1) FOR UPDATE",
+            &[&ids[..2].to_vec()],
+        ),
+    )
+    .await
+    .unwrap();
+
+    let write = |max: i64| {
+        let client = &client;
+        async move {
+            let rows = within(
+                WAIT,
+                "write_parked",
+                client.query(
+                    "SELECT task_id, task_status FROM pgtaskd.write_parked($1, 'me') ORDER BY 1",
+                    &[&max],
+                ),
+            )
+            .await
+            .unwrap();
+            rows.iter()
+                .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
+                .collect::<Vec<_>>()
+        }
+    };
+    let succeeded = |id: i64| (id, "SUCCEEDED".to_string());
+    assert_eq!(
+        write(2).await,
+        [succeeded(ids[2]), succeeded(ids[3])],
+        "the two oldest parked results not held are written"
+    );
+    assert_eq!(write(2).await, [succeeded(ids[4])]);
+    let parked: Vec<i64> = within(
+        WAIT,
+        "the parked results left",
+        client.query("SELECT task_id FROM pgtaskd.parked_results ORDER BY 1", &[]),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    assert_eq!(
+        parked,
+        ids[..2],
+        "the declined result is dropped, the held kept"
+    );
+    let rescued: Vec<(i64, String)> = within(
+        WAIT,
+        "a rescue",
+        client.query(
+            "SELECT task_id, task_status FROM pgtaskd.rescue(10, 'me') ORDER BY 1",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    assert_eq!(
+        rescued,
+        [(ids[5], "QUEUED".to_string())],
+        "the declined claim is rescued; the held ones are still parked"
+    );
+
+    held.commit().await.unwrap();
+    assert_eq!(write(10).await, [succeeded(ids[0]), succeeded(ids[1])]);
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.parked_results").await,
+        0
+    );
+}

@@ -1161,3 +1161,35 @@ async fn schema_33_keeps_every_row_and_its_attempts_and_gives_the_old_roles_the_
     .await
     .expect("a producer role of schema 33 sets a key");
 }
+
+/// Schema 34 replaces `write_parked` in place: a result parked at schema 33 is kept, and the
+/// daemon role of schema 33 writes it through the new function.
+#[tokio::test]
+async fn schema_34_keeps_parked_results_and_the_old_daemon_role_writes_them() {
+    let roles = Roles::new("pk");
+    let setup = "INSERT INTO pgtaskd.tasks (payload) VALUES ('parked');
+         UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = 'gone',
+                lease_expires_at = now() - interval '1 s', started_at = now(),
+                claim_token = 77 WHERE id = 1;
+         INSERT INTO pgtaskd.parked_results (task_id, claim_token, status, words, bytes, runes)
+              VALUES (1, 77, 'SUCCEEDED', 1, 6, 6);";
+    let (_db, owner) = upgrade_with_roles(33, &roles, setup).await;
+    let written = as_role(
+        &owner,
+        &roles.name("old_daemon"),
+        "SELECT task_id, task_status FROM pgtaskd.write_parked(10, 'new')",
+    )
+    .await
+    .expect("the daemon role of schema 33 writes parked results");
+    let written: Vec<(i64, String)> = written.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(written, [(1, "SUCCEEDED".to_string())]);
+    let left: i64 = within(
+        WAIT,
+        "the parked results left",
+        owner.query_one("SELECT count(*) FROM pgtaskd.parked_results", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(left, 0, "a written result stays parked");
+}
