@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0034_parked_results_skip_locked.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0035_schedule_and_limit_mends.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -261,7 +261,9 @@ CREATE TABLE pgtaskd.queue_settings (
                AND rate_limit >= 1 AND rate_limit <= 1000000
                AND rate_period >= interval '1 millisecond' AND rate_period <= interval '1 day'),
     CONSTRAINT queue_settings_max_attempts CHECK (max_attempts >= 1),
-    CONSTRAINT queue_settings_retain CHECK (retain >= interval '1 second')
+    -- At most 100 years, as the CLI and the HTTP API check (version 35).
+    CONSTRAINT queue_settings_retain
+        CHECK (retain >= interval '1 second' AND retain <= interval '100 years')
 );
 
 COMMENT ON TABLE pgtaskd.queue_settings IS
@@ -605,7 +607,16 @@ BEGIN
            queue = excluded.queue, tz = excluded.tz, missed = excluded.missed,
            no_overlap = excluded.no_overlap, priority = excluded.priority,
            paused = coalesce(put_schedule.paused, s.paused),
-           since = clock_timestamp()
+           -- The same definition again keeps its fires (version 35); a changed one, or a
+           -- resume, counts from now.
+           since = CASE WHEN (s.cron, s.every, s.payload, s.queue, s.tz, s.missed,
+                              s.no_overlap, s.priority)
+                             IS NOT DISTINCT FROM
+                             (excluded.cron, excluded.every, excluded.payload, excluded.queue,
+                              excluded.tz, excluded.missed, excluded.no_overlap,
+                              excluded.priority)
+                             AND NOT (s.paused AND NOT coalesce(put_schedule.paused, s.paused))
+                        THEN s.since ELSE clock_timestamp() END
     RETURNING (xmax = 0) INTO created;
     RETURN created;
 END
@@ -692,6 +703,9 @@ BEGIN
                'schedule:' || s.name || ':'
                    || to_char(f.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
           FROM unnest(fire_schedule.fires) WITH ORDINALITY AS f(at, n)
+         -- No overlap: the earliest instant's task alone; each later one would overlap it
+         -- (version 35).
+         WHERE NOT s.no_overlap OR f.n = 1
          ORDER BY f.n
         ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id

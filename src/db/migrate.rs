@@ -196,6 +196,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0034_parked_results_skip_locked",
         sql: include_str!("../../sql/0034_parked_results_skip_locked.sql"),
     },
+    Migration {
+        version: 35,
+        name: "0035_schedule_and_limit_mends",
+        sql: include_str!("../../sql/0035_schedule_and_limit_mends.sql"),
+    },
 ];
 
 /// The schema version this binary was built for.

@@ -21,7 +21,8 @@ const RELOAD: Duration = Duration::from_secs(1);
 
 /// Look at the schedules until `stop` fires.
 pub async fn run(pool: Pool, stop: CancellationToken) {
-    // The schedules whose rule the daemons cannot read, warned about once per definition.
+    // The schedules whose rule the daemons cannot read, warned about once per definition, and
+    // those whose fire the database refused, once per error.
     let mut warned: HashSet<(String, String)> = HashSet::new();
     loop {
         let wait = match look(&pool, &mut warned).await {
@@ -47,6 +48,9 @@ pub async fn run(pool: Pool, stop: CancellationToken) {
 
 /// Fire every schedule due now; how long until the next instant (at most [`RELOAD`]).
 async fn look(pool: &Pool, warned: &mut HashSet<(String, String)>) -> Result<Duration, DbError> {
+    if warned.len() > 10_000 {
+        warned.clear();
+    }
     let client = pool.get().await?;
     let (schedules, now) = client.bounded(store::list_to_fire(&client)).await?;
     let mut wait = RELOAD;
@@ -63,7 +67,14 @@ async fn look(pool: &Pool, warned: &mut HashSet<(String, String)>) -> Result<Dur
                     tracing::warn!(schedule = %schedule.name, %reason, "schedule not fired: its rule cannot be read");
                 }
             }
-            Err(FireError::Db(err)) => return Err(err),
+            Err(FireError::Db(err)) if err.is_unavailable() => return Err(err),
+            // This schedule's fire was refused (a trigger or a constraint of the site's
+            // refused its task, say): the others fire all the same.
+            Err(FireError::Db(err)) => {
+                if warned.insert((schedule.name.clone(), err.to_string())) {
+                    tracing::warn!(schedule = %schedule.name, error = %err, "schedule not fired: the database refused its fire; trying again at each look");
+                }
+            }
         }
         if let Some(next) = schedule.next_fire {
             let until = (next - now).to_std().unwrap_or(Duration::ZERO);

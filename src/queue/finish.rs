@@ -53,10 +53,12 @@ pub const MAX_SNOOZES: i32 = 100;
 const SNOOZED_OUT: &str = "the handler asked to run it later (a snooze) more than 100 times; failed rather than put off again";
 
 impl Outcome {
-    /// The error a failed attempt stores; empty for any other outcome.
+    /// The error a failed attempt stores, and the one a snooze stores when it fails the task
+    /// (the 101st); empty for any other outcome.
     pub fn error(&self) -> &str {
         match self {
             Outcome::Failed(error) | Outcome::Retry { error, .. } => error,
+            Outcome::Snooze { .. } => SNOOZED_OUT,
             _ => "",
         }
     }
@@ -267,7 +269,7 @@ impl<'a> Columns<'a> {
                 Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
                     Some(message.as_str())
                 }
-                Outcome::Snooze { .. } => Some(SNOOZED_OUT),
+                Outcome::Snooze { .. } => Some(finish.outcome.error()),
                 _ => None,
             });
             columns.outputs.push(match &finish.outcome {

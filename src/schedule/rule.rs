@@ -216,14 +216,18 @@ fn instant(tz: &chrono_tz::Tz, naive: NaiveDateTime) -> DateTime<Utc> {
 /// through SQL with such a rule costs that once per daemon, not once per look.
 fn fires_at_all(expr: &str, cron: &Cron) -> bool {
     static KNOWN: LazyLock<Mutex<HashMap<String, bool>>> = LazyLock::new(Mutex::default);
-    let mut known = KNOWN
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(&fires) = known.get(expr) {
+    let lock = || {
+        KNOWN
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
+    if let Some(&fires) = lock().get(expr) {
         return fires;
     }
+    // Searched without the lock: no other expression's check waits for this one.
     let start = NaiveDateTime::default().with_year(2000).unwrap_or_default();
     let fires = cron.find_next_occurrence(&start, true).is_ok();
+    let mut known = lock();
     if known.len() >= 1000 {
         known.clear();
     }
@@ -244,6 +248,17 @@ pub fn parse_cron(expr: &str) -> Result<Cron, RuleError> {
     };
     if expr.len() > MAX_CRON {
         return Err(wrong(format!("longer than {MAX_CRON} bytes")));
+    }
+    // The parser reads an empty list element (`,`, `1,,2`, a trailing comma) as no value at
+    // all, and the search for a field of no values runs to the year 5000: up to a minute
+    // and a half on one core for `", * * * *"`. Refused here, before any search.
+    if let Some(field) = expr
+        .split_whitespace()
+        .find(|field| field.split(',').any(str::is_empty))
+    {
+        return Err(wrong(format!(
+            "the field {field:?} has an empty list element"
+        )));
     }
     CronParser::builder()
         .seconds(Seconds::Optional)

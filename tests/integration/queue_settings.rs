@@ -840,3 +840,47 @@ async fn an_operator_may_set_a_producer_may_show_and_set_a_tasks_key_only() {
     .await
     .unwrap();
 }
+
+/// The table holds the bounds the CLI and the HTTP API check: a `retain` over 100 years
+/// written through SQL is refused (it made retention fail for every queue, and `stats`),
+/// and 100 years keeps both working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retain_over_100_years_is_refused_by_the_table_too() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let refused = within(
+        WAIT,
+        "a retain of 10,000 years",
+        client.execute(
+            "SELECT pgtaskd.set_queue('far', '{\"retain\": \"10000 years\"}')",
+            &[],
+        ),
+    )
+    .await
+    .expect_err("the table refuses it");
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION),
+        "{refused:?}"
+    );
+    assert_eq!(row(&client, "far").await, None, "nothing written");
+    within(
+        WAIT,
+        "a retain of 100 years",
+        client.execute(
+            "SELECT pgtaskd.set_queue('far', '{\"retain\": \"100 years\"}')",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    within(
+        WAIT,
+        "retention",
+        client.query("SELECT * FROM pgtaskd.prune(1000, 1000, NULL)", &[]),
+    )
+    .await
+    .expect("retention works with the longest retain");
+    let stdout = ok(&db, &["stats"]).await;
+    assert!(stdout.contains("far"), "{stdout}");
+}

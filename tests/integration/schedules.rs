@@ -99,16 +99,13 @@ async fn an_every_second_schedule_makes_one_task_a_second_across_three_daemons_a
 }
 
 /// Every daemon down for the six instants before the restart: what the first look makes.
-async fn after_an_outage(missed: &str) -> (Vec<DateTime<Utc>>, DateTime<Utc>) {
+async fn after_an_outage(missed: &[&str]) -> (Vec<DateTime<Utc>>, DateTime<Utc>) {
     let db = TestDb::new().await;
     let client = db.client().await;
-    add(
-        &db,
-        &[
-            "tick", "--every", "1s", "--queue", "ticks", "--missed", missed, "x",
-        ],
-    )
-    .await;
+    let mut args = vec!["tick", "--every", "1s", "--queue", "ticks", "--missed"];
+    args.extend_from_slice(missed);
+    args.push("x");
+    add(&db, &args).await;
     // As every daemon stopped for six seconds leaves it: the last fire six instants ago.
     let last: DateTime<Utc> = within(
         WAIT,
@@ -142,7 +139,7 @@ async fn after_an_outage(missed: &str) -> (Vec<DateTime<Utc>>, DateTime<Utc>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_fires_coalesce_into_one_task_by_default() {
-    let (instants, last) = after_an_outage("coalesce").await;
+    let (instants, last) = after_an_outage(&["coalesce"]).await;
     let first = instants[0];
     assert!(
         first - last >= chrono::TimeDelta::seconds(6),
@@ -153,7 +150,7 @@ async fn missed_fires_coalesce_into_one_task_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_fires_catch_up_one_task_each() {
-    let (instants, last) = after_an_outage("catch-up").await;
+    let (instants, last) = after_an_outage(&["catch-up"]).await;
     assert_eq!(
         instants[0] - last,
         chrono::TimeDelta::seconds(1),
@@ -163,9 +160,22 @@ async fn missed_fires_catch_up_one_task_each() {
     assert_one_per_second(&instants);
 }
 
+/// With `--no-overlap`, the missed instants' fire makes one task, the earliest's: each later
+/// one would overlap it, and so do the fires after it while it stays QUEUED (queue `ticks`
+/// is served by no daemon here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missed_fires_caught_up_without_overlap_make_one_task() {
+    let (instants, last) = after_an_outage(&["catch-up", "--no-overlap"]).await;
+    assert_eq!(
+        instants,
+        [last + chrono::TimeDelta::seconds(1)],
+        "one task, the first missed instant's"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_fires_are_skipped_with_skip() {
-    let (instants, last) = after_an_outage("skip").await;
+    let (instants, last) = after_an_outage(&["skip"]).await;
     assert!(
         instants[0] - last > chrono::TimeDelta::seconds(6),
         "no task for the missed instants: {instants:?} after {last}"
@@ -501,6 +511,18 @@ async fn what_would_stall_or_forge_a_schedule_is_refused_or_passed_over() {
     .await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("never fires"), "{stderr}");
+    // A field of no values: refused at once (its search for a fire ran for 90 s).
+    let (status, _, stderr) = within(
+        WAIT,
+        "an empty list element refused",
+        pgtaskd(
+            Some(&db.url),
+            &["schedule", "add", "empty", "--cron", ", * * * *", "x"],
+        ),
+    )
+    .await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("empty list element"), "{stderr}");
     let big = "x".repeat(64 * 1024 + 1);
     let (status, _, stderr) = pgtaskd(
         Some(&db.url),
@@ -592,4 +614,93 @@ async fn what_would_stall_or_forge_a_schedule_is_refused_or_passed_over() {
     assert_one_per_second(&fired(&client, "tick").await);
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+}
+
+/// A fire the database refuses (here a site's trigger refusing the schedule's payload) is
+/// that schedule's alone: the schedules after it fire all the same, and the refusal is logged
+/// with the schedule's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_whose_fire_the_database_refuses_leaves_the_others_firing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    within(
+        WAIT,
+        "a site's trigger",
+        client.batch_execute(
+            "CREATE FUNCTION public.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'refused by a site rule'; END $$;
+             CREATE TRIGGER refuse_boom BEFORE INSERT ON pgtaskd.tasks FOR EACH ROW
+                 WHEN (NEW.payload = 'boom') EXECUTE FUNCTION public.refuse_boom();",
+        ),
+    )
+    .await
+    .unwrap();
+    // Looked at first: the names are read in order.
+    add(
+        &db,
+        &["aaa-boom", "--every", "1s", "--queue", "ticks", "boom"],
+    )
+    .await;
+    add(&db, &["tick", "--every", "1s", "--queue", "ticks", "x"]).await;
+    let mut daemon = DaemonProcess::start(&db, CONFIG, &[]);
+    eventually(WAIT, "three fires of the other schedule", || async {
+        (fired(&client, "tick").await.len() >= 3).then_some(())
+    })
+    .await;
+    assert_one_per_second(&fired(&client, "tick").await);
+    assert!(fired(&client, "aaa-boom").await.is_empty());
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("the database refused its fire") && log.contains("aaa-boom"),
+        "{log}"
+    );
+}
+
+/// A schedule added again with the same definition (a deploy that adds its schedules at each
+/// start) keeps its `since`, so its missed fires are not lost; a changed definition, or a
+/// resume, counts from then.
+#[tokio::test]
+async fn adding_the_same_definition_again_keeps_its_fires_and_a_change_counts_from_then() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let since = || async {
+        let since: DateTime<Utc> = within(
+            WAIT,
+            "since",
+            client.query_one(
+                "SELECT since FROM pgtaskd.schedules WHERE name = 'tick'",
+                &[],
+            ),
+        )
+        .await
+        .unwrap()
+        .get(0);
+        since
+    };
+    add(&db, &["tick", "--every", "1m", "--queue", "ticks", "x"]).await;
+    let first = since().await;
+    add(&db, &["tick", "--every", "1m", "--queue", "ticks", "x"]).await;
+    assert_eq!(since().await, first, "the same definition again");
+    add(&db, &["tick", "--every", "1m", "--queue", "ticks", "y"]).await;
+    let changed = since().await;
+    assert!(changed > first, "a changed payload counts from then");
+    let (status, _, stderr) = pgtaskd(Some(&db.url), &["schedule", "pause", "tick"]).await;
+    assert!(status.success(), "{stderr}");
+    // `schedule add` keeps a paused schedule paused; the SQL function may resume it.
+    add(&db, &["tick", "--every", "1m", "--queue", "ticks", "y"]).await;
+    assert_eq!(since().await, changed, "still paused, unchanged");
+    within(
+        WAIT,
+        "a resume through put_schedule",
+        client.execute(
+            "SELECT pgtaskd.put_schedule('tick', NULL, interval '1 minute', 'y', 'ticks', \
+             paused => false)",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(since().await > changed, "a resume counts from then");
 }

@@ -136,6 +136,13 @@ async fn the_101st_snooze_fails_the_task_and_a_retry_starts_the_count_again() {
     );
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait().await.code(), Some(0), "{}", daemon.log_text());
+    // The task's one "task failed" line says why, as the row does.
+    let log = daemon.log_text();
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("task failed")).collect();
+    assert!(
+        failed.len() == 1 && failed[0].contains("more than 100 times"),
+        "{failed:?}"
+    );
 
     let (code, _, stderr) = pgtaskd(Some(&db.url), &["retry", &id.to_string()]).await;
     assert!(code.success(), "{stderr}");

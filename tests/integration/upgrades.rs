@@ -1193,3 +1193,40 @@ async fn schema_34_keeps_parked_results_and_the_old_daemon_role_writes_them() {
     .get(0);
     assert_eq!(left, 0, "a written result stays parked");
 }
+
+/// Schema 35 bounds a queue's `retain` at 100 years: a longer one written at schema 34 is
+/// brought down to it, and retention works again.
+#[tokio::test]
+async fn schema_35_brings_a_retain_over_100_years_down_to_it() {
+    let roles = Roles::new("rt");
+    let setup = "SELECT pgtaskd.set_queue('far', '{\"retain\": \"10000 years\"}');
+                 SELECT pgtaskd.set_queue('near', '{\"retain\": \"1 day\"}');";
+    let (_db, owner) = upgrade_with_roles(34, &roles, setup).await;
+    let retains: Vec<(String, String)> = within(
+        WAIT,
+        "the retains",
+        owner.query(
+            "SELECT queue, retain::text FROM pgtaskd.queue_settings ORDER BY queue",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    assert_eq!(
+        retains,
+        [
+            ("far".to_string(), "100 years".to_string()),
+            ("near".to_string(), "1 day".to_string())
+        ]
+    );
+    within(
+        WAIT,
+        "retention",
+        owner.query("SELECT * FROM pgtaskd.prune(1000, 1000, NULL)", &[]),
+    )
+    .await
+    .expect("retention works again");
+}

@@ -234,3 +234,24 @@ fn every_fires_at_multiples_of_its_period() {
         "the latest ones"
     );
 }
+
+#[test]
+fn an_empty_list_element_is_refused_before_any_search() {
+    // Read by the parser as a field of no values, each made the check of whether the rule
+    // fires at all search to the year 5000 (90 s for the first).
+    for bad in [
+        ", * * * *",
+        "0 , * * *",
+        "0 0 , * *",
+        "1,,2 * * * *",
+        "0 0 * * 1,",
+    ] {
+        match Rule::new(Some(bad), None, "UTC") {
+            Err(RuleError::Cron { reason, .. }) => {
+                assert!(reason.contains("empty list element"), "{bad:?}: {reason}")
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert!(Rule::new(Some("1,2 * * * *"), None, "UTC").is_ok());
+}
