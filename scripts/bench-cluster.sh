@@ -17,6 +17,10 @@
 # PGTASKD_BENCH_SETTINGS, as postgres options ("-c name=value ..."). Needs the server
 # binaries (initdb, pg_ctl, psql: Debian's postgresql package) and a release build (cargo
 # build --release). As root, the server runs as the postgres user.
+#
+# PGTASKD_BENCH_BESIDE: a command run beside the bench, on the same cluster and database (its
+# PGHOST, PGPORT, PGUSER and PGDATABASE set), started as the bench starts and waited for after
+# it: a second workload under the same conditions, as scripts/pgq-side-by-side.sh runs PgQ.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${PGTASKD_BIN:-$here/../target/release/pgtaskd}
@@ -38,11 +42,14 @@ if [ "$(id -u)" = 0 ]; then
   as_server=(runuser -u postgres --)
 fi
 bench_pid=
+beside_pid=
 cleanup() {
-  if [ -n "$bench_pid" ]; then
-    kill -TERM "$bench_pid" 2>/dev/null || true
-    wait "$bench_pid" 2>/dev/null || true
-  fi
+  for pid in "$bench_pid" "$beside_pid"; do
+    if [ -n "$pid" ]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
   (cd / && "${as_server[@]}" "$pgbin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1) || true
   rm -rf "$dir"
 }
@@ -64,9 +71,18 @@ psql=$pgbin/psql
 "$bin" migrate --database-url "$url" >/dev/null
 # In the background, so that a signal to this script is handled at once (bash runs a trap
 # only once its foreground command has returned), and the cleanup stops the bench first.
+if [ -n "${PGTASKD_BENCH_BESIDE:-}" ]; then
+  PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres PGPSQL=$psql \
+    bash -c "$PGTASKD_BENCH_BESIDE" &
+  beside_pid=$!
+fi
 "$bin" bench --database-url "$url" "$@" &
 bench_pid=$!
 status=0
 wait "$bench_pid" || status=$?
 bench_pid=
+if [ -n "$beside_pid" ]; then
+  wait "$beside_pid" || status=$?
+  beside_pid=
+fi
 exit "$status"
