@@ -138,7 +138,22 @@ impl Rule {
                 .max(0);
                 let mut from =
                     up_to.with_timezone(tz).naive_local() + TimeDelta::seconds(i64::from(back));
-                let floor = after.with_timezone(tz).naive_local() - TimeDelta::hours(3);
+                // Instants after `after` have wall times from `after`'s less the clocks'
+                // going back in between: within a day, at most the difference of the two
+                // ends' offsets (no zone goes back and forth within a day); over a longer
+                // span, any of its changes, each under 3 hours. A rule that fires every
+                // second steps through that margin alone, not through 3 hours at each look.
+                let offset = |at: DateTime<Utc>| {
+                    tz.offset_from_utc_datetime(&at.naive_utc())
+                        .fix()
+                        .local_minus_utc()
+                };
+                let margin = if up_to - after < TimeDelta::days(1) {
+                    TimeDelta::seconds(i64::from((offset(after) - offset(up_to)).max(0)))
+                } else {
+                    TimeDelta::hours(3)
+                };
+                let floor = after.with_timezone(tz).naive_local() - margin;
                 let mut inclusive = true;
                 for _ in 0..MAX_STEPS {
                     let Ok(naive) = cron.find_previous_occurrence(&from, inclusive) else {

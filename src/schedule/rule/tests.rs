@@ -255,3 +255,29 @@ fn an_empty_list_element_is_refused_before_any_search() {
     }
     assert!(Rule::new(Some("1,2 * * * *"), None, "UTC").is_ok());
 }
+
+#[test]
+fn a_span_from_the_first_pass_into_the_second_finds_the_first_pass_alone() {
+    // Europe/Berlin, 2026-10-25: 02:40 CEST (00:40 UTC), first pass, to 02:20 CET (01:20
+    // UTC), second pass. Every minute fires once, at its first pass: 02:41 to 02:59 CEST.
+    let rule = cron("* * * * *", "Europe/Berlin");
+    let fires = rule.between(
+        utc("2026-10-25T00:40:00Z"),
+        utc("2026-10-25T01:20:00Z"),
+        1000,
+    );
+    let expected: Vec<DateTime<Utc>> = (41..60)
+        .map(|minute| utc(&format!("2026-10-25T00:{minute}:00Z")))
+        .collect();
+    assert_eq!(fires, expected);
+    // From within the second pass, the next new wall time is 03:00 CET.
+    let fires = rule.between(
+        utc("2026-10-25T01:20:00Z"),
+        utc("2026-10-25T02:01:00Z"),
+        1000,
+    );
+    assert_eq!(
+        fires,
+        [utc("2026-10-25T02:00:00Z"), utc("2026-10-25T02:01:00Z")]
+    );
+}
