@@ -55,8 +55,7 @@ impl Rule {
     pub fn new(cron: Option<&str>, every: Option<Duration>, tz: &str) -> Result<Rule, RuleError> {
         match (cron, every) {
             (Some(expr), None) => {
-                let tz =
-                    chrono_tz::Tz::from_str(tz).map_err(|_| RuleError::Zone(tz.to_string()))?;
+                let tz = zone(tz).ok_or_else(|| RuleError::Zone(tz.to_string()))?;
                 let cron = parse_cron(expr)?;
                 if !fires_at_all(expr, &cron) {
                     return Err(RuleError::Never(expr.to_string()));
@@ -67,7 +66,9 @@ impl Rule {
                 })
             }
             (None, Some(every)) => {
-                if !tz.eq_ignore_ascii_case("UTC") {
+                // Any name of UTC itself, in any case: the instants are multiples of the
+                // period since 1970 UTC.
+                if !zone(tz).is_some_and(|zone| UTC_NAMES.contains(&zone.name())) {
                     return Err(RuleError::ZoneWithEvery);
                 }
                 if every.subsec_nanos() != 0 || every < Duration::from_secs(1) || every > MAX_EVERY
@@ -189,6 +190,29 @@ impl Rule {
         }
         found
     }
+}
+
+/// The names of UTC in the zone database.
+const UTC_NAMES: [&str; 8] = [
+    "UTC",
+    "Etc/UTC",
+    "Etc/UCT",
+    "Etc/Universal",
+    "Etc/Zulu",
+    "UCT",
+    "Universal",
+    "Zulu",
+];
+
+/// The IANA zone `name`, its case as the database writes it or any other (`utc`,
+/// `europe/berlin`).
+fn zone(name: &str) -> Option<chrono_tz::Tz> {
+    chrono_tz::Tz::from_str(name).ok().or_else(|| {
+        chrono_tz::TZ_VARIANTS
+            .iter()
+            .copied()
+            .find(|zone| zone.name().eq_ignore_ascii_case(name))
+    })
 }
 
 /// The most wall-clock occurrences one search steps through (a search that finds nothing in

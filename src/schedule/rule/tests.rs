@@ -281,3 +281,22 @@ fn a_span_from_the_first_pass_into_the_second_finds_the_first_pass_alone() {
         [utc("2026-10-25T02:00:00Z"), utc("2026-10-25T02:01:00Z")]
     );
 }
+
+#[test]
+fn a_zone_is_read_in_any_case_and_every_takes_any_name_of_utc() {
+    assert_eq!(
+        cron("0 9 * * *", "europe/berlin").next_after(utc("2026-12-06T00:00:00Z")),
+        Some(utc("2026-12-06T08:00:00Z"))
+    );
+    assert!(Rule::new(Some("0 9 * * *"), None, "utc").is_ok());
+    for name in ["UTC", "utc", "Etc/UTC", "etc/utc", "Zulu"] {
+        assert!(
+            Rule::new(None, Some(Duration::from_secs(60)), name).is_ok(),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        Rule::new(None, Some(Duration::from_secs(60)), "GMT+1").unwrap_err(),
+        RuleError::ZoneWithEvery
+    );
+}
