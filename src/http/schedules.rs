@@ -112,7 +112,12 @@ pub(super) async fn put(
         no_overlap: definition.no_overlap.unwrap_or(false),
         paused: definition.paused,
     };
-    schedule.check().map_err(ApiError::BadRequest)?;
+    // A cron pattern of no date at all is found by a search that may take a few hundred
+    // milliseconds (once per pattern): off the runtime's threads, which keep the leases.
+    let schedule = tokio::task::spawn_blocking(move || schedule.check().map(|()| schedule))
+        .await
+        .expect("checking a schedule does not panic")
+        .map_err(ApiError::BadRequest)?;
     let session = state.pool.get().await?;
     // Its paused state is written with the rest, in one statement.
     let created = session.bounded(store::put(&session, &schedule)).await?;
