@@ -24,183 +24,54 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+/// A [`Migration`] of `sql/NAME.sql`: its version, its name, and its text embedded.
+macro_rules! migration {
+    ($version:literal, $name:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../sql/", $name, ".sql")),
+        }
+    };
+}
+
 /// Every migration this binary knows, in order.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_tasks",
-        sql: include_str!("../../sql/0001_tasks.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_roles",
-        sql: include_str!("../../sql/0002_roles.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_plans",
-        sql: include_str!("../../sql/0003_plans.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "0004_hardening",
-        sql: include_str!("../../sql/0004_hardening.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "0005_completions",
-        sql: include_str!("../../sql/0005_completions.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "0006_queues",
-        sql: include_str!("../../sql/0006_queues.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "0007_idle_notify",
-        sql: include_str!("../../sql/0007_idle_notify.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "0008_autovacuum",
-        sql: include_str!("../../sql/0008_autovacuum.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "0009_vacuum_health",
-        sql: include_str!("../../sql/0009_vacuum_health.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "0010_notify_cost",
-        sql: include_str!("../../sql/0010_notify_cost.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "0011_plans_by_key",
-        sql: include_str!("../../sql/0011_plans_by_key.sql"),
-    },
-    Migration {
-        version: 12,
-        name: "0012_claim_after",
-        sql: include_str!("../../sql/0012_claim_after.sql"),
-    },
-    Migration {
-        version: 13,
-        name: "0013_positions",
-        sql: include_str!("../../sql/0013_positions.sql"),
-    },
-    Migration {
-        version: 14,
-        name: "0014_idle_hint",
-        sql: include_str!("../../sql/0014_idle_hint.sql"),
-    },
-    Migration {
-        version: 15,
-        name: "0015_definer_paths",
-        sql: include_str!("../../sql/0015_definer_paths.sql"),
-    },
-    Migration {
-        version: 16,
-        name: "0016_claim_tokens",
-        sql: include_str!("../../sql/0016_claim_tokens.sql"),
-    },
-    Migration {
-        version: 17,
-        name: "0017_prepared_producers",
-        sql: include_str!("../../sql/0017_prepared_producers.sql"),
-    },
-    Migration {
-        version: 18,
-        name: "0018_queue_names",
-        sql: include_str!("../../sql/0018_queue_names.sql"),
-    },
-    Migration {
-        version: 19,
-        name: "0019_handlers",
-        sql: include_str!("../../sql/0019_handlers.sql"),
-    },
-    Migration {
-        version: 20,
-        name: "0020_list_indexes",
-        sql: include_str!("../../sql/0020_list_indexes.sql"),
-    },
-    Migration {
-        version: 21,
-        name: "0021_daemons",
-        sql: include_str!("../../sql/0021_daemons.sql"),
-    },
-    Migration {
-        version: 22,
-        name: "0022_retry_failed",
-        sql: include_str!("../../sql/0022_retry_failed.sql"),
-    },
-    Migration {
-        version: 23,
-        name: "0023_daemon_handlers",
-        sql: include_str!("../../sql/0023_daemon_handlers.sql"),
-    },
-    Migration {
-        version: 24,
-        name: "0024_task_view",
-        sql: include_str!("../../sql/0024_task_view.sql"),
-    },
-    Migration {
-        version: 25,
-        name: "0025_claim_tokens_by_timeline",
-        sql: include_str!("../../sql/0025_claim_tokens_by_timeline.sql"),
-    },
-    Migration {
-        version: 26,
-        name: "0026_state_functions",
-        sql: include_str!("../../sql/0026_state_functions.sql"),
-    },
-    Migration {
-        version: 27,
-        name: "0027_room_for_updates",
-        sql: include_str!("../../sql/0027_room_for_updates.sql"),
-    },
-    Migration {
-        version: 28,
-        name: "0028_parked_results",
-        sql: include_str!("../../sql/0028_parked_results.sql"),
-    },
-    Migration {
-        version: 29,
-        name: "0029_quiet_sessions",
-        sql: include_str!("../../sql/0029_quiet_sessions.sql"),
-    },
-    Migration {
-        version: 30,
-        name: "0030_task_keys",
-        sql: include_str!("../../sql/0030_task_keys.sql"),
-    },
-    Migration {
-        version: 31,
-        name: "0031_schedules",
-        sql: include_str!("../../sql/0031_schedules.sql"),
-    },
-    Migration {
-        version: 32,
-        name: "0032_snooze",
-        sql: include_str!("../../sql/0032_snooze.sql"),
-    },
-    Migration {
-        version: 33,
-        name: "0033_queue_limits",
-        sql: include_str!("../../sql/0033_queue_limits.sql"),
-    },
-    Migration {
-        version: 34,
-        name: "0034_parked_results_skip_locked",
-        sql: include_str!("../../sql/0034_parked_results_skip_locked.sql"),
-    },
-    Migration {
-        version: 35,
-        name: "0035_schedule_and_limit_mends",
-        sql: include_str!("../../sql/0035_schedule_and_limit_mends.sql"),
-    },
+    migration!(1, "0001_tasks"),
+    migration!(2, "0002_roles"),
+    migration!(3, "0003_plans"),
+    migration!(4, "0004_hardening"),
+    migration!(5, "0005_completions"),
+    migration!(6, "0006_queues"),
+    migration!(7, "0007_idle_notify"),
+    migration!(8, "0008_autovacuum"),
+    migration!(9, "0009_vacuum_health"),
+    migration!(10, "0010_notify_cost"),
+    migration!(11, "0011_plans_by_key"),
+    migration!(12, "0012_claim_after"),
+    migration!(13, "0013_positions"),
+    migration!(14, "0014_idle_hint"),
+    migration!(15, "0015_definer_paths"),
+    migration!(16, "0016_claim_tokens"),
+    migration!(17, "0017_prepared_producers"),
+    migration!(18, "0018_queue_names"),
+    migration!(19, "0019_handlers"),
+    migration!(20, "0020_list_indexes"),
+    migration!(21, "0021_daemons"),
+    migration!(22, "0022_retry_failed"),
+    migration!(23, "0023_daemon_handlers"),
+    migration!(24, "0024_task_view"),
+    migration!(25, "0025_claim_tokens_by_timeline"),
+    migration!(26, "0026_state_functions"),
+    migration!(27, "0027_room_for_updates"),
+    migration!(28, "0028_parked_results"),
+    migration!(29, "0029_quiet_sessions"),
+    migration!(30, "0030_task_keys"),
+    migration!(31, "0031_schedules"),
+    migration!(32, "0032_snooze"),
+    migration!(33, "0033_queue_limits"),
+    migration!(34, "0034_parked_results_skip_locked"),
+    migration!(35, "0035_schedule_and_limit_mends"),
 ];
 
 /// The schema version this binary was built for.
