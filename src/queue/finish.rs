@@ -266,10 +266,9 @@ impl<'a> Columns<'a> {
             columns.bytes.push(counts.bytes);
             columns.runes.push(counts.runes);
             columns.errors.push(match &finish.outcome {
-                Outcome::Failed(message) | Outcome::Retry { error: message, .. } => {
-                    Some(message.as_str())
+                Outcome::Failed(_) | Outcome::Retry { .. } | Outcome::Snooze { .. } => {
+                    Some(finish.outcome.error())
                 }
-                Outcome::Snooze { .. } => Some(finish.outcome.error()),
                 _ => None,
             });
             columns.outputs.push(match &finish.outcome {

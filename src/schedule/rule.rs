@@ -126,31 +126,27 @@ impl Rule {
         }
         match self {
             Rule::Cron { cron, tz } => {
+                // How far the clocks went back from `from` to `to`, if they did.
+                let went_back = |from: DateTime<Utc>, to: DateTime<Utc>| {
+                    let offset = |at: DateTime<Utc>| {
+                        tz.offset_from_utc_datetime(&at.naive_utc())
+                            .fix()
+                            .local_minus_utc()
+                    };
+                    TimeDelta::seconds(i64::from((offset(from) - offset(to)).max(0)))
+                };
                 // Backwards through the wall-clock occurrences. Right after the clocks went
                 // back, an instant of the repeated hour's first pass has a wall time later
                 // than `up_to`'s: start that much later.
-                let back = (tz
-                    .offset_from_utc_datetime(&(up_to - TimeDelta::hours(3)).naive_utc())
-                    .fix()
-                    .local_minus_utc()
-                    - tz.offset_from_utc_datetime(&up_to.naive_utc())
-                        .fix()
-                        .local_minus_utc())
-                .max(0);
-                let mut from =
-                    up_to.with_timezone(tz).naive_local() + TimeDelta::seconds(i64::from(back));
+                let mut from = up_to.with_timezone(tz).naive_local()
+                    + went_back(up_to - TimeDelta::hours(3), up_to);
                 // Instants after `after` have wall times from `after`'s less the clocks'
                 // going back in between: within a day, at most the difference of the two
                 // ends' offsets (no zone goes back and forth within a day); over a longer
                 // span, any of its changes, each under 3 hours. A rule that fires every
                 // second steps through that margin alone, not through 3 hours at each look.
-                let offset = |at: DateTime<Utc>| {
-                    tz.offset_from_utc_datetime(&at.naive_utc())
-                        .fix()
-                        .local_minus_utc()
-                };
                 let margin = if up_to - after < TimeDelta::days(1) {
-                    TimeDelta::seconds(i64::from((offset(after) - offset(up_to)).max(0)))
+                    went_back(after, up_to)
                 } else {
                     TimeDelta::hours(3)
                 };
