@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0035_schedule_and_limit_mends.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0036_task_state.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -15,11 +15,11 @@
 -- commit.
 --
 -- What "the same" takes, and why some things below look as they do:
--- - columns are in the order the migrations added them (`idempotency_key`, schema 5,
---   `claim_token`, schema 16, `output` and `traceparent`, schema 19, `runs` and `errors`,
---   schema 30, `snoozes`, schema 32, and `concurrency_key`, schema 33, come last);
--- - `tasks_queue_name` is NOT VALID, as schema 18 added it, and so are the three
---   constraints schema 19 added (see "Migrations and the schema version");
+-- - the task rows' columns are in the order the migrations added them (`idempotency_key`,
+--   schema 5, `traceparent`, schema 19, and `concurrency_key`, schema 33, come last; schema
+--   36 moved the state columns to `pgtaskd.task_state`);
+-- - `tasks_queue_name` is NOT VALID, as schema 18 added it, and so are the constraints
+--   schema 19 added (see "Migrations and the schema version"), on both tables;
 -- - function bodies are the migrations' text, comments included: those comments still name
 --   the schema version that made a choice ("see version 4"), which its migration explains;
 -- - every object is named with its schema and the statements run with `search_path =
@@ -44,69 +44,35 @@ CREATE TABLE pgtaskd.schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The queue and the only record of a task ("Data flow"; columns: "Table `pgtaskd.tasks`";
--- its states and who moves them: "States"). The CHECK constraints make a row whose status,
--- counts, error and lease disagree impossible, whoever writes it ("Results with status",
--- "Cancel is a request"). The storage parameters make autovacuum keep up with the queue's
--- churn ("Vacuum"); an operator may change them, and no migration sets them again.
+-- The task as its producer wrote it ("Data flow"; columns: "Table `pgtaskd.tasks`"): never
+-- updated by pgtaskd (schema 36). Its state is a row of `pgtaskd.task_state`, filled by the
+-- producer's own statement (`tasks_state`, below), and read through `pgtaskd.task_view`
+-- ("States"). The storage parameters make autovacuum keep up with retention's deletes
+-- ("Vacuum"); an operator may change them, and no migration sets them again.
 CREATE TABLE pgtaskd.tasks (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue            text        NOT NULL DEFAULT 'default',
     payload          text        NOT NULL,
-    status           text        NOT NULL DEFAULT 'QUEUED',
     priority         smallint    NOT NULL DEFAULT 0,
     run_at           timestamptz NOT NULL DEFAULT now(),
-    attempt          int         NOT NULL DEFAULT 0,
     -- Unset: the queue's `max_attempts` (pgtaskd.queue_settings), else 3 (schema 33).
     max_attempts     int,
-    cancel_requested boolean     NOT NULL DEFAULT false,
-    words            bigint      NOT NULL DEFAULT 0,
-    bytes            bigint      NOT NULL DEFAULT 0,
-    runes            bigint      NOT NULL DEFAULT 0,
-    error            text,
-    lease_owner      text,
-    lease_expires_at timestamptz,
     created_at       timestamptz NOT NULL DEFAULT now(),
-    started_at       timestamptz,
-    finished_at      timestamptz,
     -- Unique per queue where set ("Idempotent enqueue").
     idempotency_key  text,
-    -- The fencing token of the claim that holds or last held the row ("One claim, one token").
-    claim_token      bigint,
-    -- A handler's answer, on SUCCEEDED rows only ("Handlers", schema 19).
-    output           text,
     -- The producer's W3C trace context, handed to the handler (schema 19).
     traceparent      text,
-    -- Every start of the task's work, never lowered (schema 30).
-    runs             int         NOT NULL DEFAULT 0,
-    -- The last ten failed attempts' errors (schema 30).
-    errors           jsonb,
-    -- Snoozes: runs put off without using an attempt, at most 100 (schema 32).
-    snoozes          int         NOT NULL DEFAULT 0,
     -- The key `max_running_per_key` counts by (schema 33).
     concurrency_key  text,
 
-    CONSTRAINT tasks_status_check
-        CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
-    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1),
-    CONSTRAINT tasks_attempt_check CHECK (attempt >= 0),
-    -- Results only on SUCCEEDED rows ("Results with status"); the error rule is below.
-    CONSTRAINT tasks_results_only_when_succeeded
-        CHECK (status = 'SUCCEEDED' OR (words = 0 AND bytes = 0 AND runes = 0)),
-    -- A lease exists exactly while the task runs.
-    CONSTRAINT tasks_lease_only_when_running
-        CHECK ((status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
-    -- A CANCELED row comes from a recorded cancel request ("Cancel is a request").
-    CONSTRAINT tasks_canceled_only_when_requested
-        CHECK (status <> 'CANCELED' OR cancel_requested)
+    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1)
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_cost_delay = 0,
     vacuum_truncate = false,
-    -- Room on each page for the claim's and the finish's versions, so that each is logged
-    -- as the bytes it changed rather than the whole row again (schema 27).
-    fillfactor = 50
+    -- Never updated: no room for new versions (schema 36).
+    fillfactor = 100
 );
 
 -- A queue name is 1 to 128 bytes: a pause NOTIFYs it, and the idempotency index holds it
@@ -118,16 +84,8 @@ ALTER TABLE pgtaskd.tasks
         CHECK (pg_catalog.octet_length(queue) OPERATOR(pg_catalog.>=) 1
                AND pg_catalog.octet_length(queue) OPERATOR(pg_catalog.<=) 128) NOT VALID;
 
--- An error on every FAILED row, none on SUCCEEDED or CANCELED rows, the last failed
--- attempt's (or none) on QUEUED and RUNNING rows; an output on SUCCEEDED rows only; a trace
--- context of at most 512 bytes. NOT VALID as schema 19 added them (see above).
+-- A trace context of at most 512 bytes. NOT VALID as schema 19 added it (see above).
 ALTER TABLE pgtaskd.tasks
-    ADD CONSTRAINT tasks_error_when_failed
-        CHECK ((status OPERATOR(pg_catalog.<>) 'FAILED' OR error IS NOT NULL)
-               AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])))
-        NOT VALID,
-    ADD CONSTRAINT tasks_output_only_when_succeeded
-        CHECK (status OPERATOR(pg_catalog.=) 'SUCCEEDED' OR output IS NULL) NOT VALID,
     ADD CONSTRAINT tasks_traceparent_length
         CHECK (pg_catalog.octet_length(traceparent) OPERATOR(pg_catalog.<=) 512) NOT VALID;
 
@@ -137,19 +95,83 @@ ALTER TABLE pgtaskd.tasks
         CHECK (pg_catalog.octet_length(concurrency_key) OPERATOR(pg_catalog.<=) 256) NOT VALID;
 
 COMMENT ON TABLE pgtaskd.tasks IS
-    'pgtaskd task queue: INSERT (payload) to enqueue; pgtaskd.cancel(id) to cancel';
-COMMENT ON COLUMN pgtaskd.tasks.claim_token IS
-    'The token of the claim that holds or last held the task: unique per claim; every write after a claim is fenced on it.';
-COMMENT ON COLUMN pgtaskd.tasks.runs IS
-    'How many times the task''s work was started (every claim; never lowered, not even by a retry).';
-COMMENT ON COLUMN pgtaskd.tasks.errors IS
-    'The last ten failed attempts: [{"attempt", "run", "at", "error"}], oldest first; each error at most 2,000 characters.';
-COMMENT ON COLUMN pgtaskd.tasks.snoozes IS
-    'How many times the handler asked to run the task later without using an attempt (at most 100; a retry resets it).';
+    'pgtaskd task queue: INSERT (payload) to enqueue; state and results in pgtaskd.task_view; pgtaskd.cancel(id) to cancel';
 COMMENT ON COLUMN pgtaskd.tasks.concurrency_key IS
     'The key max_running_per_key of the queue counts by (a tenant, a customer); at most 256 bytes.';
 COMMENT ON COLUMN pgtaskd.tasks.max_attempts IS
     'Attempts before the task fails; unset: the queue''s max_attempts (pgtaskd.queue_settings), else 3.';
+
+-- The state of each task: today's state columns of `pgtaskd.tasks`, and copies of the task's
+-- queue, priority, attempts and key (never changed after the insert) for the indexes and the
+-- limits; `run_at` is when the task may next be claimed (a retry's backoff, a snooze). The
+-- claims and finishes write a new version of the row each (their indexes name `status`, so no
+-- update is HOT): room on each page keeps each logged as the bytes it changed.
+CREATE TABLE pgtaskd.task_state (
+    id               bigint      PRIMARY KEY,
+    queue            text        NOT NULL,
+    priority         smallint    NOT NULL,
+    run_at           timestamptz NOT NULL,
+    status           text        NOT NULL DEFAULT 'QUEUED',
+    attempt          int         NOT NULL DEFAULT 0,
+    max_attempts     int,
+    cancel_requested boolean     NOT NULL DEFAULT false,
+    words            bigint      NOT NULL DEFAULT 0,
+    bytes            bigint      NOT NULL DEFAULT 0,
+    runes            bigint      NOT NULL DEFAULT 0,
+    error            text,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    claim_token      bigint,
+    output           text,
+    runs             int         NOT NULL DEFAULT 0,
+    errors           jsonb,
+    snoozes          int         NOT NULL DEFAULT 0,
+    concurrency_key  text,
+
+    -- The CHECK constraints make a row whose status, counts, error and lease disagree
+    -- impossible, whoever writes it ("Results with status", "Cancel is a request").
+    CONSTRAINT tasks_status_check
+        CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
+    CONSTRAINT tasks_attempt_check CHECK (attempt >= 0),
+    CONSTRAINT tasks_results_only_when_succeeded
+        CHECK (status = 'SUCCEEDED' OR (words = 0 AND bytes = 0 AND runes = 0)),
+    CONSTRAINT tasks_lease_only_when_running
+        CHECK ((status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    CONSTRAINT tasks_canceled_only_when_requested
+        CHECK (status <> 'CANCELED' OR cancel_requested)
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0,
+    vacuum_truncate = false,
+    fillfactor = 50
+);
+
+-- An error on every FAILED row, none on SUCCEEDED or CANCELED rows, the last failed
+-- attempt's (or none) on QUEUED and RUNNING rows; an output on SUCCEEDED rows only. NOT
+-- VALID as schema 19 added them to the task rows, whose state schema 36 moved here.
+ALTER TABLE pgtaskd.task_state
+    ADD CONSTRAINT tasks_error_when_failed
+        CHECK ((status OPERATOR(pg_catalog.<>) 'FAILED' OR error IS NOT NULL)
+               AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])))
+        NOT VALID,
+    ADD CONSTRAINT tasks_output_only_when_succeeded
+        CHECK (status OPERATOR(pg_catalog.=) 'SUCCEEDED' OR output IS NULL) NOT VALID;
+
+COMMENT ON TABLE pgtaskd.task_state IS
+    'pgtaskd: the state of each task, written by the daemon''s functions only; read it through pgtaskd.task_view';
+COMMENT ON COLUMN pgtaskd.task_state.claim_token IS
+    'The token of the claim that holds or last held the task: unique per claim; every write after a claim is fenced on it.';
+COMMENT ON COLUMN pgtaskd.task_state.runs IS
+    'How many times the task''s work was started (every claim; never lowered, not even by a retry).';
+COMMENT ON COLUMN pgtaskd.task_state.errors IS
+    'The last ten failed attempts: [{"attempt", "run", "at", "error"}], oldest first; each error at most 2,000 characters.';
+COMMENT ON COLUMN pgtaskd.task_state.snoozes IS
+    'How many times the handler asked to run the task later without using an attempt (at most 100; a retry resets it).';
+COMMENT ON COLUMN pgtaskd.task_state.run_at IS
+    'When the task may next be claimed: the producer''s run_at, then a retry''s or a snooze''s.';
 
 -- The database's own random id, the first part of every task key ("What a handler is
 -- told", schema 30): one row, readable by everyone.
@@ -355,15 +377,16 @@ $$;
 
 
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
-SELECT t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt,
-       coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) AS max_attempts,
-       t.cancel_requested, t.words, t.bytes, t.runes, t.error, t.lease_owner,
-       t.lease_expires_at, t.created_at, t.started_at, t.finished_at, t.idempotency_key,
-       t.claim_token, t.output, t.traceparent,
-       coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
+SELECT t.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
+       coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
+       s.cancel_requested, s.words, s.bytes, s.runes, s.error, s.lease_owner,
+       s.lease_expires_at, t.created_at, s.started_at, s.finished_at, t.idempotency_key,
+       s.claim_token, s.output, t.traceparent,
+       coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || t.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       t.runs, t.errors, t.snoozes, t.concurrency_key
-  FROM pgtaskd.tasks AS t;
+       s.runs, s.errors, s.snoozes, t.concurrency_key
+  FROM pgtaskd.tasks AS t
+  JOIN pgtaskd.task_state AS s ON s.id = t.id;
 
 COMMENT ON VIEW pgtaskd.task_view IS
     'pgtaskd: every task with its state and results: SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view WHERE id = $1';
@@ -372,33 +395,35 @@ COMMENT ON VIEW pgtaskd.task_view IS
 -- Indexes (the primary keys aside)
 -- ---------------------------------------------------------------------------------------
 
+-- On the state rows (schema 36), with the names they had on the task rows.
+
 -- Claims read only QUEUED rows, in (priority DESC, id) order per queue, so finished rows
 -- cost them nothing ("One winner", "Claims after a position").
-CREATE INDEX tasks_claim_idx ON pgtaskd.tasks (queue, priority DESC, id)
+CREATE INDEX tasks_claim_idx ON pgtaskd.task_state (queue, priority DESC, id)
     WHERE status = 'QUEUED';
 
 -- The rescuer looks for RUNNING rows whose lease expired ("Data flow").
-CREATE INDEX tasks_lease_idx ON pgtaskd.tasks (lease_expires_at)
+CREATE INDEX tasks_lease_idx ON pgtaskd.task_state (lease_expires_at)
     WHERE status = 'RUNNING';
 
 -- Retention prunes finished rows by age ("Vacuum"); stats and the dashboard read the recent
 -- ones ("Table `pgtaskd.tasks`").
-CREATE INDEX tasks_finished_idx ON pgtaskd.tasks (finished_at)
+CREATE INDEX tasks_finished_idx ON pgtaskd.task_state (finished_at)
     WHERE finished_at IS NOT NULL;
 
 -- The list of tasks (`GET /tasks`, `pgtaskd list`), newest first, filtered by a queue and a
 -- status, or by a status few rows have, reads these instead of walking past every other row
 -- of the primary key (schema 19). Finished rows only: no claim, finish or cancel can be
 -- planned on them.
-CREATE INDEX tasks_list_queue_idx ON pgtaskd.tasks (queue, status, id)
+CREATE INDEX tasks_list_queue_idx ON pgtaskd.task_state (queue, status, id)
     WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 
-CREATE INDEX tasks_list_status_idx ON pgtaskd.tasks (status, id)
+CREATE INDEX tasks_list_status_idx ON pgtaskd.task_state (status, id)
     WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
 
 -- Queue and status together, so that a status absent from one queue is not estimated as if
 -- spread evenly (schema 19).
-CREATE STATISTICS pgtaskd.tasks_queue_status (mcv) ON queue, status FROM pgtaskd.tasks;
+CREATE STATISTICS pgtaskd.tasks_queue_status (mcv) ON queue, status FROM pgtaskd.task_state;
 
 -- An idempotency key is unique per queue; name this predicate in `ON CONFLICT`
 -- ("Idempotent enqueue").
@@ -515,7 +540,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- `coalesce(status, '')`: found by primary key, never by a scan of a partial index.
-    UPDATE pgtaskd.tasks
+    UPDATE pgtaskd.task_state
        SET status = 'CANCELED', cancel_requested = true, finished_at = now(), error = NULL
      WHERE id = task_id AND coalesce(status, '') = 'QUEUED'
     RETURNING 'QUEUED', status INTO previous, current;
@@ -524,7 +549,7 @@ BEGIN
         RETURN;
     END IF;
 
-    UPDATE pgtaskd.tasks SET cancel_requested = true
+    UPDATE pgtaskd.task_state SET cancel_requested = true
      WHERE id = task_id AND coalesce(status, '') = 'RUNNING'
     RETURNING 'RUNNING', status INTO previous, current;
     IF FOUND THEN
@@ -532,7 +557,7 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT status, status INTO previous, current FROM pgtaskd.tasks WHERE id = task_id;
+    SELECT status, status INTO previous, current FROM pgtaskd.task_state WHERE id = task_id;
 END
 $$;
 
@@ -690,7 +715,7 @@ BEGIN
         RETURN;
     END IF;
     IF s.no_overlap AND s.last_task IS NOT NULL AND cardinality(fire_schedule.fires) > 0
-       AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS t
+       AND EXISTS (SELECT 1 FROM pgtaskd.task_state AS t
                     WHERE t.id = s.last_task AND t.status IN ('QUEUED', 'RUNNING')) THEN
         UPDATE pgtaskd.schedules AS k SET last_fire = fire_schedule.up_to
          WHERE k.name = fire_schedule.name;
@@ -809,7 +834,7 @@ BEGIN
         room := claim.max_tasks;
         IF settings.max_running IS NOT NULL THEN
             SELECT count(*) INTO running_now
-              FROM pgtaskd.tasks AS k
+              FROM pgtaskd.task_state AS k
              WHERE k.status = 'RUNNING' AND k.queue = settings.queue;
             room := least(room, settings.max_running - running_now);
         END IF;
@@ -834,7 +859,7 @@ BEGIN
         CONTINUE WHEN room <= 0;
         IF settings.max_running_per_key IS NULL THEN
             limited_ids := limited_ids || ARRAY(
-                SELECT k.id FROM pgtaskd.tasks AS k
+                SELECT k.id FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED' AND k.queue = settings.queue AND k.run_at <= now()
                  ORDER BY k.priority DESC, k.id
                  LIMIT room
@@ -844,20 +869,20 @@ BEGIN
             -- counting the ones taken before it; tasks without a key are not counted by key.
             -- Then locked, skipping what another transaction holds.
             limited_ids := limited_ids || ARRAY(
-                SELECT k.id FROM pgtaskd.tasks AS k
+                SELECT k.id FROM pgtaskd.task_state AS k
                  WHERE k.id = ANY (ARRAY(
                         SELECT r.id
                           FROM (SELECT w.id, w.priority, w.concurrency_key,
                                        row_number() OVER (PARTITION BY w.concurrency_key
                                                           ORDER BY w.priority DESC, w.id) AS nth
                                   FROM (SELECT q.id, q.priority, q.concurrency_key
-                                          FROM pgtaskd.tasks AS q
+                                          FROM pgtaskd.task_state AS q
                                          WHERE q.status = 'QUEUED' AND q.queue = settings.queue
                                            AND q.run_at <= now()
                                          ORDER BY q.priority DESC, q.id
                                          LIMIT 1000 + claim.max_tasks) AS w) AS r
                           LEFT JOIN (SELECT b.concurrency_key, count(*) AS n
-                                       FROM pgtaskd.tasks AS b
+                                       FROM pgtaskd.task_state AS b
                                       WHERE b.status = 'RUNNING' AND b.queue = settings.queue
                                         AND b.concurrency_key IS NOT NULL
                                       GROUP BY b.concurrency_key) AS busy
@@ -876,8 +901,9 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- After the position: the rest of its priority...
-                SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
-                  FROM pgtaskd.tasks AS k
+                SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
+                        WHERE p.id = k.id)::bigint AS size
+                  FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority = claim.after_priority
@@ -893,8 +919,9 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- ...then the lower priorities.
-                SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
-                  FROM pgtaskd.tasks AS k
+                SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
+                        WHERE p.id = k.id)::bigint AS size
+                  FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority < CASE WHEN claim.after_id IS NULL THEN 32768
@@ -907,8 +934,9 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
         UNION ALL
         -- The limited queues' tasks, picked and locked above.
-        SELECT k.id, k.priority, octet_length(k.payload)::bigint AS size
-          FROM pgtaskd.tasks AS k
+        SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
+                        WHERE p.id = k.id)::bigint AS size
+          FROM pgtaskd.task_state AS k
          WHERE k.id = ANY (limited_ids)
          ORDER BY 2 DESC, 1
          LIMIT claim.max_tasks
@@ -922,7 +950,7 @@ BEGIN
         SELECT z.id FROM sized AS z
          WHERE z.running <= claim.max_bytes OR (claim.take_one AND z.n = 1)
     ), claimed AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            SET status = 'RUNNING',
                attempt = t.attempt + 1,
                runs = greatest(t.runs, t.attempt) + 1,
@@ -934,17 +962,20 @@ BEGIN
                lease_owner = claim.owner,
                lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
                started_at = now()
+          -- The task as its producer wrote it: the payload and what the handler is told.
+          FROM pgtaskd.tasks AS p
          WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
            AND coalesce(t.status, '') = 'QUEUED'
+           AND p.id = t.id
         RETURNING t.id, t.attempt, t.priority, t.claim_token, t.queue,
-                  CASE WHEN octet_length(t.payload) > claim.max_payload THEN NULL
-                       ELSE t.payload END AS payload,
-                  octet_length(t.payload)::bigint AS size,
-                  extract(epoch FROM now() - greatest(t.created_at, t.run_at))::float8 AS waited,
+                  CASE WHEN octet_length(p.payload) > claim.max_payload THEN NULL
+                       ELSE p.payload END AS payload,
+                  octet_length(p.payload)::bigint AS size,
+                  extract(epoch FROM now() - greatest(p.created_at, t.run_at))::float8 AS waited,
                   t.runs,
                   coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
-                      || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-                  t.idempotency_key, t.traceparent
+                      || (extract(epoch FROM p.created_at) * 1000000)::bigint AS task_key,
+                  p.idempotency_key, p.traceparent
     ), starts AS (
         -- Each start of a rate-limited queue, for the next claims to count.
         INSERT INTO pgtaskd.queue_starts (queue, started_at)
@@ -1006,19 +1037,19 @@ BEGIN
     ), held AS MATERIALIZED (
         -- The rows to write, locked in id order: by default those no one else holds...
         SELECT h.id FROM (
-            SELECT k.id FROM pgtaskd.tasks AS k
+            SELECT k.id FROM pgtaskd.task_state AS k
              WHERE NOT finish.wait AND k.id = ANY (finish.ids)
              ORDER BY k.id
                FOR UPDATE SKIP LOCKED) AS h
         UNION ALL
         -- ...or, asked to wait, every one of them.
         SELECT w.id FROM (
-            SELECT k.id FROM pgtaskd.tasks AS k
+            SELECT k.id FROM pgtaskd.task_state AS k
              WHERE finish.wait AND k.id = ANY (finish.ids)
              ORDER BY k.id
                FOR UPDATE) AS w
     ), done AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            -- Tried again: a failed attempt with a delay, attempts left, no cancel; or a
            -- snooze, which uses no attempt, the 100th snooze aside (version 32).
            SET status = CASE WHEN t.cancel_requested THEN 'CANCELED'
@@ -1081,11 +1112,11 @@ BEGIN
     )
     SELECT f.id, d.status,
            -- What a finish that wrote nothing found, as the row stands (not locked).
-           CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.tasks AS c WHERE c.id = f.id) END,
+           CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.task_state AS c WHERE c.id = f.id) END,
            -- Skipped: not written, not held, and still this claim's.
            d.id IS NULL
              AND NOT (f.id = ANY (ARRAY(SELECT held.id FROM held)))
-             AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS c
+             AND EXISTS (SELECT 1 FROM pgtaskd.task_state AS c
                           WHERE c.id = f.id AND c.claim_token = f.token
                             AND coalesce(c.status, '') = 'RUNNING')
       FROM input AS f
@@ -1109,13 +1140,13 @@ BEGIN
     RETURN QUERY
     WITH held AS MATERIALIZED (
         SELECT k.id
-          FROM pgtaskd.tasks AS k
+          FROM pgtaskd.task_state AS k
          WHERE k.id = ANY (heartbeat.ids) AND k.claim_token = ANY (heartbeat.tokens)
            AND coalesce(k.status, '') = 'RUNNING'
          ORDER BY k.id
            FOR UPDATE SKIP LOCKED
     ), extended AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            SET lease_expires_at = now() + heartbeat.lease_ms * interval '1 millisecond'
           FROM held
          WHERE t.id = held.id
@@ -1124,7 +1155,7 @@ BEGIN
     SELECT e.id, true, e.cancel_requested FROM extended AS e
     UNION ALL
     SELECT k.id, false, k.cancel_requested
-      FROM pgtaskd.tasks AS k
+      FROM pgtaskd.task_state AS k
      WHERE k.id = ANY (heartbeat.ids) AND k.claim_token = ANY (heartbeat.tokens)
        AND coalesce(k.status, '') = 'RUNNING'
        AND k.id NOT IN (SELECT held.id FROM held);
@@ -1142,7 +1173,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN QUERY
-    UPDATE pgtaskd.tasks AS t
+    UPDATE pgtaskd.task_state AS t
        SET lease_expires_at = now() + extend_lease.lease_ms * interval '1 millisecond'
      WHERE t.id = extend_lease.id AND t.claim_token = extend_lease.token
        AND coalesce(t.status, '') = 'RUNNING'
@@ -1166,7 +1197,7 @@ BEGIN
     RETURN QUERY
     WITH expired AS MATERIALIZED (
         SELECT k.id, k.attempt, k.claim_token, k.lease_owner
-          FROM pgtaskd.tasks AS k
+          FROM pgtaskd.task_state AS k
          WHERE k.status = 'RUNNING' AND k.lease_expires_at < now()
            AND k.lease_owner IS DISTINCT FROM rescue.owner
            -- A result is parked for this claim (version 28).
@@ -1176,7 +1207,7 @@ BEGIN
          LIMIT rescue.max_tasks
            FOR UPDATE SKIP LOCKED
     ), rescued AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            SET status = CASE
                    WHEN t.cancel_requested THEN 'CANCELED'
                    WHEN t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) THEN 'QUEUED'
@@ -1246,7 +1277,7 @@ BEGIN
       FROM unnest(park.tokens, park.ids, park.statuses, park.words, park.bytes, park.runes,
                   park.errors, park.outputs, park.retry_in)
            AS f(token, id, status, words, bytes, runes, error, output, retry_in)
-     WHERE EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
+     WHERE EXISTS (SELECT 1 FROM pgtaskd.task_state AS k
                     WHERE k.id = f.id AND k.claim_token = f.token
                       AND coalesce(k.status, '') = 'RUNNING')
     ON CONFLICT (task_id, claim_token) DO NOTHING;
@@ -1289,7 +1320,7 @@ BEGIN
            due_outputs, due_retry_in
       FROM (SELECT p.*
               FROM pgtaskd.parked_results AS p
-              JOIN pgtaskd.tasks AS k ON k.id = p.task_id AND k.claim_token = p.claim_token
+              JOIN pgtaskd.task_state AS k ON k.id = p.task_id AND k.claim_token = p.claim_token
              WHERE coalesce(k.status, '') = 'RUNNING' AND k.lease_expires_at < now()
                AND k.lease_owner IS DISTINCT FROM write_parked.owner
              ORDER BY p.parked_at
@@ -1306,7 +1337,7 @@ BEGIN
     -- Every parked result whose claim is over, the declined ones among them once their claim
     -- is left to the rescue: a declined result's row is still RUNNING under its token.
     DELETE FROM pgtaskd.parked_results AS p
-     WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.tasks AS k
+     WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS k
                         WHERE k.id = p.task_id AND k.claim_token = p.claim_token
                           AND coalesce(k.status, '') = 'RUNNING')
         OR (p.task_id, p.claim_token) IN (SELECT u.id, u.token
@@ -1327,11 +1358,11 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH unlocked AS MATERIALIZED (
-        SELECT k.id FROM pgtaskd.tasks AS k
+        SELECT k.id FROM pgtaskd.task_state AS k
          WHERE NOT release.wait AND k.id = release.id
            FOR UPDATE NOWAIT
     ), done AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            SET status = CASE WHEN t.cancel_requested THEN 'CANCELED' ELSE 'QUEUED' END,
                attempt = CASE WHEN t.cancel_requested THEN t.attempt ELSE t.attempt - 1 END,
                started_at = CASE WHEN t.cancel_requested THEN t.started_at END,
@@ -1350,7 +1381,7 @@ BEGIN
           FROM done AS d WHERE d.status = 'CANCELED'
     )
     SELECT (SELECT d.status FROM done AS d),
-           (SELECT k.status FROM pgtaskd.tasks AS k WHERE k.id = release.id)
+           (SELECT k.status FROM pgtaskd.task_state AS k WHERE k.id = release.id)
       FROM notified CROSS JOIN freed;
 END
 $$;
@@ -1367,20 +1398,22 @@ AS $$
 BEGIN
     IF claim_state.wait THEN
         RETURN QUERY
-        SELECT k.status, k.attempt, k.claim_token FROM pgtaskd.tasks AS k
+        SELECT k.status, k.attempt, k.claim_token FROM pgtaskd.task_state AS k
          WHERE k.id = claim_state.id
            FOR SHARE;
     ELSE
         RETURN QUERY
-        SELECT k.status, k.attempt, k.claim_token FROM pgtaskd.tasks AS k
+        SELECT k.status, k.attempt, k.claim_token FROM pgtaskd.task_state AS k
          WHERE k.id = claim_state.id
            FOR SHARE NOWAIT;
     END IF;
 END
 $$;
 
--- Retention's batch: delete up to `max_rows` finished rows older than the window, oldest
--- first, from where the previous batch ended ("Vacuum").
+-- Retention's batch: delete up to `max_rows` finished tasks older than the window, oldest
+-- first, from where the previous batch ended ("Vacuum"): their state rows and their task
+-- rows (version 36). A task whose row another transaction holds (a producer's lock) is
+-- passed over, as is one whose state row is held.
 CREATE FUNCTION pgtaskd.prune(
     older_than_ms float8,
     max_rows      bigint,
@@ -1395,28 +1428,36 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     RETURN QUERY
-    WITH gone AS (
-        DELETE FROM pgtaskd.tasks AS t
-         WHERE t.id = ANY (ARRAY(
-                SELECT k.id
-                  FROM pgtaskd.tasks AS k
-                 WHERE k.finished_at < now() - least(
-                           prune.older_than_ms * interval '1 millisecond',
-                           (SELECT min(s.retain) FROM pgtaskd.queue_settings AS s))
-                   AND k.finished_at >= coalesce(prune.from_finished, '-infinity')
-                   AND k.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-                   -- A queue's own `retain` (version 33) over the daemon's setting.
-                   AND k.finished_at < now() - coalesce(
-                           (SELECT s.retain FROM pgtaskd.queue_settings AS s
-                             WHERE s.queue = k.queue),
-                           prune.older_than_ms * interval '1 millisecond')
-                 ORDER BY k.finished_at
-                 LIMIT prune.max_rows
-                   FOR UPDATE SKIP LOCKED
-               ))
+    WITH picked AS MATERIALIZED (
+        SELECT k.id
+          FROM pgtaskd.task_state AS k
+         WHERE k.finished_at < now() - least(
+                   prune.older_than_ms * interval '1 millisecond',
+                   (SELECT min(s.retain) FROM pgtaskd.queue_settings AS s))
+           AND k.finished_at >= coalesce(prune.from_finished, '-infinity')
+           AND k.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+           -- A queue's own `retain` (version 33) over the daemon's setting.
+           AND k.finished_at < now() - coalesce(
+                   (SELECT s.retain FROM pgtaskd.queue_settings AS s
+                     WHERE s.queue = k.queue),
+                   prune.older_than_ms * interval '1 millisecond')
+         ORDER BY k.finished_at
+         LIMIT prune.max_rows
+           FOR UPDATE SKIP LOCKED
+    ), held AS MATERIALIZED (
+        SELECT p.id
+          FROM pgtaskd.tasks AS p
+         WHERE p.id = ANY (ARRAY(SELECT picked.id FROM picked))
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgtaskd.task_state AS t
+         WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
            -- Found by primary key (see version 4), re-checked: still finished.
            AND coalesce(t.status, '') IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-        RETURNING t.finished_at
+        RETURNING t.id, t.finished_at
+    ), tasks_gone AS (
+        DELETE FROM pgtaskd.tasks AS r
+         WHERE r.id = ANY (ARRAY(SELECT gone.id FROM gone))
     )
     SELECT count(*), max(gone.finished_at) FROM gone;
 END
@@ -1554,11 +1595,11 @@ AS $$
 DECLARE
     previous text;
 BEGIN
-    SELECT t.status INTO previous FROM pgtaskd.tasks AS t WHERE t.id = retry.task_id FOR UPDATE;
+    SELECT t.status INTO previous FROM pgtaskd.task_state AS t WHERE t.id = retry.task_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('FAILED', 'CANCELED') THEN
         RETURN previous;
     END IF;
-    UPDATE pgtaskd.tasks AS t
+    UPDATE pgtaskd.task_state AS t
        SET status = 'QUEUED',
            attempt = 0,
            snoozes = 0,
@@ -1600,7 +1641,7 @@ BEGIN
     END IF;
     WITH batch AS (
         SELECT t.id
-          FROM pgtaskd.tasks AS t
+          FROM pgtaskd.task_state AS t
          WHERE t.queue = retry_failed.queue
            AND t.status = 'FAILED'
            AND t.id > coalesce(retry_failed.after_id, 0)
@@ -1608,7 +1649,7 @@ BEGIN
          LIMIT retry_failed.max_rows
            FOR UPDATE SKIP LOCKED
     ), done AS (
-        UPDATE pgtaskd.tasks AS t
+        UPDATE pgtaskd.task_state AS t
            SET status = 'QUEUED',
                attempt = 0,
                snoozes = 0,
@@ -1637,8 +1678,9 @@ BEGIN
 END
 $$;
 
--- One row: the table's bloat and the oldest xmin horizon holding back its vacuum, with its
--- owner's rights and never a query's text ("Vacuum health").
+-- One row: the bloat of `pgtaskd.task_state`, the table claims and finishes write (version
+-- 36), and the oldest xmin horizon holding back its vacuum, with its owner's rights and never
+-- a query's text ("Vacuum health").
 CREATE FUNCTION pgtaskd.vacuum_health(
     OUT live_tuples         bigint,
     OUT dead_tuples         bigint,
@@ -1694,7 +1736,7 @@ WITH vacuuming AS (
      ORDER BY age(h.xid) DESC, h.kind, h.pid
      LIMIT 1
 ), tasks AS (
-    SELECT c.oid, c.reltoastrelid FROM pg_class AS c WHERE c.oid = 'pgtaskd.tasks'::regclass
+    SELECT c.oid, c.reltoastrelid FROM pg_class AS c WHERE c.oid = 'pgtaskd.task_state'::regclass
 )
 SELECT pg_stat_get_live_tuples(t.oid),
        pg_stat_get_dead_tuples(t.oid),
@@ -1718,7 +1760,7 @@ SELECT pg_stat_get_live_tuples(t.oid),
 $$;
 
 COMMENT ON FUNCTION pgtaskd.vacuum_health() IS
-    'pgtaskd: bloat of pgtaskd.tasks and the oldest xmin horizon holding back its vacuum; no query text';
+    'pgtaskd: bloat of pgtaskd.task_state and the oldest xmin horizon holding back its vacuum; no query text';
 
 -- ---------------------------------------------------------------------------------------
 -- The idle flags' functions and the triggers ("Idle flags")
@@ -1837,6 +1879,95 @@ CREATE TRIGGER tasks_notify
               (pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_catalog.*) 1000::pg_catalog.float8))
     EXECUTE FUNCTION pgtaskd.notify_tasks();
 
+-- The producer's statement fills the state table itself, whatever its size (an INSERT, an
+-- INSERT ... SELECT, a COPY): one INSERT ... SELECT per statement over its new rows. With the
+-- owner's rights: producers have no right on the state table.
+CREATE FUNCTION pgtaskd.tasks_state() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key)
+    SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key
+      FROM new_tasks AS n;
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_state() FROM PUBLIC;
+CREATE TRIGGER tasks_state AFTER INSERT ON pgtaskd.tasks
+    REFERENCING NEW TABLE AS new_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state();
+
+-- A task deleted (retention deletes both rows itself; an operator's DELETE too) takes its
+-- state with it.
+CREATE FUNCTION pgtaskd.tasks_state_gone() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pgtaskd.task_state AS s
+     WHERE s.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o));
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_state_gone() FROM PUBLIC;
+CREATE TRIGGER tasks_state_gone AFTER DELETE ON pgtaskd.tasks
+    REFERENCING OLD TABLE AS gone_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state_gone();
+
+CREATE FUNCTION pgtaskd.tasks_state_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    TRUNCATE pgtaskd.task_state;
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_state_truncate() FROM PUBLIC;
+CREATE TRIGGER tasks_state_truncate AFTER TRUNCATE ON pgtaskd.tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state_truncate();
+
+-- The schema's owner may still change a task's queue, priority, attempts or key, or move a
+-- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow.
+CREATE FUNCTION pgtaskd.tasks_state_copy() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE pgtaskd.task_state AS s
+       SET queue = NEW.queue,
+           priority = NEW.priority,
+           max_attempts = NEW.max_attempts,
+           concurrency_key = NEW.concurrency_key,
+           run_at = CASE WHEN s.status OPERATOR(pg_catalog.=) 'QUEUED'
+                              AND NEW.run_at IS DISTINCT FROM OLD.run_at
+                         THEN NEW.run_at ELSE s.run_at END
+     WHERE s.id OPERATOR(pg_catalog.=) NEW.id;
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_state_copy() FROM PUBLIC;
+CREATE TRIGGER tasks_state_copy
+    AFTER UPDATE OF queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
+    FOR EACH ROW
+    WHEN ((OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
+          IS DISTINCT FROM (NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
+    EXECUTE FUNCTION pgtaskd.tasks_state_copy();
+
+-- The state's triggers fire in every session, `session_replication_role = replica` (a
+-- logical replication apply, a restore) included: a task row without its state row would be
+-- neither claimed nor shown.
+ALTER TABLE pgtaskd.tasks
+    ENABLE ALWAYS TRIGGER tasks_state,
+    ENABLE ALWAYS TRIGGER tasks_state_gone,
+    ENABLE ALWAYS TRIGGER tasks_state_truncate,
+    ENABLE ALWAYS TRIGGER tasks_state_copy;
+
 -- Every write of a flag takes the turn first and sets the hint after.
 CREATE TRIGGER idle_daemons_take_turn
     BEFORE INSERT OR UPDATE OR DELETE ON pgtaskd.idle_daemons
@@ -1856,7 +1987,8 @@ CREATE FUNCTION pgtaskd.grant_producer(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view TO %I', role_name);
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_view TO %I',
+                   role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);
@@ -1880,10 +2012,12 @@ CREATE FUNCTION pgtaskd.grant_daemon(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    -- Claims, finishes, heartbeats, rescues and cancels update rows; retention deletes
-    -- finished ones; the CLI and the HTTP API insert like a producer, and steer queues like
-    -- an operator; `/metrics` and `/readyz` read the vacuum health.
-    EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks TO %I', role_name);
+    -- Claims, finishes, heartbeats, rescues and cancels update state rows (version 36);
+    -- retention deletes finished tasks, locking their task rows first; the CLI and the HTTP
+    -- API insert like a producer, and steer queues like an operator; `/metrics` and
+    -- `/readyz` read the vacuum health.
+    EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks, pgtaskd.task_state TO %I',
+                   role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);
@@ -1944,7 +2078,8 @@ CREATE FUNCTION pgtaskd.grant_operator(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_view, pgtaskd.paused_queues, '
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_view, '
+                   'pgtaskd.paused_queues, '
                    'pgtaskd.schema_migrations TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.pause_queue(text), '
                    'pgtaskd.resume_queue(text), pgtaskd.retry(bigint), '

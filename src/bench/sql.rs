@@ -12,7 +12,7 @@ pub(super) const INSERT_MANY: &str =
 pub(super) const DELETE_ROWS: &str = "DELETE FROM pgtaskd.tasks WHERE queue = $1";
 /// docs/benchmark.md asks for it before each run; a role that does not own the table gets a
 /// warning and nothing is done.
-pub(super) const VACUUM: &str = "VACUUM (ANALYZE) pgtaskd.tasks";
+pub(super) const VACUUM: &str = "VACUUM (ANALYZE) pgtaskd.tasks, pgtaskd.task_state";
 /// Whether queue `$1` has a QUEUED or RUNNING task: two `EXISTS` on the partial indexes.
 pub(super) const BUSY: &str =
     "SELECT EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED')
@@ -107,16 +107,20 @@ pub(super) const BUSY_AND_NOW: &str =
 pub(super) const QUEUED: &str =
     "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED'";
 /// One sample: the clock; the QUEUED tasks at priority 0 of queue `$1` from id `$2` on, and
-/// the oldest of them; the table's dead tuples, autovacuums, and sizes.
+/// the oldest of them; the dead tuples, autovacuums of the state table, and sizes of the task
+/// and state tables together (schema 36).
 pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest,
-            coalesce(s.n_dead_tup, 0), coalesce(s.autovacuum_count, 0),
-            pg_table_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),
-            pg_indexes_size(c.oid)
+            sum(coalesce(s.n_dead_tup, 0))::bigint,
+            coalesce(max(s.autovacuum_count) FILTER (WHERE c.relname = 'task_state'), 0),
+            sum(pg_table_size(c.oid))::bigint,
+            sum(coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0))::bigint,
+            sum(pg_indexes_size(c.oid))::bigint
        FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid,
             LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.task_view
                       WHERE queue = $1 AND priority = 0 AND id >= $2
                         AND status = 'QUEUED') b
-      WHERE c.oid = 'pgtaskd.tasks'::regclass";
+      WHERE c.oid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)
+      GROUP BY b.n, b.oldest";
 /// The rows of queue `$1` that finished in `[$3, $4)` (`$4` NULL: from `$3` on): the second
 /// of the run (from `$2`) of the finish, the latency in ms, whether it SUCCEEDED, the counts.
 pub(super) const FINISHED: &str = "SELECT extract(epoch FROM finished_at - $2)::float8,

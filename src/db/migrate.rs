@@ -72,6 +72,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(33, "0033_queue_limits"),
     migration!(34, "0034_parked_results_skip_locked"),
     migration!(35, "0035_schedule_and_limit_mends"),
+    migration!(36, "0036_task_state"),
 ];
 
 /// The schema version this binary was built for.

@@ -10,7 +10,7 @@
 //! a live one extends its leases (a third of a lease) and commits the results it held
 //! within that lease; only the claims of daemons that did not come back are then expired.
 //! "Answers" means takes a rescue: each rescue statement, and the probe while the rescuer
-//! waits, waits for `pgtaskd.tasks` at most a quarter of a lease (at most 1 s), so that a
+//! waits, waits for `pgtaskd.task_state` at most a quarter of a lease (at most 1 s), so that a
 //! lock another transaction holds on the table, which blocks every daemon's heartbeat and
 //! finish, counts as the database being away, not as leases that expired.
 //!
@@ -100,7 +100,7 @@ pub async fn run(
             (Err(err), _) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 tracing::warn!(
                     error = %err,
-                    "pgtaskd.tasks is locked by another transaction; expired leases are taken back one lease after it is free"
+                    "pgtaskd.task_state is locked by another transaction; expired leases are taken back one lease after it is free"
                 );
                 gate = Gate::Down;
             }
@@ -136,7 +136,7 @@ impl Gate {
 
 /// Whether the database would take a rescue now: the rescue's statement taking nothing
 /// (`LIMIT 0`), which still waits for the table as a rescue would, within [`lock_wait`]. A
-/// plain `SELECT 1` answers while another transaction holds `pgtaskd.tasks` locked, which
+/// plain `SELECT 1` answers while another transaction holds `pgtaskd.task_state` locked, which
 /// blocks every daemon's heartbeat and finish too.
 async fn probe(pool: &Pool, instance: &str, lease: Duration) -> Result<(), DbError> {
     let client = pool.get().await?;
@@ -144,7 +144,7 @@ async fn probe(pool: &Pool, instance: &str, lease: Duration) -> Result<(), DbErr
     Ok(())
 }
 
-/// How long a rescue waits for a lock on `pgtaskd.tasks` before it gives up: a quarter of
+/// How long a rescue waits for a lock on `pgtaskd.task_state` before it gives up: a quarter of
 /// a lease, between 10 ms and 1 s. A rescue queued behind a long lock (a producer's `LOCK
 /// TABLE`, an index built in an open transaction) would run the moment it goes, before the
 /// live daemons' heartbeats and finishes, blocked as long, have landed.
@@ -172,7 +172,7 @@ async fn failed_ends(
     }
     let rows = client
         .query_typed(
-            "SELECT id, queue, attempt, coalesce(error, '') FROM pgtaskd.tasks \
+            "SELECT id, queue, attempt, coalesce(error, '') FROM pgtaskd.task_state \
               WHERE id = ANY($1) ORDER BY id",
             &[(&ids, tokio_postgres::types::Type::INT8_ARRAY)],
         )

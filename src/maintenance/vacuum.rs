@@ -1,4 +1,4 @@
-//! The daemon's own `VACUUM` of `pgtaskd.tasks` (docs/design.md, "Vacuum"): run once the row
+//! The daemon's own `VACUUM` of `pgtaskd.task_state` (docs/design.md, "Vacuum"): run once the row
 //! versions this daemon made dead since its last vacuum reach [`VACUUM_AFTER`], looking every
 //! second. Started by `maintenance::start`; nothing else vacuums from the daemon.
 //!
@@ -50,7 +50,7 @@ use crate::metrics::Metrics;
 use crate::queue;
 
 /// Dead row versions after which the daemon vacuums: the table's own autovacuum threshold
-/// (`pgtaskd.tasks`'s storage parameters in sql/schema.sql).
+/// (`pgtaskd.task_state`'s storage parameters in sql/schema.sql).
 pub const VACUUM_AFTER: u64 = 5000;
 /// How often the count is looked at.
 const CHECK: Duration = Duration::from_secs(1);
@@ -92,13 +92,13 @@ pub async fn run(
                 Ok(off) => {
                     if autovacuum_off.map(|(was, _)| was) != Some(off) && off {
                         tracing::info!(
-                            "autovacuum does not vacuum pgtaskd.tasks: the daemon vacuums it after every {VACUUM_AFTER} row versions its claims and finishes leave behind"
+                            "autovacuum does not vacuum pgtaskd.task_state: the daemon vacuums it after every {VACUUM_AFTER} row versions its claims and finishes leave behind"
                         );
                     }
                     autovacuum_off = Some((off, Instant::now()));
                 }
                 Err(err) => {
-                    tracing::debug!(error = %err, "cannot read whether autovacuum covers pgtaskd.tasks");
+                    tracing::debug!(error = %err, "cannot read whether autovacuum covers pgtaskd.task_state");
                 }
             }
         }
@@ -152,13 +152,13 @@ pub async fn run(
                                 tracing::info!(
                                     xid,
                                     dead_tuples = left.unwrap_or_default(),
-                                    "the vacuum of pgtaskd.tasks left dead row versions behind an xmin horizon held back; the next vacuum waits until the horizon moves (at most {} s)",
+                                    "the vacuum of pgtaskd.task_state left dead row versions behind an xmin horizon held back; the next vacuum waits until the horizon moves (at most {} s)",
                                     HELD_WAIT_MAX.as_secs()
                                 );
                             }
                         }
                         Err(err) => {
-                            tracing::warn!(error = %err, "the daemon could not vacuum pgtaskd.tasks; trying again in a minute");
+                            tracing::warn!(error = %err, "the daemon could not vacuum pgtaskd.task_state; trying again in a minute");
                             pause = RETRY;
                         }
                     }
@@ -222,18 +222,18 @@ async fn may_vacuum(pool: &Pool, autovacuum_off: bool) -> Option<bool> {
         Ok(true) => Some(true),
         Ok(false) if autovacuum_off => {
             tracing::warn!(
-                "nothing vacuums pgtaskd.tasks: autovacuum is off for it and this daemon's role does not own it; vacuum it from a job of the owner's, or turn autovacuum on"
+                "nothing vacuums pgtaskd.task_state: autovacuum is off for it and this daemon's role does not own it; vacuum it from a job of the owner's, or turn autovacuum on"
             );
             Some(false)
         }
         Ok(false) => {
             tracing::info!(
-                "the daemon leaves vacuuming pgtaskd.tasks to autovacuum: this role does not own it"
+                "the daemon leaves vacuuming pgtaskd.task_state to autovacuum: this role does not own it"
             );
             Some(false)
         }
         Err(err) => {
-            tracing::warn!(error = %err, "cannot read whether this role may vacuum pgtaskd.tasks");
+            tracing::warn!(error = %err, "cannot read whether this role may vacuum pgtaskd.task_state");
             None
         }
     }

@@ -88,9 +88,9 @@ fn log(seen: &Seen, horizon: Option<&Horizon>) {
             state = h.state.as_deref(),
             "{}",
             if notice == Notice::Held {
-                "xmin horizon held back: vacuum cannot remove the dead rows of pgtaskd.tasks"
+                "xmin horizon held back: vacuum cannot remove the dead rows of pgtaskd.task_state"
             } else {
-                "xmin horizon still held back: vacuum cannot remove the dead rows of pgtaskd.tasks"
+                "xmin horizon still held back: vacuum cannot remove the dead rows of pgtaskd.task_state"
             }
         ),
         _ => tracing::info!("xmin horizon released: vacuum can remove dead rows again"),
@@ -210,7 +210,7 @@ fn describe(horizon: &Horizon, age_s: f64) -> String {
     };
     format!(
         "xmin horizon held back for {}s ({} transactions) by {holder}: vacuum cannot remove the \
-         dead rows of pgtaskd.tasks",
+         dead rows of pgtaskd.task_state",
         age_s.round() as u64,
         horizon.age_xids
     )
@@ -303,7 +303,7 @@ mod tests {
             seen.warning.as_deref(),
             Some(
                 "xmin horizon held back for 61s (100 transactions) by replication slot \
-                 \"standby_1\": vacuum cannot remove the dead rows of pgtaskd.tasks"
+                 \"standby_1\": vacuum cannot remove the dead rows of pgtaskd.task_state"
             )
         );
         // Another horizon starts the count again.
@@ -318,7 +318,7 @@ mod tests {
             text,
             "xmin horizon held back for 400s (3 transactions) by a session (pid 4711, \
              application_name \"psql\", idle in transaction): vacuum cannot remove the dead \
-             rows of pgtaskd.tasks"
+             rows of pgtaskd.task_state"
         );
     }
 }

@@ -94,33 +94,33 @@ impl VacuumHealthMetrics {
         let table_tuples = Family::<TupleLabel, Gauge>::default();
         registry.register(
             "table_tuples",
-            "Live and dead tuples of pgtaskd.tasks (the statistics system's estimates)",
+            "Live and dead tuples of pgtaskd.task_state (the statistics system's estimates)",
             table_tuples.clone(),
         );
         let table_bytes = Family::<PartLabel, Gauge>::default();
         registry.register(
             "table_bytes",
-            "Size of pgtaskd.tasks: heap, TOAST (table and index) and indexes",
+            "Size of pgtaskd.task_state: heap, TOAST (table and index) and indexes",
             table_bytes.clone(),
         );
         let table_vacuum_age = Family::<ByLabel, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "table_vacuum_age_seconds",
-            "Seconds since the last vacuum of pgtaskd.tasks, by autovacuum or by a VACUUM \
+            "Seconds since the last vacuum of pgtaskd.task_state, by autovacuum or by a VACUUM \
              command (no series: none since the statistics were reset)",
             table_vacuum_age.clone(),
         );
         let table_vacuum_count = Family::<ByLabel, Gauge>::default();
         registry.register(
             "table_vacuum_count",
-            "Vacuums of pgtaskd.tasks since the statistics were reset, by autovacuum or by a \
+            "Vacuums of pgtaskd.task_state since the statistics were reset, by autovacuum or by a \
              VACUUM command",
             table_vacuum_count.clone(),
         );
         let horizon_age_s = Family::<KindLabel, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "xmin_horizon_age_seconds",
-            "How long the oldest xmin horizon holding back vacuum of pgtaskd.tasks has been \
+            "How long the oldest xmin horizon holding back vacuum of pgtaskd.task_state has been \
              held; kind: session, prepared_transaction, replication_slot, or none (0)",
             horizon_age_s.clone(),
         );

@@ -120,7 +120,7 @@ impl From<tokio_postgres::Error> for FinishError {
 /// skipped for every other row), from the row as the statement began (neither changes).
 const FINISH_MANY: &str = "SELECT f.task_id, f.written, f.current, f.skipped, t.queue, t.attempt \
      FROM pgtaskd.finish($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS f \
-     LEFT JOIN LATERAL (SELECT queue, attempt FROM pgtaskd.tasks \
+     LEFT JOIN LATERAL (SELECT queue, attempt FROM pgtaskd.task_state \
                          WHERE id = f.task_id AND f.written = 'FAILED') AS t ON true";
 
 /// One claim's outcome, for [`finish_many`].
@@ -358,7 +358,7 @@ fn matched(written: Option<&str>, current: Option<&str>) -> Result<TaskStatus, F
 pub async fn log_failed_end(client: &Client, id: i64, error: &str) {
     let read = client
         .query_typed(
-            "SELECT queue, attempt FROM pgtaskd.tasks WHERE id = $1",
+            "SELECT queue, attempt FROM pgtaskd.task_state WHERE id = $1",
             &[(&id, Type::INT8)],
         )
         .await;

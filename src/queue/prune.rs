@@ -75,7 +75,7 @@ const MAY_VACUUM: &str = "
 SELECT pg_has_role(c.relowner, 'USAGE')
     OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE')
   FROM pg_class c
- WHERE c.oid = 'pgtaskd.tasks'::regclass";
+ WHERE c.oid = 'pgtaskd.task_state'::regclass";
 
 /// Whether this session may [`vacuum`] the table.
 ///
@@ -96,7 +96,7 @@ SELECT NOT current_setting('autovacuum')::bool
                    FROM pg_options_to_table(c.reloptions) AS o
                   WHERE o.option_name = 'autovacuum_enabled'), false)
   FROM pg_class AS c
- WHERE c.oid = 'pgtaskd.tasks'::regclass";
+ WHERE c.oid = 'pgtaskd.task_state'::regclass";
 
 /// Whether autovacuum will never vacuum the table.
 ///
@@ -116,7 +116,7 @@ pub async fn autovacuum_off(client: &Client) -> Result<bool, DbError> {
 /// Database failures, a statement timeout among them.
 pub async fn vacuum(client: &Client) -> Result<(), DbError> {
     client
-        .batch_execute("VACUUM (SKIP_LOCKED) pgtaskd.tasks")
+        .batch_execute("VACUUM (SKIP_LOCKED) pgtaskd.task_state, pgtaskd.tasks")
         .await?;
     Ok(())
 }

@@ -443,8 +443,8 @@ const SHOW: &str = concat!(
     "SELECT ",
     limits_columns!("s"),
     ",
-       (SELECT count(*) FROM pgtaskd.tasks AS t WHERE t.status = 'RUNNING' AND t.queue = $1) AS running,
-       (SELECT count(*) FROM pgtaskd.tasks AS t WHERE t.status = 'QUEUED' AND t.queue = $1) AS queued
+       (SELECT count(*) FROM pgtaskd.task_state AS t WHERE t.status = 'RUNNING' AND t.queue = $1) AS running,
+       (SELECT count(*) FROM pgtaskd.task_state AS t WHERE t.status = 'QUEUED' AND t.queue = $1) AS queued
   FROM (SELECT) AS one
   LEFT JOIN pgtaskd.queue_settings AS s ON s.queue = $1"
 );

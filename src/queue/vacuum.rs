@@ -66,7 +66,7 @@ pub struct Horizon {
     pub state: Option<String>,
 }
 
-/// One reading of the vacuum health of `pgtaskd.tasks`.
+/// One reading of the vacuum health of `pgtaskd.task_state`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VacuumHealth {
     /// The statistics system's estimate of live tuples.
@@ -93,7 +93,7 @@ pub struct VacuumHealth {
     pub sees_all_sessions: bool,
 }
 
-/// Read the vacuum health of `pgtaskd.tasks`: one statement, a few milliseconds.
+/// Read the vacuum health of `pgtaskd.task_state`: one statement, a few milliseconds.
 ///
 /// # Errors
 ///

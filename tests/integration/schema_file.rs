@@ -265,7 +265,7 @@ async fn the_comparison_notices_one_changed_body_column_index_or_grant() {
         (
             "an index's predicate",
             "DROP INDEX pgtaskd.tasks_lease_idx;
-             CREATE INDEX tasks_lease_idx ON pgtaskd.tasks (lease_expires_at)",
+             CREATE INDEX tasks_lease_idx ON pgtaskd.task_state (lease_expires_at)",
             "tasks_lease_idx; Type: INDEX",
         ),
         (
