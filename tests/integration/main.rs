@@ -60,6 +60,7 @@ mod settings_env;
 mod shutdown;
 mod signals;
 mod snooze;
+mod state_upgrade;
 mod systemd;
 mod task_keys;
 mod tls;
