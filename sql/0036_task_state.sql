@@ -19,12 +19,50 @@
 --
 -- Every row keeps its state as it is: QUEUED and waiting retries keep their `run_at`, RUNNING
 -- rows keep their claims, tokens and leases (a daemon of this release rescues them as it
--- would have), parked results stay. Daemons of schema 35 must be stopped: they refuse this
--- schema at start, and a running one would write columns that are gone. The migration holds
--- `ACCESS EXCLUSIVE` on `pgtaskd.tasks` while it copies every row's state (producers' inserts
--- wait for it, then go on): docs/upgrading.md gives the time it takes per million rows.
+-- would have), parked results stay.
+--
+-- Daemons of schema 35 must be stopped first: a running one would go on claiming through the
+-- functions below and fail at every finish, reading columns that are gone, so its tasks would
+-- run and then be run again once their leases lapsed. The migration refuses to start while a
+-- daemon's session is connected to the database (`application_name` `pgtaskd/<instance>`,
+-- the migrating daemon's own aside). It then holds `ACCESS EXCLUSIVE` on `pgtaskd.tasks` while
+-- it copies every row's state (producers' inserts wait for it, then go on: docs/upgrading.md
+-- gives the time it takes per million rows); it waits for that lock at most 10 s (less when
+-- the session's `lock_timeout` is shorter), so that a transaction left open on the table does
+-- not hold every insert behind the migration's request, and then fails: run it again.
+
+DO $$
+DECLARE
+    daemons text;
+BEGIN
+    SELECT pg_catalog.string_agg(a.application_name OPERATOR(pg_catalog.||) ' (pid '
+                                 OPERATOR(pg_catalog.||) a.pid::text OPERATOR(pg_catalog.||) ')',
+                                 ', ' ORDER BY a.pid)
+      INTO daemons
+      FROM pg_catalog.pg_stat_activity AS a
+     WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+       AND a.application_name OPERATOR(pg_catalog.~~) 'pgtaskd/%'
+       AND a.application_name OPERATOR(pg_catalog.<>) 'pgtaskd/cli'
+       AND a.application_name OPERATOR(pg_catalog.<>) pg_catalog.current_setting('application_name');
+    IF daemons IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtaskd daemons are connected to this database: %', daemons
+            USING ERRCODE = '55006',
+                  HINT = 'Stop every daemon before schema 36 (release 0.2.0), then migrate again: docs/upgrading.md, "Schema 36".';
+    END IF;
+    PERFORM pg_catalog.set_config('pgtaskd.lock_timeout_before_36',
+                                  pg_catalog.current_setting('lock_timeout'), true);
+    IF pg_catalog.current_setting('lock_timeout')::interval OPERATOR(pg_catalog.=) interval '0'
+       OR pg_catalog.current_setting('lock_timeout')::interval OPERATOR(pg_catalog.>) interval '10 seconds' THEN
+        PERFORM pg_catalog.set_config('lock_timeout', '10s', true);
+    END IF;
+END
+$$;
 
 LOCK TABLE pgtaskd.tasks IN ACCESS EXCLUSIVE MODE;
+
+SELECT pg_catalog.set_config('lock_timeout',
+                             pg_catalog.current_setting('pgtaskd.lock_timeout_before_36'), true);
 
 -- The state of each task: today's state columns of `pgtaskd.tasks`, and copies of the task's
 -- queue, priority, attempts and key (never changed after the insert) for the indexes and the
@@ -104,18 +142,20 @@ COMMENT ON COLUMN pgtaskd.task_state.snoozes IS
 COMMENT ON COLUMN pgtaskd.task_state.run_at IS
     'When the task may next be claimed: the producer''s run_at, then a retry''s or a snooze''s.';
 
--- The view reads the state from its table, with every column, name and type it had.
+-- The view reads the state from its table, with every column, name and type it had: a task is
+-- its state row and its task row, joined by primary key, so that a row-level security policy
+-- on either table holds through the view.
 CREATE OR REPLACE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
-SELECT t.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
+SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
        s.cancel_requested, s.words, s.bytes, s.runes, s.error, s.lease_owner,
        s.lease_expires_at, t.created_at, s.started_at, s.finished_at, t.idempotency_key,
        s.claim_token, s.output, t.traceparent,
-       coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || t.id || '-'
+       coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       s.runs, s.errors, s.snoozes, t.concurrency_key
-  FROM pgtaskd.tasks AS t
-  JOIN pgtaskd.task_state AS s ON s.id = t.id;
+       s.runs, s.errors, s.snoozes, s.concurrency_key
+  FROM pgtaskd.task_state AS s
+  JOIN pgtaskd.tasks AS t ON t.id = s.id;
 
 -- The indexes of the state, with their names of the table.
 DROP STATISTICS pgtaskd.tasks_queue_status;
@@ -170,7 +210,9 @@ COMMENT ON TABLE pgtaskd.tasks IS
 
 -- The producer's statement fills the state table itself, whatever its size (an INSERT, an
 -- INSERT ... SELECT, a COPY): one INSERT ... SELECT per statement over its new rows. With the
--- owner's rights: producers have no right on the state table.
+-- owner's rights: producers have no right on the state table. Like every trigger, these do
+-- not fire where `session_replication_role` is `replica` (a logical replication apply, a
+-- restore with triggers disabled): those copy both tables.
 CREATE FUNCTION pgtaskd.tasks_state() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -179,7 +221,9 @@ AS $$
 BEGIN
     INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key)
     SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key
-      FROM new_tasks AS n;
+      FROM new_tasks AS n
+    -- A state row loaded before its task row (a data-only restore of both tables) is kept.
+        ON CONFLICT (id) DO NOTHING;
     RETURN NULL;
 END
 $$;
@@ -221,13 +265,18 @@ CREATE TRIGGER tasks_state_truncate AFTER TRUNCATE ON pgtaskd.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state_truncate();
 
 -- The schema's owner may still change a task's queue, priority, attempts or key, or move a
--- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow.
+-- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow. Its id never
+-- changes: that would part the task from its state.
 CREATE FUNCTION pgtaskd.tasks_state_copy() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NEW.id OPERATOR(pg_catalog.<>) OLD.id THEN
+        RAISE EXCEPTION 'the id of a task does not change (task %)', OLD.id
+            USING ERRCODE = '42501';
+    END IF;
     UPDATE pgtaskd.task_state AS s
        SET queue = NEW.queue,
            priority = NEW.priority,
@@ -242,20 +291,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgtaskd.tasks_state_copy() FROM PUBLIC;
 CREATE TRIGGER tasks_state_copy
-    AFTER UPDATE OF queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
+    AFTER UPDATE OF id, queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
     FOR EACH ROW
-    WHEN ((OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
-          IS DISTINCT FROM (NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
+    WHEN ((OLD.id, OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
+          IS DISTINCT FROM
+          (NEW.id, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
     EXECUTE FUNCTION pgtaskd.tasks_state_copy();
-
--- The state's triggers fire in every session, `session_replication_role = replica` (a
--- logical replication apply, a restore) included: a task row without its state row would be
--- neither claimed nor shown.
-ALTER TABLE pgtaskd.tasks
-    ENABLE ALWAYS TRIGGER tasks_state,
-    ENABLE ALWAYS TRIGGER tasks_state_gone,
-    ENABLE ALWAYS TRIGGER tasks_state_truncate,
-    ENABLE ALWAYS TRIGGER tasks_state_copy;
 
 -- Every role that reads, updates or deletes task rows gets the same right on their state,
 -- PUBLIC included: the roles of the grant functions keep working without being granted again.
@@ -274,6 +315,29 @@ BEGIN
             EXECUTE pg_catalog.format('GRANT %s ON pgtaskd.task_state TO PUBLIC', g.privilege_type);
         ELSE
             EXECUTE pg_catalog.format('GRANT %s ON pgtaskd.task_state TO %I', g.privilege_type,
+                                      pg_catalog.pg_get_userbyid(g.grantee));
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Nobody but the owner updates a task row any more: the right to, which daemon roles had for
+-- the state, would now let them rewrite payloads or part a task from its state.
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT DISTINCT a.grantee
+          FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+         WHERE c.oid OPERATOR(pg_catalog.=) 'pgtaskd.tasks'::pg_catalog.regclass
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+           AND a.privilege_type OPERATOR(pg_catalog.=) 'UPDATE'
+    LOOP
+        IF g.grantee OPERATOR(pg_catalog.=) 0 THEN
+            REVOKE UPDATE ON pgtaskd.tasks FROM PUBLIC;
+        ELSE
+            EXECUTE pg_catalog.format('REVOKE UPDATE ON pgtaskd.tasks FROM %I',
                                       pg_catalog.pg_get_userbyid(g.grantee));
         END IF;
     END LOOP;
@@ -465,6 +529,7 @@ BEGIN
             limited_ids := limited_ids || ARRAY(
                 SELECT k.id FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED' AND k.queue = settings.queue AND k.run_at <= now()
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT room
                    FOR UPDATE SKIP LOCKED);
@@ -483,6 +548,8 @@ BEGIN
                                           FROM pgtaskd.task_state AS q
                                          WHERE q.status = 'QUEUED' AND q.queue = settings.queue
                                            AND q.run_at <= now()
+                                           AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p
+                                                        WHERE p.id = q.id)
                                          ORDER BY q.priority DESC, q.id
                                          LIMIT 1000 + claim.max_tasks) AS w) AS r
                           LEFT JOIN (SELECT b.concurrency_key, count(*) AS n
@@ -513,6 +580,8 @@ BEGIN
                    AND k.priority = claim.after_priority
                    AND k.id > claim.after_id
                    AND k.run_at <= now()
+                   -- A state row without its task row (written by hand) is never claimed.
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
                    FOR UPDATE SKIP LOCKED
@@ -531,6 +600,8 @@ BEGIN
                    AND k.priority < CASE WHEN claim.after_id IS NULL THEN 32768
                                          ELSE coalesce(claim.after_priority, 32768) END
                    AND k.run_at <= now()
+                   -- A state row without its task row (written by hand) is never claimed.
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
                    FOR UPDATE SKIP LOCKED
@@ -1016,14 +1087,17 @@ $$;
 
 -- Retention's batch: delete up to `max_rows` finished tasks older than the window, oldest
 -- first, from where the previous batch ended ("Vacuum"): their state rows and their task
--- rows (version 36). A task whose row another transaction holds (a producer's lock) is
--- passed over, as is one whose state row is held.
+-- rows (version 36). A task whose row another transaction holds is passed over, as is one
+-- whose state row is held. With the owner's rights: the daemon's role may not lock or
+-- update task rows (version 36).
 CREATE OR REPLACE FUNCTION pgtaskd.prune(
     older_than_ms float8,
     max_rows      bigint,
     from_finished timestamptz
 ) RETURNS TABLE (deleted bigint, last_finished timestamptz)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -1271,12 +1345,12 @@ CREATE OR REPLACE FUNCTION pgtaskd.grant_daemon(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    -- Claims, finishes, heartbeats, rescues and cancels update state rows (version 36);
-    -- retention deletes finished tasks, locking their task rows first; the CLI and the HTTP
-    -- API insert like a producer, and steer queues like an operator; `/metrics` and
+    -- Claims, finishes, heartbeats, rescues and cancels update state rows, never a task row
+    -- (version 36); retention deletes finished tasks with the owner's rights; the CLI and
+    -- the HTTP API insert like a producer, and steer queues like an operator; `/metrics` and
     -- `/readyz` read the vacuum health.
-    EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks, pgtaskd.task_state TO %I',
-                   role_name);
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
+    EXECUTE format('GRANT SELECT, UPDATE ON pgtaskd.task_state TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);

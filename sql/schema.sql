@@ -360,11 +360,11 @@ COMMENT ON TABLE pgtaskd.parked_results IS
 -- Views
 -- ---------------------------------------------------------------------------------------
 
--- Where a task's state and results are read (version 24): today every column of
--- `pgtaskd.tasks`; when the table keeps only what the producer wrote (docs/storage.md), the
--- same columns gathered from the tables that hold the state ("Table `pgtaskd.tasks`").
--- With the reader's rights (PostgreSQL 15 and later; the migration sets it where it can): a
--- row-level security policy or a column grant on the table holds through the view.
+-- Where a task's state and results are read (version 24): the state row of each task with
+-- what its producer wrote (version 36, docs/storage.md; "View `pgtaskd.task_view`"). With
+-- the reader's rights. A task is its state row and its task row, joined by primary key, so
+-- that a row-level security policy on either table holds through the view.
+
 -- The attempts a task of `queue` has when it sets none.
 CREATE FUNCTION pgtaskd.queue_max_attempts(queue text) RETURNS int
 LANGUAGE sql STABLE
@@ -377,16 +377,16 @@ $$;
 
 
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
-SELECT t.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
+SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
        s.cancel_requested, s.words, s.bytes, s.runes, s.error, s.lease_owner,
        s.lease_expires_at, t.created_at, s.started_at, s.finished_at, t.idempotency_key,
        s.claim_token, s.output, t.traceparent,
-       coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || t.id || '-'
+       coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       s.runs, s.errors, s.snoozes, t.concurrency_key
-  FROM pgtaskd.tasks AS t
-  JOIN pgtaskd.task_state AS s ON s.id = t.id;
+       s.runs, s.errors, s.snoozes, s.concurrency_key
+  FROM pgtaskd.task_state AS s
+  JOIN pgtaskd.tasks AS t ON t.id = s.id;
 
 COMMENT ON VIEW pgtaskd.task_view IS
     'pgtaskd: every task with its state and results: SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view WHERE id = $1';
@@ -861,6 +861,7 @@ BEGIN
             limited_ids := limited_ids || ARRAY(
                 SELECT k.id FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED' AND k.queue = settings.queue AND k.run_at <= now()
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT room
                    FOR UPDATE SKIP LOCKED);
@@ -879,6 +880,8 @@ BEGIN
                                           FROM pgtaskd.task_state AS q
                                          WHERE q.status = 'QUEUED' AND q.queue = settings.queue
                                            AND q.run_at <= now()
+                                           AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p
+                                                        WHERE p.id = q.id)
                                          ORDER BY q.priority DESC, q.id
                                          LIMIT 1000 + claim.max_tasks) AS w) AS r
                           LEFT JOIN (SELECT b.concurrency_key, count(*) AS n
@@ -909,6 +912,8 @@ BEGIN
                    AND k.priority = claim.after_priority
                    AND k.id > claim.after_id
                    AND k.run_at <= now()
+                   -- A state row without its task row (written by hand) is never claimed.
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
                    FOR UPDATE SKIP LOCKED
@@ -927,6 +932,8 @@ BEGIN
                    AND k.priority < CASE WHEN claim.after_id IS NULL THEN 32768
                                          ELSE coalesce(claim.after_priority, 32768) END
                    AND k.run_at <= now()
+                   -- A state row without its task row (written by hand) is never claimed.
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
                    FOR UPDATE SKIP LOCKED
@@ -1412,14 +1419,17 @@ $$;
 
 -- Retention's batch: delete up to `max_rows` finished tasks older than the window, oldest
 -- first, from where the previous batch ended ("Vacuum"): their state rows and their task
--- rows (version 36). A task whose row another transaction holds (a producer's lock) is
--- passed over, as is one whose state row is held.
+-- rows (version 36). A task whose row another transaction holds is passed over, as is one
+-- whose state row is held. With the owner's rights: the daemon's role may not lock or
+-- update task rows (version 36).
 CREATE FUNCTION pgtaskd.prune(
     older_than_ms float8,
     max_rows      bigint,
     from_finished timestamptz
 ) RETURNS TABLE (deleted bigint, last_finished timestamptz)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -1881,7 +1891,9 @@ CREATE TRIGGER tasks_notify
 
 -- The producer's statement fills the state table itself, whatever its size (an INSERT, an
 -- INSERT ... SELECT, a COPY): one INSERT ... SELECT per statement over its new rows. With the
--- owner's rights: producers have no right on the state table.
+-- owner's rights: producers have no right on the state table. Like every trigger, these do
+-- not fire where `session_replication_role` is `replica` (a logical replication apply, a
+-- restore with triggers disabled): those copy both tables.
 CREATE FUNCTION pgtaskd.tasks_state() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1890,7 +1902,9 @@ AS $$
 BEGIN
     INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key)
     SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key
-      FROM new_tasks AS n;
+      FROM new_tasks AS n
+    -- A state row loaded before its task row (a data-only restore of both tables) is kept.
+        ON CONFLICT (id) DO NOTHING;
     RETURN NULL;
 END
 $$;
@@ -1932,13 +1946,18 @@ CREATE TRIGGER tasks_state_truncate AFTER TRUNCATE ON pgtaskd.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state_truncate();
 
 -- The schema's owner may still change a task's queue, priority, attempts or key, or move a
--- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow.
+-- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow. Its id never
+-- changes: that would part the task from its state.
 CREATE FUNCTION pgtaskd.tasks_state_copy() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NEW.id OPERATOR(pg_catalog.<>) OLD.id THEN
+        RAISE EXCEPTION 'the id of a task does not change (task %)', OLD.id
+            USING ERRCODE = '42501';
+    END IF;
     UPDATE pgtaskd.task_state AS s
        SET queue = NEW.queue,
            priority = NEW.priority,
@@ -1953,20 +1972,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgtaskd.tasks_state_copy() FROM PUBLIC;
 CREATE TRIGGER tasks_state_copy
-    AFTER UPDATE OF queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
+    AFTER UPDATE OF id, queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
     FOR EACH ROW
-    WHEN ((OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
-          IS DISTINCT FROM (NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
+    WHEN ((OLD.id, OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
+          IS DISTINCT FROM
+          (NEW.id, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
     EXECUTE FUNCTION pgtaskd.tasks_state_copy();
-
--- The state's triggers fire in every session, `session_replication_role = replica` (a
--- logical replication apply, a restore) included: a task row without its state row would be
--- neither claimed nor shown.
-ALTER TABLE pgtaskd.tasks
-    ENABLE ALWAYS TRIGGER tasks_state,
-    ENABLE ALWAYS TRIGGER tasks_state_gone,
-    ENABLE ALWAYS TRIGGER tasks_state_truncate,
-    ENABLE ALWAYS TRIGGER tasks_state_copy;
 
 -- Every write of a flag takes the turn first and sets the hint after.
 CREATE TRIGGER idle_daemons_take_turn
@@ -2012,12 +2023,12 @@ CREATE FUNCTION pgtaskd.grant_daemon(role_name name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA pgtaskd TO %I', role_name);
-    -- Claims, finishes, heartbeats, rescues and cancels update state rows (version 36);
-    -- retention deletes finished tasks, locking their task rows first; the CLI and the HTTP
-    -- API insert like a producer, and steer queues like an operator; `/metrics` and
+    -- Claims, finishes, heartbeats, rescues and cancels update state rows, never a task row
+    -- (version 36); retention deletes finished tasks with the owner's rights; the CLI and
+    -- the HTTP API insert like a producer, and steer queues like an operator; `/metrics` and
     -- `/readyz` read the vacuum health.
-    EXECUTE format('GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks, pgtaskd.task_state TO %I',
-                   role_name);
+    EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
+    EXECUTE format('GRANT SELECT, UPDATE ON pgtaskd.task_state TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
                    'traceparent, concurrency_key) '
                    'ON pgtaskd.tasks TO %I', role_name);

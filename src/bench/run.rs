@@ -144,13 +144,17 @@ async fn measure(
     let mut measured = None;
     // WAL written during the run (cluster-wide), and by others just before it.
     let mut wal = None;
+    // WAL written by the INSERTs of the backlog (drain mode).
+    let mut insert_wal = None;
     // CPU seconds of the server backends that served the run (drain and ceiling modes).
     let mut server_cpu = None;
     let (daemon, started) = match options.mode {
         Mode::Drain => {
             let background = wal_background(client).await?;
+            let before_insert = wal_position(client).await?;
             insert(client, queue, &texts).await?;
             let from = wal_position(client).await?;
+            insert_wal = Some(from - before_insert);
             let started = chrono::Utc::now();
             let daemon = Daemon::start(config, queue, options.concurrency, false)?;
             wait_done(client, queue, n).await?;
@@ -253,6 +257,7 @@ async fn measure(
         server_cpu_s_per_1000_tasks: server_cpu.map(|cpu| cpu / n as f64 * 1000.0),
         wal_bytes_per_task: wal.map(|(bytes, _)| bytes as f64 / n as f64),
         wal_background_bytes_per_s: wal.map(|(_, background)| background),
+        insert_wal_bytes_per_task: insert_wal.map(|bytes| bytes as f64 / n as f64),
         drain: None,
         drain_over_ceiling: None,
         handler: None,

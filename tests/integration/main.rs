@@ -63,6 +63,7 @@ mod snooze;
 mod state_upgrade;
 mod systemd;
 mod task_keys;
+mod task_state;
 mod tls;
 mod trigger_rights;
 mod ui;

@@ -10,7 +10,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::migrate::database_at;
 use crate::support::daemon::DaemonProcess;
-use crate::support::{eventually, within, WAIT};
+use crate::support::{connect, eventually, within, WAIT};
 
 /// The columns the view had at schema 29, in its order: what the upgrade keeps, row by row.
 const VIEW_29: &str = "SELECT (id, queue, payload, status, priority, run_at, attempt, max_attempts,
@@ -248,4 +248,88 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
         rows(&owner, "SELECT status FROM pgtaskd.task_view WHERE id = 1").await,
         ["QUEUED"]
     );
+}
+
+/// A daemon of the previous release still connected would claim through the new functions
+/// and fail at every finish: the migration refuses while one is, naming it, and applies once
+/// it is gone.
+#[tokio::test]
+async fn schema_36_refuses_to_apply_while_a_daemon_is_connected() {
+    let (db, mut owner) = database_at(35).await;
+    let daemon = connect(&format!("{} application_name=pgtaskd/old-daemon", db.url)).await;
+    let err = within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .expect_err("a daemon is connected");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("pgtaskd daemons are connected") && text.contains("pgtaskd/old-daemon"),
+        "{text}"
+    );
+    assert_eq!(
+        pgtaskd::db::migrate::current_version(&owner).await.unwrap(),
+        Some(35),
+        "nothing applied"
+    );
+    drop(daemon);
+    eventually(WAIT, "the daemon's session gone", || async {
+        let left: i64 = owner
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtaskd/old-daemon'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (left == 0).then_some(())
+    })
+    .await;
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+}
+
+/// A transaction left open on the table does not hold every producer's insert behind the
+/// migration's lock request for long: the migration gives up within its lock timeout, the
+/// insert goes through, and the migration applies once the transaction ends.
+#[tokio::test]
+async fn schema_36_gives_up_on_a_lock_held_elsewhere_and_applies_later() {
+    let (db, mut owner) = database_at(35).await;
+    let holder = db.client().await;
+    within(
+        WAIT,
+        "a transaction left open",
+        holder.batch_execute("BEGIN; SELECT count(*) FROM pgtaskd.tasks"),
+    )
+    .await
+    .unwrap();
+    within(WAIT, "a short lock timeout", owner.batch_execute("SET lock_timeout = '1s'"))
+        .await
+        .unwrap();
+    let err = within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .expect_err("the table is held");
+    assert!(format!("{err:?}").contains("lock timeout"), "{err:?}");
+    let producer = db.client().await;
+    within(
+        WAIT,
+        "a producer's insert meanwhile",
+        producer.execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('meanwhile')", &[]),
+    )
+    .await
+    .unwrap();
+    within(WAIT, "the transaction ends", holder.batch_execute("COMMIT"))
+        .await
+        .unwrap();
+    within(WAIT, "migrating again", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let status: String = within(
+        WAIT,
+        "the task inserted meanwhile",
+        owner.query_one("SELECT status FROM pgtaskd.task_view WHERE payload = 'meanwhile'", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(status, "QUEUED");
 }

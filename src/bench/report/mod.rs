@@ -100,6 +100,10 @@ pub struct Report {
     /// with no run going on: how much of `wal_bytes_per_task` may be others'.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wal_background_bytes_per_s: Option<f64>,
+    /// Drain mode: WAL bytes the producer's INSERTs of the backlog wrote, per task, in the
+    /// same run (measured the same way): what `wal_bytes_per_task` is judged against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insert_wal_bytes_per_task: Option<f64>,
     pub check_totals: (i64, i64, i64),
     /// Drain mode with `--handler`: the same backlog drained by that handler.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,6 +274,13 @@ impl Report {
             writeln!(
                 f,
                 "  WAL per task         {wal:.0} bytes (whole cluster; {background:.0} bytes/s written before the run)"
+            )?;
+        }
+        if let (Some(insert), Some(wal)) = (self.insert_wal_bytes_per_task, self.wal_bytes_per_task) {
+            writeln!(
+                f,
+                "  WAL of the INSERTs   {insert:.0} bytes per task (the run's over the INSERTs': {:.2}x)",
+                (insert + wal) / insert
             )?;
         }
         Ok(())

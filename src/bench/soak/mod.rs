@@ -255,6 +255,7 @@ pub(super) async fn soak(
         server_cpu_s: None,
         server_cpu_s_per_1000_tasks: None,
         wal_bytes_per_task: None,
+        insert_wal_bytes_per_task: None,
         wal_background_bytes_per_s: None,
         drain: None,
         drain_over_ceiling: None,
