@@ -904,19 +904,19 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- After the position: the rest of its priority...
-                SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
-                        WHERE p.id = k.id)::bigint AS size
+                -- The payload's size from the task row; a state row without its task row
+                -- (written by hand) is never claimed.
+                SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
                   FROM pgtaskd.task_state AS k
+                  JOIN pgtaskd.tasks AS p ON p.id = k.id
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority = claim.after_priority
                    AND k.id > claim.after_id
                    AND k.run_at <= now()
-                   -- A state row without its task row (written by hand) is never claimed.
-                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
-                   FOR UPDATE SKIP LOCKED
+                   FOR UPDATE OF k SKIP LOCKED
                ) AS c
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
         UNION ALL
@@ -924,26 +924,26 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- ...then the lower priorities.
-                SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
-                        WHERE p.id = k.id)::bigint AS size
+                -- The payload's size from the task row; a state row without its task row
+                -- (written by hand) is never claimed.
+                SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
                   FROM pgtaskd.task_state AS k
+                  JOIN pgtaskd.tasks AS p ON p.id = k.id
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority < CASE WHEN claim.after_id IS NULL THEN 32768
                                          ELSE coalesce(claim.after_priority, 32768) END
                    AND k.run_at <= now()
-                   -- A state row without its task row (written by hand) is never claimed.
-                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
                  ORDER BY k.priority DESC, k.id
                  LIMIT claim.max_tasks
-                   FOR UPDATE SKIP LOCKED
+                   FOR UPDATE OF k SKIP LOCKED
                ) AS c
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
         UNION ALL
         -- The limited queues' tasks, picked and locked above.
-        SELECT k.id, k.priority, (SELECT octet_length(p.payload) FROM pgtaskd.tasks AS p
-                        WHERE p.id = k.id)::bigint AS size
+        SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
           FROM pgtaskd.task_state AS k
+          JOIN pgtaskd.tasks AS p ON p.id = k.id
          WHERE k.id = ANY (limited_ids)
          ORDER BY 2 DESC, 1
          LIMIT claim.max_tasks
