@@ -58,9 +58,13 @@ async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
 #[tokio::test]
 async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and_none_early() {
     let (db, mut owner) = database_at(29).await;
-    within(WAIT, "tasks of every state", owner.batch_execute(EVERY_STATE))
-        .await
-        .unwrap();
+    within(
+        WAIT,
+        "tasks of every state",
+        owner.batch_execute(EVERY_STATE),
+    )
+    .await
+    .unwrap();
     let before = rows(&owner, VIEW_29).await;
     assert_eq!(before.len(), 8);
     within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
@@ -148,7 +152,11 @@ async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and
         .collect();
     let mut sorted = runs.clone();
     sorted.sort_unstable();
-    assert_eq!(sorted, [1, 4, new_id], "each due task ran once; the parked one never");
+    assert_eq!(
+        sorted,
+        [1, 4, new_id],
+        "each due task ran once; the parked one never"
+    );
     let rest = rows(
         &owner,
         "SELECT id || ' ' || status || ' ' || coalesce(lease_owner, '-') || ' '
@@ -211,25 +219,29 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
     ];
     let mut answers = Vec::new();
     for (role, sql) in steps {
-        within(WAIT, "acting as a role", owner.batch_execute(&format!("SET ROLE {role}")))
-            .await
-            .unwrap();
-        answers.push(
-            rows(&owner, sql)
-                .await
-                .first()
-                .cloned()
-                .unwrap_or_default(),
-        );
+        within(
+            WAIT,
+            "acting as a role",
+            owner.batch_execute(&format!("SET ROLE {role}")),
+        )
+        .await
+        .unwrap();
+        answers.push(rows(&owner, sql).await.first().cloned().unwrap_or_default());
         within(WAIT, "back", owner.batch_execute("RESET ROLE"))
             .await
             .unwrap();
     }
     assert_eq!(answers[..2], ["1".to_string(), "QUEUED".to_string()]);
-    let token: i64 = answers[2].parse().expect("the daemon role claimed the task");
-    within(WAIT, "as the daemon", owner.batch_execute(&format!("SET ROLE {daemon_role}")))
-        .await
-        .unwrap();
+    let token: i64 = answers[2]
+        .parse()
+        .expect("the daemon role claimed the task");
+    within(
+        WAIT,
+        "as the daemon",
+        owner.batch_execute(&format!("SET ROLE {daemon_role}")),
+    )
+    .await
+    .unwrap();
     let written = rows(
         &owner,
         &format!(
@@ -240,9 +252,13 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
     )
     .await;
     assert_eq!(written, ["FAILED"]);
-    within(WAIT, "as the operator", owner.batch_execute(&format!("RESET ROLE; SET ROLE {ops_role}")))
-        .await
-        .unwrap();
+    within(
+        WAIT,
+        "as the operator",
+        owner.batch_execute(&format!("RESET ROLE; SET ROLE {ops_role}")),
+    )
+    .await
+    .unwrap();
     assert_eq!(rows(&owner, "SELECT pgtaskd.retry(1)").await, ["FAILED"]);
     assert_eq!(
         rows(&owner, "SELECT status FROM pgtaskd.task_view WHERE id = 1").await,
@@ -302,9 +318,13 @@ async fn schema_36_gives_up_on_a_lock_held_elsewhere_and_applies_later() {
     )
     .await
     .unwrap();
-    within(WAIT, "a short lock timeout", owner.batch_execute("SET lock_timeout = '1s'"))
-        .await
-        .unwrap();
+    within(
+        WAIT,
+        "a short lock timeout",
+        owner.batch_execute("SET lock_timeout = '1s'"),
+    )
+    .await
+    .unwrap();
     let err = within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
         .await
         .expect_err("the table is held");
@@ -313,20 +333,30 @@ async fn schema_36_gives_up_on_a_lock_held_elsewhere_and_applies_later() {
     within(
         WAIT,
         "a producer's insert meanwhile",
-        producer.execute("INSERT INTO pgtaskd.tasks (payload) VALUES ('meanwhile')", &[]),
+        producer.execute(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('meanwhile')",
+            &[],
+        ),
     )
     .await
     .unwrap();
     within(WAIT, "the transaction ends", holder.batch_execute("COMMIT"))
         .await
         .unwrap();
-    within(WAIT, "migrating again", pgtaskd::db::migrate::migrate(&mut owner))
-        .await
-        .unwrap();
+    within(
+        WAIT,
+        "migrating again",
+        pgtaskd::db::migrate::migrate(&mut owner),
+    )
+    .await
+    .unwrap();
     let status: String = within(
         WAIT,
         "the task inserted meanwhile",
-        owner.query_one("SELECT status FROM pgtaskd.task_view WHERE payload = 'meanwhile'", &[]),
+        owner.query_one(
+            "SELECT status FROM pgtaskd.task_view WHERE payload = 'meanwhile'",
+            &[],
+        ),
     )
     .await
     .unwrap()

@@ -41,7 +41,11 @@ async fn a_state_row_without_its_task_stalls_nothing_and_is_not_shown() {
     assert_eq!(strings(&client, CLAIM_ONE).await, ["2"]);
     assert_eq!(strings(&client, CLAIM_ONE).await, ["3"]);
     assert_eq!(
-        strings(&client, "SELECT id::text FROM pgtaskd.task_view ORDER BY id").await,
+        strings(
+            &client,
+            "SELECT id::text FROM pgtaskd.task_view ORDER BY id"
+        )
+        .await,
         ["2", "3"],
         "a task is its two rows"
     );
@@ -71,10 +75,17 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
     )
     .await
     .expect_err("an id does not change");
-    assert!(format!("{err:?}").contains("the id of a task does not change"), "{err:?}");
-    within(WAIT, "as the daemon role", client.batch_execute(&format!("SET ROLE {role}")))
-        .await
-        .unwrap();
+    assert!(
+        format!("{err:?}").contains("the id of a task does not change"),
+        "{err:?}"
+    );
+    within(
+        WAIT,
+        "as the daemon role",
+        client.batch_execute(&format!("SET ROLE {role}")),
+    )
+    .await
+    .unwrap();
     for statement in [
         "UPDATE pgtaskd.tasks SET payload = 'rewritten' WHERE id = 1",
         "UPDATE pgtaskd.tasks SET id = DEFAULT WHERE id = 1",
@@ -82,7 +93,11 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
         let err = within(WAIT, statement, client.execute(statement, &[]))
             .await
             .expect_err("the daemon role may not update task rows");
-        assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{statement}: {err}");
+        assert_eq!(
+            err.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{statement}: {err}"
+        );
     }
     // What it needs still works: claim, and retention through the owner's rights.
     assert_eq!(strings(&client, CLAIM_ONE).await, ["1"]);
@@ -99,11 +114,19 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
     )
     .await
     .unwrap();
-    within(WAIT, "as the daemon role", client.batch_execute(&format!("SET ROLE {role}")))
-        .await
-        .unwrap();
+    within(
+        WAIT,
+        "as the daemon role",
+        client.batch_execute(&format!("SET ROLE {role}")),
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        strings(&client, "SELECT deleted::text FROM pgtaskd.prune(1000, 100, NULL)").await,
+        strings(
+            &client,
+            "SELECT deleted::text FROM pgtaskd.prune(1000, 100, NULL)"
+        )
+        .await,
         ["1"]
     );
     assert_eq!(

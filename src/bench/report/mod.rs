@@ -276,7 +276,8 @@ impl Report {
                 "  WAL per task         {wal:.0} bytes (whole cluster; {background:.0} bytes/s written before the run)"
             )?;
         }
-        if let (Some(insert), Some(wal)) = (self.insert_wal_bytes_per_task, self.wal_bytes_per_task) {
+        if let (Some(insert), Some(wal)) = (self.insert_wal_bytes_per_task, self.wal_bytes_per_task)
+        {
             writeln!(
                 f,
                 "  WAL of the INSERTs   {insert:.0} bytes per task (the run's over the INSERTs': {:.2}x)",
