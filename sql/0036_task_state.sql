@@ -144,7 +144,9 @@ COMMENT ON COLUMN pgtaskd.task_state.run_at IS
 
 -- The view reads the state from its table, with every column, name and type it had: a task is
 -- its state row and its task row, joined by primary key, so that a row-level security policy
--- on either table holds through the view.
+-- on either table holds through the view. The task row is read by its primary key for each
+-- state row (`OFFSET 0` keeps the planner from making a join of it, which, planned on
+-- statistics that say "empty", would read the whole primary key for each row).
 CREATE OR REPLACE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
 SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
@@ -155,7 +157,10 @@ SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
        s.runs, s.errors, s.snoozes, s.concurrency_key
   FROM pgtaskd.task_state AS s
-  JOIN pgtaskd.tasks AS t ON t.id = s.id;
+ CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent
+                       FROM pgtaskd.tasks AS x
+                      WHERE x.id = s.id
+                     OFFSET 0) AS t;
 
 -- The indexes of the state, with their names of the table.
 DROP STATISTICS pgtaskd.tasks_queue_status;

@@ -363,7 +363,10 @@ COMMENT ON TABLE pgtaskd.parked_results IS
 -- Where a task's state and results are read (version 24): the state row of each task with
 -- what its producer wrote (version 36, docs/storage.md; "View `pgtaskd.task_view`"). With
 -- the reader's rights. A task is its state row and its task row, joined by primary key, so
--- that a row-level security policy on either table holds through the view.
+-- that a row-level security policy on either table holds through the view; the task row is
+-- read by its primary key for each state row (`OFFSET 0` keeps the planner from making a
+-- join of it, which, planned on statistics that say "empty", would read the whole primary
+-- key for each row).
 
 -- The attempts a task of `queue` has when it sets none.
 CREATE FUNCTION pgtaskd.queue_max_attempts(queue text) RETURNS int
@@ -386,7 +389,10 @@ SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
        s.runs, s.errors, s.snoozes, s.concurrency_key
   FROM pgtaskd.task_state AS s
-  JOIN pgtaskd.tasks AS t ON t.id = s.id;
+ CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent
+                       FROM pgtaskd.tasks AS x
+                      WHERE x.id = s.id
+                     OFFSET 0) AS t;
 
 COMMENT ON VIEW pgtaskd.task_view IS
     'pgtaskd: every task with its state and results: SELECT status, words, bytes, runes, output, error FROM pgtaskd.task_view WHERE id = $1';

@@ -74,7 +74,9 @@ pub struct Stats {
 }
 
 /// The part of the statistics statements that reads the partial indexes of QUEUED and
-/// RUNNING rows, per queue: the CTEs `queued` (queued, due, oldest_due) and `running`.
+/// RUNNING rows, per queue: the CTEs `queued` (queued, due, oldest_due) and `running`. Counts
+/// that need only the state read `pgtaskd.task_state` itself (schema 36): through the view,
+/// each row would also read its task row.
 macro_rules! queued_and_running {
     () => {
         "
@@ -88,7 +90,7 @@ WITH queued AS (
      GROUP BY queue
 ), running AS (
     SELECT queue, count(*) AS running
-      FROM pgtaskd.task_view
+      FROM pgtaskd.task_state
      WHERE status = 'RUNNING'
      GROUP BY queue
 )"
@@ -116,7 +118,7 @@ const QUEUES: &str = concat!(
            count(*) FILTER (WHERE status = 'SUCCEEDED') AS s_h,
            count(*) FILTER (WHERE status = 'FAILED') AS f_h,
            count(*) FILTER (WHERE status = 'CANCELED') AS c_h
-      FROM pgtaskd.task_view
+      FROM pgtaskd.task_state
      WHERE finished_at >= now() - interval '1 hour'
      GROUP BY queue
 ), names AS (
@@ -272,7 +274,7 @@ SELECT date_trunc('minute', finished_at) AS minute,
        count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
        count(*) FILTER (WHERE status = 'FAILED') AS failed,
        count(*) FILTER (WHERE status = 'CANCELED') AS canceled
-  FROM pgtaskd.task_view
+  FROM pgtaskd.task_state
  WHERE finished_at >= $1
  GROUP BY 1";
 

@@ -132,7 +132,7 @@ async fn a_lost_cancel_notification_is_caught_by_the_heartbeat() {
     // What pgtaskd.cancel does, minus its NOTIFY.
     client
         .execute(
-            "UPDATE pgtaskd.tasks SET cancel_requested = true WHERE id = $1",
+            "UPDATE pgtaskd.task_state SET cancel_requested = true WHERE id = $1",
             &[&id],
         )
         .await

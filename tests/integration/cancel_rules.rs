@@ -57,7 +57,7 @@ async fn the_table_refuses_a_canceled_row_without_a_cancel_request() {
     let id = enqueue(&client, "text").await;
     let err = client
         .execute(
-            "UPDATE pgtaskd.tasks SET status = 'CANCELED', finished_at = now() WHERE id = $1",
+            "UPDATE pgtaskd.task_state SET status = 'CANCELED', finished_at = now() WHERE id = $1",
             &[&id],
         )
         .await

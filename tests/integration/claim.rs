@@ -340,7 +340,7 @@ async fn under_a_held_snapshot_a_claim_after_the_last_position_skips_the_entries
     let from_start = blocks_touched(&client, &call("NULL, NULL")).await;
     let table_blocks = count(
         &client,
-        "SELECT pg_relation_size('pgtaskd.tasks') / current_setting('block_size')::int8",
+        "SELECT pg_relation_size('pgtaskd.task_state') / current_setting('block_size')::int8",
     )
     .await;
     // About ten blocks for each task a claim takes (its row, its new version, three indexes).

@@ -177,7 +177,7 @@ async fn a_rolled_back_transaction_leaves_the_row_running_and_a_real_finish_then
     {
         let tx = client.transaction().await.unwrap();
         tx.execute(
-            "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 99, lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            "UPDATE pgtaskd.task_state SET status = 'SUCCEEDED', words = 99, lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
             &[&id],
         )
         .await
@@ -229,7 +229,10 @@ async fn the_table_refuses_results_on_a_row_that_did_not_succeed() {
     let client = db.client().await;
     let (id, _) = claim_one(&client, "x").await;
     let err = client
-        .execute("UPDATE pgtaskd.tasks SET words = 5 WHERE id = $1", &[&id])
+        .execute(
+            "UPDATE pgtaskd.task_state SET words = 5 WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -238,7 +241,7 @@ async fn the_table_refuses_results_on_a_row_that_did_not_succeed() {
     );
     let err = client
         .execute(
-            "UPDATE pgtaskd.tasks SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
+            "UPDATE pgtaskd.task_state SET status = 'FAILED', lease_owner = NULL, lease_expires_at = NULL WHERE id = $1",
             &[&id],
         )
         .await
@@ -354,34 +357,41 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
             .unwrap();
     }
     // The table grows to a backlog and as many running tasks of other daemons, the
-    // statistics still saying it is empty.
+    // statistics still saying it is empty: the tasks inserted, then the odd ones' state rows
+    // (`pgtaskd.task_state`, schema 36) set running. The statistics saying "no rows", the
+    // setup's own join is kept from a nested loop over both tables.
     client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, status, attempt, lease_owner, lease_expires_at,
-                                        started_at)
-             SELECT 'backlog ' || i,
-                    CASE WHEN i % 2 = 0 THEN 'QUEUED' ELSE 'RUNNING' END,
-                    CASE WHEN i % 2 = 0 THEN 0 ELSE 1 END,
-                    CASE WHEN i % 2 = 0 THEN NULL ELSE 'another daemon' END,
-                    CASE WHEN i % 2 = 0 THEN NULL ELSE now() + interval '1 hour' END,
-                    CASE WHEN i % 2 = 0 THEN NULL ELSE now() END
-               FROM generate_series(1, $1::int8) i",
-            &[&ROWS],
-        )
+        .batch_execute(&format!(
+            "BEGIN;
+             SET LOCAL enable_nestloop = off;
+             INSERT INTO pgtaskd.tasks (payload)
+             SELECT 'backlog ' || i FROM generate_series(1, {ROWS}::int8) i;
+             UPDATE pgtaskd.task_state AS s
+                SET status = 'RUNNING', attempt = 1, lease_owner = 'another daemon',
+                    lease_expires_at = now() + interval '1 hour', started_at = now()
+               FROM pgtaskd.tasks AS t
+              WHERE t.id = s.id AND t.payload LIKE 'backlog %'
+                AND split_part(t.payload, ' ', 2)::int8 % 2 = 1;
+             COMMIT;"
+        ))
         .await
         .unwrap();
     assert_eq!(
         count(
             &client,
-            "SELECT reltuples::int8 FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass"
+            "SELECT max(reltuples)::int8 FROM pg_class
+              WHERE oid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)"
         )
         .await,
         0,
-        "the statistics still say the table is empty"
+        "the statistics still say the tables are empty"
     );
+    // The state rows' table: the one the finish and the cancel scan. The test's own reads
+    // below go to it too, not through the view: planned on statistics that say "no rows",
+    // the view's join of the two tables is a nested loop over both (minutes at this size).
     let table_blocks = count(
         &client,
-        "SELECT pg_relation_size('pgtaskd.tasks') / current_setting('block_size')::int8",
+        "SELECT pg_relation_size('pgtaskd.task_state') / current_setting('block_size')::int8",
     )
     .await;
     // A handful of blocks per call: the index descents and the row's own page; the table
@@ -394,22 +404,33 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
 
     let id = client
         .query_one(
-            "UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = $1,
+            "UPDATE pgtaskd.task_state SET status = 'RUNNING', attempt = 1, lease_owner = $1,
                         claim_token = 7,
                         lease_expires_at = now() + interval '1 hour', started_at = now()
-                  WHERE id = (SELECT max(id) FROM pgtaskd.task_view WHERE status = 'QUEUED')
+                  WHERE id = (SELECT max(id) FROM pgtaskd.task_state WHERE status = 'QUEUED')
                  RETURNING id",
             &[&OWNER],
         )
         .await
         .unwrap()
         .get::<_, i64>(0);
-    let finish = format!(
-        "pgtaskd.finish(ARRAY[7]::int8[], ARRAY[{id}]::int8[], ARRAY['SUCCEEDED'],
-                        ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[NULL]::text[],
-                        ARRAY[NULL]::text[], ARRAY[NULL]::float8[], false)"
-    );
-    let touched = blocks_touched(&client, &finish).await;
+    let finish = |id: i64, token: i64| {
+        format!(
+            "pgtaskd.finish(ARRAY[{token}]::int8[], ARRAY[{id}]::int8[], ARRAY['SUCCEEDED'],
+                            ARRAY[1]::int8[], ARRAY[1]::int8[], ARRAY[1]::int8[],
+                            ARRAY[NULL]::text[], ARRAY[NULL]::text[], ARRAY[NULL]::float8[],
+                            false)"
+        )
+    };
+    // A call of each function that writes nothing (no task 0) first: the session's catalog
+    // caches, flushed whenever its backend fell behind the other tests' migrations on the
+    // same cluster (an invalidation queue overflowed while the setup ran), are read again
+    // there, not counted below (a few hundred catalog blocks). The plans stay those made
+    // while the statistics say "no rows".
+    for warm in [finish(0, 0), "pgtaskd.request_cancel(0)".to_string()] {
+        blocks_touched(&client, &warm).await;
+    }
+    let touched = blocks_touched(&client, &finish(id, 7)).await;
     assert!(
         touched <= bound,
         "a finish of one task touched {touched} blocks of a {table_blocks}-block table"
@@ -422,7 +443,7 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
     for status in ["QUEUED", "RUNNING"] {
         let victim = count(
             &client,
-            &format!("SELECT max(id) FROM pgtaskd.task_view WHERE status = '{status}'"),
+            &format!("SELECT max(id) FROM pgtaskd.task_state WHERE status = '{status}'"),
         )
         .await;
         let touched = blocks_touched(&client, &format!("pgtaskd.request_cancel({victim})")).await;

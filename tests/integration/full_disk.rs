@@ -15,8 +15,9 @@ const FINISHES: &str = "NEW.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')";
 /// Heartbeats write a RUNNING row again.
 const HEARTBEATS: &str = "OLD.status = 'RUNNING' AND NEW.status = 'RUNNING'";
 
-/// The trigger that answers the updates of `pgtaskd.tasks` matching `writes` (a condition on
-/// `OLD` and `NEW`) with `disk_full` while `full_disk.refusing` is set.
+/// The trigger that answers the updates of the state rows (`pgtaskd.task_state`, the daemon's
+/// writes since schema 36) matching `writes` (a condition on `OLD` and `NEW`) with
+/// `disk_full` while `full_disk.refusing` is set.
 fn refuse(writes: &str) -> String {
     format!(
         "
@@ -33,7 +34,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.tasks
+CREATE TRIGGER full_disk_refuse BEFORE UPDATE ON pgtaskd.task_state
     FOR EACH ROW EXECUTE FUNCTION full_disk_refuse();
 "
     )

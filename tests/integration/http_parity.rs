@@ -102,19 +102,34 @@ impl Served {
     }
 }
 
-/// Insert `n` finished rows as the owner, one statement: `(queue, status)` by turns.
+/// Insert `n` finished rows as the owner, one task a time: `(queue, status)` by turns. Each
+/// task is inserted, then its state row (`pgtaskd.task_state`, schema 36) set.
 async fn insert_finished(client: &tokio_postgres::Client, n: i64, kinds: &[(&str, &str)]) {
     for chunk in 0..n {
         let (queue, status) = kinds[(chunk % kinds.len() as i64) as usize];
-        within(
+        let id: i64 = within(
             WAIT,
             "a finished row",
+            client.query_one(
+                "INSERT INTO pgtaskd.tasks (queue, payload)
+                 VALUES ($1, 'row ' || $2::bigint || repeat('.', 300))
+                 RETURNING id",
+                &[&queue, &chunk],
+            ),
+        )
+        .await
+        .unwrap()
+        .get(0);
+        within(
+            WAIT,
+            "a finished row's state",
             client.execute(
-                "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, cancel_requested,
-                                            error, started_at, finished_at)
-                 VALUES ($1, 'row ' || $3::bigint || repeat('.', 300), $2, 1, $2 = 'CANCELED',
-                         CASE WHEN $2 = 'FAILED' THEN 'it failed' END, now(), now())",
-                &[&queue, &status, &chunk],
+                "UPDATE pgtaskd.task_state
+                    SET status = $2, attempt = 1, cancel_requested = $2 = 'CANCELED',
+                        error = CASE WHEN $2 = 'FAILED' THEN 'it failed' END,
+                        started_at = now(), finished_at = now()
+                  WHERE id = $1",
+                &[&id, &status],
             ),
         )
         .await

@@ -158,7 +158,7 @@ async fn a_large_output_counts_against_the_http_byte_budget() {
         .get(0);
     client
         .execute(
-            "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', attempt = 1, started_at = now(),
+            "UPDATE pgtaskd.task_state SET status = 'SUCCEEDED', attempt = 1, started_at = now(),
                     finished_at = now(), output = repeat('\"', $2) WHERE id = $1",
             &[&id, &OUTPUT],
         )

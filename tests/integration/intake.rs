@@ -39,12 +39,13 @@ async fn claimed_ahead() -> ClaimedAhead {
     let db = TestDb::new().await;
     let client = db.client().await;
     // Every UPDATE statement takes 50 ms more, so that a claim's round trip dwarfs the time a
-    // task takes however loaded the machine is: the daemon claims ahead on any machine.
+    // task takes however loaded the machine is: the daemon claims ahead on any machine. The
+    // daemon's updates are of the state rows (pgtaskd.task_state, schema 36).
     client
         .batch_execute(
             "CREATE FUNCTION public.slow_update() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
-             CREATE TRIGGER slow_update BEFORE UPDATE ON pgtaskd.tasks
+             CREATE TRIGGER slow_update BEFORE UPDATE ON pgtaskd.task_state
                  FOR EACH STATEMENT EXECUTE FUNCTION public.slow_update();",
         )
         .await

@@ -404,7 +404,7 @@ async fn a_claim_answered_after_its_lease_ran_out_is_given_back_unrun() {
                  END IF;
                  RETURN NEW;
              END $$;
-             CREATE TRIGGER slow_first_claim BEFORE UPDATE ON pgtaskd.tasks FOR EACH ROW
+             CREATE TRIGGER slow_first_claim BEFORE UPDATE ON pgtaskd.task_state FOR EACH ROW
                  WHEN (OLD.status = 'QUEUED' AND NEW.status = 'RUNNING')
                  EXECUTE FUNCTION public.slow_first_claim();",
         )
@@ -562,7 +562,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER hold_extension BEFORE UPDATE ON pgtaskd.tasks
+CREATE TRIGGER hold_extension BEFORE UPDATE ON pgtaskd.task_state
     FOR EACH ROW EXECUTE FUNCTION public.hold_extension();
 ";
 

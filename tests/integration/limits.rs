@@ -438,7 +438,7 @@ async fn sessions_claiming_at_once_never_take_more_than_max_running() {
             WAIT,
             "the tasks to end",
             owner.batch_execute(
-                "UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, \
+                "UPDATE pgtaskd.task_state SET status = 'CANCELED', cancel_requested = true, \
                         lease_owner = NULL, lease_expires_at = NULL, finished_at = now() \
                   WHERE queue = 'lim'",
             ),

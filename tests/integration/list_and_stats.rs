@@ -89,17 +89,35 @@ async fn stats_counts_each_queue_from_a_known_table_and_names_the_daemons() {
               VALUES ('due', 'a', now() - interval '90 seconds', now() - interval '2 minutes'),
                      ('due', 'a', now(), now()),
                      ('later', 'a', now() + interval '1 hour', now());
-         INSERT INTO pgtaskd.tasks (payload, queue, status, attempt, lease_owner,
-                                    lease_expires_at, started_at)
-              VALUES ('r', 'a', 'RUNNING', 1, 'x', now() + interval '1h', now());
-         INSERT INTO pgtaskd.tasks (payload, queue, status, attempt, words, bytes, runes, error,
-                                    cancel_requested, finished_at)
-              VALUES ('s', 'a', 'SUCCEEDED', 1, 1, 1, 1, NULL, false, now() - interval '30 seconds'),
-                     ('s', 'a', 'SUCCEEDED', 1, 1, 1, 1, NULL, false, now() - interval '10 minutes'),
-                     ('f', 'a', 'FAILED', 3, 0, 0, 0, 'e', false, now() - interval '10 minutes'),
-                     ('c', 'a', 'CANCELED', 0, 0, 0, 0, NULL, true, now() - interval '20 seconds'),
-                     ('old', 'a', 'SUCCEEDED', 1, 1, 1, 1, NULL, false, now() - interval '2 hours'),
-                     ('old', 'gone', 'FAILED', 1, 0, 0, 0, 'e', false, now() - interval '2 hours');
+         -- The other states: each task inserted, then its state row (pgtaskd.task_state,
+         -- schema 36) set, the row of the id the insert just took.
+         BEGIN;
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('r', 'a');
+         UPDATE pgtaskd.task_state SET status = 'RUNNING', attempt = 1, lease_owner = 'x',
+                lease_expires_at = now() + interval '1h', started_at = now()
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('s', 'a');
+         UPDATE pgtaskd.task_state SET status = 'SUCCEEDED', attempt = 1, words = 1, bytes = 1, runes = 1,
+                finished_at = now() - interval '30 seconds'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('s', 'a');
+         UPDATE pgtaskd.task_state SET status = 'SUCCEEDED', attempt = 1, words = 1, bytes = 1, runes = 1,
+                finished_at = now() - interval '10 minutes'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('f', 'a');
+         UPDATE pgtaskd.task_state SET status = 'FAILED', attempt = 3, error = 'e', finished_at = now() - interval '10 minutes'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('c', 'a');
+         UPDATE pgtaskd.task_state SET status = 'CANCELED', cancel_requested = true, finished_at = now() - interval '20 seconds'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('old', 'a');
+         UPDATE pgtaskd.task_state SET status = 'SUCCEEDED', attempt = 1, words = 1, bytes = 1, runes = 1,
+                finished_at = now() - interval '2 hours'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('old', 'gone');
+         UPDATE pgtaskd.task_state SET status = 'FAILED', attempt = 1, error = 'e', finished_at = now() - interval '2 hours'
+          WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
+         COMMIT;
          SELECT pgtaskd.pause_queue('b');",
     )
     .await;

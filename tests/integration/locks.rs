@@ -99,10 +99,12 @@ async fn a_heartbeat_and_a_batched_finish_skip_a_locked_row_and_say_so() {
     let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
     let tokens: Vec<i64> = claimed.iter().map(|c| c.token).collect();
 
+    // The state row (pgtaskd.task_state, schema 36) is the one the daemon writes: holding it
+    // is what makes the heartbeat and the finish pass over the task.
     let mut other = db.client().await;
     let tx = other.transaction().await.unwrap();
     tx.execute(
-        "UPDATE pgtaskd.tasks SET cancel_requested = true WHERE id = $1",
+        "UPDATE pgtaskd.task_state SET cancel_requested = true WHERE id = $1",
         &[&ids[1]],
     )
     .await
@@ -254,10 +256,12 @@ async fn drains_with_the_fastest_heartbeat_never_deadlock() {
     );
 }
 
-/// A lock on the whole table held longer than a lease (a producer's `LOCK TABLE`, an index
-/// built in an open transaction) blocks every daemon's heartbeat and finish, and every
-/// rescue: another daemon's rescuer must not take back the finished tasks the moment the lock
-/// goes, before their finishes, blocked as long, land. Their work ran once.
+/// A lock on the whole table held longer than a lease (a `LOCK TABLE`, an index built in an
+/// open transaction) blocks every daemon's heartbeat and finish, and every rescue. The table
+/// is the state rows' (`pgtaskd.task_state`, schema 36), the only one the daemon writes; a
+/// lock on `pgtaskd.tasks` no longer blocks any of them. Another daemon's rescuer must not
+/// take back the finished tasks the moment the lock goes, before their finishes, blocked as
+/// long, land. Their work ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_lock_longer_than_a_lease_makes_no_finished_task_run_again() {
     let db = TestDb::new().await;
@@ -281,7 +285,7 @@ async fn a_table_lock_longer_than_a_lease_makes_no_finished_task_run_again() {
     within(
         WAIT,
         "the table lock",
-        lock.batch_execute("LOCK TABLE pgtaskd.tasks IN SHARE MODE"),
+        lock.batch_execute("LOCK TABLE pgtaskd.task_state IN SHARE MODE"),
     )
     .await
     .unwrap();
@@ -324,14 +328,15 @@ async fn a_row_lock_across_a_stop_parks_the_result_and_a_rescuer_writes_it() {
     let id = enqueue(&client, "one two three").await;
     held.entered(1).await;
 
-    // The producer's transaction holds the task's row, and stays open across the stop.
+    // The producer's transaction holds the task's row, and stays open across the stop: its
+    // state row (pgtaskd.task_state, schema 36), the one the daemon writes.
     let mut producer = db.client().await;
     let tx = within(WAIT, "BEGIN", producer.transaction()).await.unwrap();
     within(
         WAIT,
         "the row lock",
         tx.execute(
-            "SELECT 1 FROM pgtaskd.tasks WHERE id = $1 FOR UPDATE",
+            "SELECT 1 FROM pgtaskd.task_state WHERE id = $1 FOR UPDATE",
             &[&id],
         ),
     )
@@ -431,19 +436,20 @@ async fn parked_results_on_held_rows_leave_the_rest_to_be_written_and_declined_o
         WAIT,
         "the leases expired",
         client.execute(
-            "UPDATE pgtaskd.tasks SET lease_expires_at = now() - interval '1 s' WHERE id = ANY ($1)",
+            "UPDATE pgtaskd.task_state SET lease_expires_at = now() - interval '1 s' WHERE id = ANY ($1)",
             &[&ids],
         ),
     )
     .await
     .unwrap();
+    // Their state rows (pgtaskd.task_state, schema 36): the ones the daemon writes.
     let mut holder = db.client().await;
     let held = holder.transaction().await.unwrap();
     within(
         WAIT,
         "the rows held",
         held.execute(
-            "SELECT 1 FROM pgtaskd.tasks WHERE id = ANY ($1) FOR UPDATE",
+            "SELECT 1 FROM pgtaskd.task_state WHERE id = ANY ($1) FOR UPDATE",
             &[&ids[..2].to_vec()],
         ),
     )

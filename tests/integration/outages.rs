@@ -310,7 +310,7 @@ async fn writes_refused_as_read_only_are_tried_once_a_turn_not_once_a_claim() {
                  END IF;
                  RETURN NEW;
              END $$;
-             CREATE TRIGGER read_only BEFORE UPDATE ON pgtaskd.tasks
+             CREATE TRIGGER read_only BEFORE UPDATE ON pgtaskd.task_state
                  FOR EACH ROW EXECUTE FUNCTION public.read_only();",
         )
         .await
@@ -330,7 +330,7 @@ async fn writes_refused_as_read_only_are_tried_once_a_turn_not_once_a_claim() {
         .unwrap();
     let opened = count(&client, sessions).await - before;
     client
-        .batch_execute("DROP TRIGGER read_only ON pgtaskd.tasks")
+        .batch_execute("DROP TRIGGER read_only ON pgtaskd.task_state")
         .await
         .unwrap();
     drop(client);

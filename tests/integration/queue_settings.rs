@@ -77,15 +77,18 @@ async fn queue_set_merges_removes_and_prints_the_settings_and_show_counts_the_ta
         Some("2 1 10 00:00:01 10 30 days")
     );
 
-    // A task inserted without max_attempts follows the queue's; one RUNNING, one QUEUED.
+    // A task inserted without max_attempts follows the queue's; one RUNNING (its state row,
+    // `pgtaskd.task_state` since schema 36, set after the insert), one QUEUED.
     within(
         WAIT,
         "two tasks",
         client.batch_execute(
             "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('emails', 'a');
-             INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, lease_owner,
-                                        lease_expires_at, claim_token)
-                  VALUES ('emails', 'b', 'RUNNING', 1, now(), 'test', now() + interval '1 hour', 1);
+             INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('emails', 'b');
+             UPDATE pgtaskd.task_state
+                SET status = 'RUNNING', attempt = 1, started_at = now(), lease_owner = 'test',
+                    lease_expires_at = now() + interval '1 hour', claim_token = 1
+              WHERE id = currval(pg_get_serial_sequence('pgtaskd.tasks', 'id'));
              INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('other', 'c');",
         ),
     )

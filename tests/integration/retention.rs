@@ -1,6 +1,7 @@
-//! Retention's deletes and the daemon's vacuum of the tasks table (docs/design.md,
-//! "Vacuum"): only finished rows older than the setting are deleted, in batches that start
-//! after the rows the pass deleted and stay fast on a table whose statistics say it is empty;
+//! Retention's deletes and the daemon's vacuum of the tasks' state rows (`pgtaskd.task_state`
+//! since schema 36; docs/design.md, "Vacuum"): only finished rows older than the setting are
+//! deleted, in batches that start after the rows the pass deleted and stay fast on a table
+//! whose statistics say it is empty;
 //! the daemon vacuums the table once it pruned enough rows, vacuums it itself while
 //! autovacuum is off for it, and leaves it to autovacuum where that covers it.
 
@@ -21,9 +22,10 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
         .batch_execute(
             "INSERT INTO pgtaskd.tasks (payload) SELECT 'old ' || i FROM generate_series(1, 2500) i;
              INSERT INTO pgtaskd.tasks (payload) VALUES ('recent'), ('queued'), ('running');
-             UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, finished_at = now() - interval '2 days'
-              WHERE payload LIKE 'old %';
-             UPDATE pgtaskd.tasks SET status = 'CANCELED', cancel_requested = true, finished_at = now() WHERE payload = 'recent';",
+             UPDATE pgtaskd.task_state SET status = 'CANCELED', cancel_requested = true, finished_at = now() - interval '2 days'
+              WHERE id IN (SELECT id FROM pgtaskd.tasks WHERE payload LIKE 'old %');
+             UPDATE pgtaskd.task_state SET status = 'CANCELED', cancel_requested = true, finished_at = now()
+              WHERE id IN (SELECT id FROM pgtaskd.tasks WHERE payload = 'recent');",
         )
         .await
         .unwrap();
@@ -51,17 +53,26 @@ async fn retention_deletes_only_finished_rows_older_than_the_setting() {
     assert_eq!(left, ["recent", "queued", "running"]);
 }
 
-/// `rows` CANCELED rows that finished two days ago, a millisecond apart, in id order.
+/// `rows` CANCELED rows that finished two days ago, a millisecond apart, in id order: the
+/// tasks inserted, then their state rows (`pgtaskd.task_state`, schema 36) set finished, in
+/// one transaction (its join kept from a nested loop where the statistics say "no rows").
 async fn insert_finished_two_days_ago(client: &tokio_postgres::Client, rows: i64) {
     within(
         WAIT,
         "finished rows to be inserted",
-        client.execute(
-            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
-             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days' + i * interval '1 ms'
-               FROM generate_series(1, $1::int8) i",
-            &[&rows],
-        ),
+        client.batch_execute(&format!(
+            "BEGIN;
+             SET LOCAL enable_nestloop = off;
+             INSERT INTO pgtaskd.tasks (payload)
+             SELECT 'old ' || i FROM generate_series(1, {rows}::int8) i;
+             UPDATE pgtaskd.task_state AS s
+                SET status = 'CANCELED', cancel_requested = true,
+                    finished_at = now() - interval '2 days'
+                                  + split_part(t.payload, ' ', 2)::int8 * interval '1 ms'
+               FROM pgtaskd.tasks AS t
+              WHERE t.id = s.id AND t.payload LIKE 'old %' AND s.status = 'QUEUED';
+             COMMIT;"
+        )),
     )
     .await
     .unwrap();
@@ -155,11 +166,12 @@ async fn retention_prunes_a_grown_table_whose_statistics_say_it_is_empty() {
     assert_eq!(
         count(
             &client,
-            "SELECT reltuples::int8 FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass"
+            "SELECT max(reltuples)::int8 FROM pg_class
+              WHERE oid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)"
         )
         .await,
         0,
-        "the statistics still say the table is empty"
+        "the statistics still say the tables are empty"
     );
     // Milliseconds a batch; the semi-join plan took minutes for a table of this size.
     let deleted = within(
@@ -179,22 +191,15 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     // The daemon's vacuum is the only one: an autovacuum of the table at the same moment
     // (the inserts and the deletes below make one due) would make it skip (SKIP_LOCKED),
     // and the count of vacuums it ran would never move (failed once in five full runs).
+    // The table the daemon vacuums is the state rows' (`pgtaskd.task_state`, schema 36).
     client
-        .batch_execute("ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)")
+        .batch_execute("ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false)")
         .await
         .unwrap();
     let rows = pgtaskd::maintenance::vacuum::VACUUM_AFTER as i64 + 10;
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, status, cancel_requested, finished_at)
-             SELECT 'old ' || i, 'CANCELED', true, now() - interval '2 days'
-               FROM generate_series(1, $1::int8) i",
-            &[&rows],
-        )
-        .await
-        .unwrap();
+    insert_finished_two_days_ago(&client, rows).await;
     let vacuums =
-        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass";
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.task_state'::regclass";
     let before = count(&client, vacuums).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let pruned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -230,8 +235,10 @@ async fn retention_vacuums_the_table_once_it_pruned_enough_rows() {
     within(WAIT, "the vacuum to stop", vacuum).await.unwrap();
 }
 
+/// Vacuums of the state rows' table (`pgtaskd.task_state`, schema 36): the one the daemon's
+/// claims and finishes churn, and the one it vacuums.
 const MANUAL_VACUUMS: &str =
-    "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.tasks'::regclass";
+    "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgtaskd.task_state'::regclass";
 
 /// Drain `n` tasks with a daemon of default settings (no retention), and return the table's
 /// manual vacuum count, read a few of the vacuum's checks after the last finish.
@@ -267,7 +274,7 @@ async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
     let db = TestDb::new().await;
     let client = db.client().await;
     client
-        .batch_execute("ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)")
+        .batch_execute("ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false)")
         .await
         .unwrap();
     // Two dead versions a task: this many make one vacuum due.
@@ -286,7 +293,7 @@ async fn a_daemon_vacuums_the_table_itself_while_autovacuum_is_off_for_it() {
         .unwrap();
     let dead = count(
         &client,
-        "SELECT dead_tuple_count FROM pgstattuple('pgtaskd.tasks')",
+        "SELECT dead_tuple_count FROM pgstattuple('pgtaskd.task_state')",
     )
     .await;
     assert!(

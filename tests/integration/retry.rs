@@ -7,19 +7,13 @@ use crate::support::daemon::pgtaskd;
 use crate::support::{wait_count, within, GatedAnalyzer, InProcessDaemon, TestDb, WAIT};
 
 /// Rows in each state, written as the owner: (FAILED, CANCELED, QUEUED, RUNNING, SUCCEEDED).
+/// The tasks are inserted, then their state rows (`pgtaskd.task_state`, schema 36) set.
 pub(crate) async fn one_task_per_state(client: &Client) -> [i64; 5] {
     let rows = within(
         WAIT,
         "the rows",
         client.query(
-            "INSERT INTO pgtaskd.tasks (payload, status, attempt, cancel_requested, words, bytes,
-                                        runes, error, lease_owner, lease_expires_at, started_at,
-                                        finished_at)
-             VALUES ('f', 'FAILED', 3, false, 0, 0, 0, 'lease lost 3 times', NULL, NULL, now(), now()),
-                    ('c', 'CANCELED', 1, true, 0, 0, 0, NULL, NULL, NULL, now(), now()),
-                    ('q', 'QUEUED', 0, false, 0, 0, 0, NULL, NULL, NULL, NULL, NULL),
-                    ('r', 'RUNNING', 1, false, 0, 0, 0, NULL, 'someone', now() + interval '1h', now(), NULL),
-                    ('s', 'SUCCEEDED', 1, false, 1, 1, 1, NULL, NULL, NULL, now(), now())
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('f'), ('c'), ('q'), ('r'), ('s')
              RETURNING id",
             &[],
         ),
@@ -27,6 +21,32 @@ pub(crate) async fn one_task_per_state(client: &Client) -> [i64; 5] {
     .await
     .unwrap();
     let ids: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+    within(
+        WAIT,
+        "the rows' states",
+        client.execute(
+            "UPDATE pgtaskd.task_state AS s
+                SET status = v.status, attempt = v.attempt,
+                    cancel_requested = v.cancel_requested, words = v.words, bytes = v.bytes,
+                    runes = v.runes, error = v.error, lease_owner = v.lease_owner,
+                    lease_expires_at = v.lease_expires_at, started_at = v.started_at,
+                    finished_at = v.finished_at
+               FROM pgtaskd.tasks AS t,
+                    (VALUES ('f', 'FAILED', 3, false, 0::int8, 0::int8, 0::int8,
+                             'lease lost 3 times', NULL::text, NULL::timestamptz, now(), now()),
+                            ('c', 'CANCELED', 1, true, 0, 0, 0, NULL, NULL, NULL, now(), now()),
+                            ('q', 'QUEUED', 0, false, 0, 0, 0, NULL, NULL, NULL, NULL, NULL),
+                            ('r', 'RUNNING', 1, false, 0, 0, 0, NULL, 'someone',
+                             now() + interval '1h', now(), NULL),
+                            ('s', 'SUCCEEDED', 1, false, 1, 1, 1, NULL, NULL, NULL, now(), now()))
+                    AS v(payload, status, attempt, cancel_requested, words, bytes, runes, error,
+                         lease_owner, lease_expires_at, started_at, finished_at)
+              WHERE t.id = s.id AND t.id = ANY ($1) AND v.payload = t.payload",
+            &[&ids],
+        ),
+    )
+    .await
+    .unwrap();
     ids.try_into().unwrap()
 }
 

@@ -109,36 +109,46 @@ async fn a_producer_may_insert_read_and_cancel_and_nothing_else() {
         .get(0);
     assert_eq!(canceled, "CANCELED");
 
-    denied(&producer, "UPDATE pgtaskd.tasks SET status = 'SUCCEEDED'").await;
-    denied(&producer, "UPDATE pgtaskd.tasks SET words = 1").await;
+    // The state is the daemon's, in rows of their own since schema 36 (pgtaskd.task_state,
+    // which a producer may read only); the task rows a producer inserts, never updates.
+    denied(&producer, "UPDATE pgtaskd.tasks SET priority = 5").await;
     denied(
         &producer,
-        "INSERT INTO pgtaskd.tasks (payload, status) VALUES ('x', 'SUCCEEDED')",
+        "UPDATE pgtaskd.task_state SET status = 'SUCCEEDED'",
+    )
+    .await;
+    denied(&producer, "UPDATE pgtaskd.task_state SET words = 1").await;
+    denied(
+        &producer,
+        "UPDATE pgtaskd.task_state SET lease_owner = 'me'",
     )
     .await;
     denied(
         &producer,
-        "INSERT INTO pgtaskd.tasks (payload, words) VALUES ('x', 5)",
+        "INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, status)
+         VALUES (1000000, 'default', 0, now(), 3, 'SUCCEEDED')",
     )
     .await;
-    denied(
-        &producer,
-        "INSERT INTO pgtaskd.tasks (payload, lease_owner) VALUES ('x', 'me')",
-    )
-    .await;
+    denied(&producer, "DELETE FROM pgtaskd.task_state").await;
     denied(&producer, "DELETE FROM pgtaskd.tasks").await;
-    // The view is read-only, to every role (schema 24).
-    denied(
-        &producer,
+    // The view is read-only, to every role (schema 24): since schema 36 it joins the task to
+    // its state row, and PostgreSQL refuses to write through a join before it looks at rights
+    // ("cannot update view", 55000).
+    for write in [
         "UPDATE pgtaskd.task_view SET status = 'SUCCEEDED'",
-    )
-    .await;
-    denied(
-        &producer,
         "INSERT INTO pgtaskd.task_view (payload) VALUES ('x')",
-    )
-    .await;
-    denied(&producer, "DELETE FROM pgtaskd.task_view").await;
+        "DELETE FROM pgtaskd.task_view",
+    ] {
+        let err = producer.batch_execute(write).await.expect_err(write);
+        assert!(
+            [
+                Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+                Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE)
+            ]
+            .contains(&err.code()),
+            "{write}: {err}"
+        );
+    }
     denied(&producer, "CREATE TABLE pgtaskd.mine (x int)").await;
     denied(&producer, "SELECT pgtaskd.grant_daemon('producer')").await;
 }
@@ -165,7 +175,7 @@ async fn the_daemon_runs_under_its_role_without_ddl_rights() {
         .unwrap();
     wait_count(
         &owner,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
         100,
         "the tasks",
     )
@@ -321,7 +331,7 @@ async fn a_daemon_role_granted_before_schema_3_may_claim_finish_and_prune_after_
     let mut daemon = DaemonProcess::start_url(&url, "[retention]\nfinished_after = \"1s\"\n", &[]);
     wait_count(
         &owner,
-        "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' OR finished_at IS NULL",
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED' OR finished_at IS NULL",
         0,
         "the task to finish and be pruned under the daemon's role",
     )

@@ -140,11 +140,16 @@ async fn the_dashboard_shows_queues_and_failures_as_text_in_a_real_browser() {
     // minute; thumbnails 1 QUEUED, paused.
     let statements = format!(
         "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('mail', 'a'), ('mail', 'b'), ('mail', 'c'), ('thumbnails', 'd');
-         INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at)
-              VALUES ('reports', 'e', 'SUCCEEDED', 1, now(), now()),
-                     ('reports', 'f', 'SUCCEEDED', 1, now(), now());
-         INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at, error)
-              VALUES ('reports', 'g', 'FAILED', 1, now(), now(), '{}');
+         BEGIN;
+         INSERT INTO pgtaskd.tasks (queue, payload)
+              VALUES ('reports', 'e'), ('reports', 'f'), ('reports', 'g');
+         UPDATE pgtaskd.task_state AS s
+            SET status = CASE t.payload WHEN 'g' THEN 'FAILED' ELSE 'SUCCEEDED' END,
+                attempt = 1, started_at = now(), finished_at = now(),
+                error = CASE t.payload WHEN 'g' THEN '{}' END
+           FROM pgtaskd.tasks AS t
+          WHERE t.id = s.id AND t.queue = 'reports';
+         COMMIT;
          SELECT pgtaskd.pause_queue('thumbnails');
          SELECT pgtaskd.put_schedule('nightly', '30 2 * * *', NULL, 'x', 'reports', 'Europe/Berlin');
          INSERT INTO pgtaskd.schedules (name, cron, payload) VALUES ('broken', '<b>x</b>', 'y');",

@@ -10,32 +10,43 @@ use crate::migrate::database_at;
 use crate::support::daemon::pgtaskd;
 use crate::support::{within, TestDb, WAIT};
 
+/// Since schema 36 the updates (and the room for them, `fillfactor = 50`) are the state
+/// rows' (`pgtaskd.task_state`); `pgtaskd.tasks`, never updated, keeps the vacuum parameters
+/// for retention's deletes at `fillfactor = 100`.
 #[tokio::test]
 async fn schema_8_sets_the_tables_vacuum_parameters() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let options: Vec<String> = client
-        .query_one(
-            "SELECT reloptions FROM pg_class WHERE oid = 'pgtaskd.tasks'::regclass",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    for option in [
-        "autovacuum_vacuum_scale_factor=0",
-        "autovacuum_vacuum_threshold=5000",
-        "autovacuum_vacuum_cost_delay=0",
-        "vacuum_truncate=false",
-        "fillfactor=50",
+    for (table, fillfactor) in [
+        ("pgtaskd.task_state", "fillfactor=50"),
+        ("pgtaskd.tasks", "fillfactor=100"),
     ] {
-        assert!(options.iter().any(|o| o == option), "{option}: {options:?}");
+        let options: Vec<String> = client
+            .query_one(
+                "SELECT reloptions FROM pg_class WHERE oid = $1::text::regclass",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        for option in [
+            "autovacuum_vacuum_scale_factor=0",
+            "autovacuum_vacuum_threshold=5000",
+            "autovacuum_vacuum_cost_delay=0",
+            "vacuum_truncate=false",
+            fillfactor,
+        ] {
+            assert!(
+                options.iter().any(|o| o == option),
+                "{table}: {option}: {options:?}"
+            );
+        }
+        assert_eq!(
+            options.len(),
+            5,
+            "{table}: only the parameters sql/0008_autovacuum.sql, sql/0027_room_for_updates.sql and sql/0036_task_state.sql explain: {options:?}"
+        );
     }
-    assert_eq!(
-        options.len(),
-        5,
-        "only the parameters sql/0008_autovacuum.sql and sql/0027_room_for_updates.sql explain: {options:?}"
-    );
 }
 
 /// Schema 27 leaves room on each page for the updates (`fillfactor = 50`) where the table had
@@ -55,10 +66,12 @@ async fn schema_27_sets_a_fillfactor_unless_the_operator_set_one() {
         within(WAIT, "the operator's setting", client.batch_execute(set))
             .await
             .unwrap();
+        // To schema 27 only: schema 36 moves the updates to pgtaskd.task_state and leaves
+        // pgtaskd.tasks, never updated again, at fillfactor 100.
         within(
             WAIT,
             "migrating",
-            pgtaskd::db::migrate::migrate(&mut client),
+            pgtaskd::db::migrate::migrate_to(&mut client, 27),
         )
         .await
         .unwrap();
@@ -372,9 +385,11 @@ async fn schema_22_grants_retry_failed_to_the_roles_that_may_retry() {
 }
 
 /// Schema 24's `pgtaskd.task_view` has every column of `pgtaskd.tasks`, in its order, with
-/// its names and types, and reads the same rows; every role that could read the table before
-/// the upgrade (granted by the grant functions, or by hand) reads the view after it, and the
-/// grant functions give it from then on; no role may write through it.
+/// its names and types, and reads the same rows (the table as it was before the upgrade:
+/// schema 36 moved the state columns to `pgtaskd.task_state`, and the view kept them all);
+/// every role that could read the table before the upgrade (granted by the grant functions,
+/// or by hand) reads the view after it, and the grant functions give it from then on; no
+/// role may write through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
     let roles = Roles::new("tv");
@@ -382,7 +397,8 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
         "CREATE ROLE {0}; GRANT USAGE ON SCHEMA pgtaskd TO {0}; GRANT SELECT ON pgtaskd.tasks TO {0};
          INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('one', 'a'), ('two', 'b');
          UPDATE pgtaskd.tasks SET status = 'SUCCEEDED', words = 1, bytes = 3, runes = 3,
-                finished_at = now(), started_at = now(), attempt = 1 WHERE payload = 'one';",
+                finished_at = now(), started_at = now(), attempt = 1 WHERE payload = 'one';
+         CREATE TABLE public.tasks_before_24 AS SELECT * FROM pgtaskd.tasks;",
         roles.name("by_hand")
     );
     let (_db, owner) = upgrade_with_roles(23, &roles, &setup).await;
@@ -394,7 +410,7 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
         )
     };
     let table: String = owner
-        .query_one(&columns("pgtaskd.tasks"), &[])
+        .query_one(&columns("public.tasks_before_24"), &[])
         .await
         .unwrap()
         .get(0);
@@ -403,16 +419,18 @@ async fn schema_24_gives_the_task_view_to_every_role_that_may_read_the_tasks() {
         .await
         .unwrap()
         .get(0);
-    // Besides the table's columns, the view has the task's key (schema 30), computed.
-    assert_eq!(
-        view,
-        table.replace("traceparent text, ", "traceparent text, task_key text, "),
-        "the view's columns are the table's, and the key"
+    // Besides the table's columns, the view has the task's key (schema 30), computed, and
+    // the columns later schemas added (30, 32, 33) after it.
+    let expected = format!("{table}, task_key text, ");
+    assert!(
+        view.starts_with(&expected),
+        "the view's columns are the table's, and the key: {view} against {expected}"
     );
     let same: bool = owner
         .query_one(
-            "SELECT (SELECT jsonb_agg(to_jsonb(t) ORDER BY t.id) FROM pgtaskd.tasks AS t) \
-                  = (SELECT jsonb_agg(to_jsonb(v) - 'task_key' ORDER BY v.id) FROM pgtaskd.task_view AS v)",
+            "SELECT count(*) = (SELECT count(*) FROM pgtaskd.task_view) \
+                AND bool_and(coalesce(to_jsonb(v) @> to_jsonb(t), false)) \
+               FROM public.tasks_before_24 AS t LEFT JOIN pgtaskd.task_view AS v USING (id)",
             &[],
         )
         .await
@@ -915,12 +933,12 @@ async fn schema_30_keeps_tasks_of_every_state_and_gives_each_a_key_and_the_claim
         WAIT,
         "the rows after",
         owner.query(
-            "SELECT (t.id, t.queue, t.payload, t.status, t.priority, t.run_at, t.attempt,
-                     t.max_attempts, t.cancel_requested, t.words, t.bytes, t.runes, t.error,
-                     t.lease_owner, t.lease_expires_at, t.created_at, t.started_at,
-                     t.finished_at, t.idempotency_key, t.claim_token, t.output,
-                     t.traceparent)::text, t.runs, t.errors IS NULL, v.task_key
-               FROM pgtaskd.tasks AS t JOIN pgtaskd.task_view AS v USING (id) ORDER BY id",
+            "SELECT (v.id, v.queue, v.payload, v.status, v.priority, v.run_at, v.attempt,
+                     v.max_attempts, v.cancel_requested, v.words, v.bytes, v.runes, v.error,
+                     v.lease_owner, v.lease_expires_at, v.created_at, v.started_at,
+                     v.finished_at, v.idempotency_key, v.claim_token, v.output,
+                     v.traceparent)::text, v.runs, v.errors IS NULL, v.task_key
+               FROM pgtaskd.task_view AS v ORDER BY id",
             &[],
         ),
     )
@@ -1028,8 +1046,9 @@ async fn schema_33_keeps_every_row_and_its_attempts_and_gives_the_old_roles_the_
         WAIT,
         "the rows compared",
         owner.query_one(
-            "SELECT count(*) FROM before_33 AS b JOIN pgtaskd.tasks AS t USING (id)
-              WHERE to_jsonb(t) - 'concurrency_key' <> b.row OR t.concurrency_key IS NOT NULL",
+            "SELECT count(*) FROM before_33 AS b JOIN pgtaskd.task_view AS v USING (id)
+              WHERE to_jsonb(v) - 'concurrency_key' - 'task_key' <> b.row
+                 OR v.concurrency_key IS NOT NULL",
             &[],
         ),
     )

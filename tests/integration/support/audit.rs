@@ -1,4 +1,5 @@
-//! Test-only SQL installed into a test database: an audit trail of every status transition,
+//! Test-only SQL installed into a test database: an audit trail of every status transition
+//! (the state rows of `pgtaskd.task_state`, the only rows the daemon updates, schema 36),
 //! and a switch that makes the database refuse the finishes of chosen attempts (a daemon
 //! that cannot finish keeps its claim, as one that lost the database would).
 
@@ -22,7 +23,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER audit AFTER UPDATE ON pgtaskd.tasks
+CREATE TRIGGER audit AFTER UPDATE ON pgtaskd.task_state
     FOR EACH ROW EXECUTE FUNCTION public.audit_tasks();
 
 CREATE TABLE public.refused_attempts (attempt int PRIMARY KEY);
@@ -34,7 +35,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER refuse_finish BEFORE UPDATE ON pgtaskd.tasks
+CREATE TRIGGER refuse_finish BEFORE UPDATE ON pgtaskd.task_state
     FOR EACH ROW EXECUTE FUNCTION public.refuse_finish();
 ";
 

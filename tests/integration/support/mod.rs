@@ -38,7 +38,7 @@ pub use daemon::{DaemonProcess, InProcessDaemon};
 pub use gate::GatedAnalyzer;
 pub use tasks::{
     assert_all_succeeded, blocks_touched, count, enqueue, expected_counts, hold_snapshot,
-    insert_payloads, payload, statistics_say_empty, wait_count, wait_status,
+    insert_payloads, payload, set_state, statistics_say_empty, wait_count, wait_status,
 };
 
 /// How long any single await in a test may take before the test fails.

@@ -15,6 +15,18 @@ pub async fn enqueue(client: &Client, payload: &str) -> i64 {
         .get(0)
 }
 
+/// Set the state of task `id` directly: `set` is the `SET` list of an `UPDATE` of its state
+/// row (`pgtaskd.task_state`, schema 36: `pgtaskd.tasks` holds only the producer's columns,
+/// so a test that wants a task in another state than QUEUED inserts it, then sets this).
+pub async fn set_state(client: &Client, id: i64, set: &str) -> Result<u64, tokio_postgres::Error> {
+    client
+        .execute(
+            &format!("UPDATE pgtaskd.task_state SET {set} WHERE id = $1"),
+            &[&id],
+        )
+        .await
+}
+
 /// Insert tasks `payload(0..n)` in one `INSERT ... SELECT`; returns the payloads.
 pub async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
     let payloads: Vec<String> = (0..n).map(payload).collect();
@@ -28,21 +40,27 @@ pub async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
     payloads
 }
 
-/// Leave the task table as a drained queue's after its vacuum: statistics that say "no rows",
-/// kept so (autovacuum off for the table) however the test then fills it.
+/// Leave the task tables as a drained queue's after its vacuum: statistics that say "no rows",
+/// kept so (autovacuum off for the tables) however the test then fills them. Both tables:
+/// `pgtaskd.tasks` and the state rows of `pgtaskd.task_state` (schema 36), which the
+/// daemon's statements scan.
 pub async fn statistics_say_empty(client: &Client) {
     client
         .batch_execute(
             "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
+             ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false);
              INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
              DELETE FROM pgtaskd.tasks;",
         )
         .await
         .unwrap();
-    client
-        .batch_execute("VACUUM ANALYZE pgtaskd.tasks")
-        .await
-        .unwrap();
+    // One statement a call: VACUUM cannot run in the implicit transaction of several.
+    for table in ["pgtaskd.tasks", "pgtaskd.task_state"] {
+        client
+            .batch_execute(&format!("VACUUM ANALYZE {table}"))
+            .await
+            .unwrap();
+    }
 }
 
 /// Shared buffers (hit or read) one call of `call` touched: the function's own statements

@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 
 use super::browser::Browser;
 use super::Served;
-use crate::support::{within, TestDb, WAIT};
+use crate::support::{set_state, within, TestDb, WAIT};
 
 /// The rows a page of the console's list holds.
 const PAGE_ROWS: usize = 50;
@@ -59,21 +59,35 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
     let db = TestDb::new().await;
     let client = db.client().await;
     // mail: 120 FAILED (two-line errors) and 30 SUCCEEDED; reports: 40 FAILED; one FAILED task
-    // of "pages" with a long payload full of markup, an output and an error.
+    // of "pages" with a long payload full of markup, an output and an error. The tasks are
+    // inserted, then their state rows (`pgtaskd.task_state`, schema 36) set.
     within(
         WAIT,
         "the tasks",
         client.batch_execute(
-            "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at, error)
-             SELECT 'mail', 'mail payload ' || g || ' <b>bold</b>', 'FAILED', 3, now(), now(),
-                    'boom ' || g || E'\nsecond line'
+            "BEGIN;
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'mail', 'mail payload ' || g || ' <b>bold</b>'
                FROM generate_series(1, 120) AS g;
-             INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at)
-             SELECT 'mail', 'sent ' || g, 'SUCCEEDED', 1, now(), now()
+             UPDATE pgtaskd.task_state AS s
+                SET status = 'FAILED', attempt = 3, started_at = now(), finished_at = now(),
+                    error = 'boom ' || split_part(t.payload, ' ', 3) || E'\nsecond line'
+               FROM pgtaskd.tasks AS t
+              WHERE t.id = s.id AND t.queue = 'mail' AND t.payload LIKE 'mail payload %';
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'mail', 'sent ' || g
                FROM generate_series(1, 30) AS g;
-             INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at, error)
-             SELECT 'reports', 'report ' || g, 'FAILED', 1, now(), now(), 'no data'
-               FROM generate_series(1, 40) AS g;",
+             UPDATE pgtaskd.task_state
+                SET status = 'SUCCEEDED', attempt = 1, started_at = now(), finished_at = now()
+              WHERE queue = 'mail' AND status = 'QUEUED';
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'reports', 'report ' || g
+               FROM generate_series(1, 40) AS g;
+             UPDATE pgtaskd.task_state
+                SET status = 'FAILED', attempt = 1, started_at = now(), finished_at = now(),
+                    error = 'no data'
+              WHERE queue = 'reports' AND status = 'QUEUED';
+             COMMIT;",
         ),
     )
     .await
@@ -83,10 +97,8 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         WAIT,
         "the task with markup",
         client.query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, max_attempts, started_at,
-                                        finished_at, error, idempotency_key, traceparent)
-             VALUES ('pages', $1, 'FAILED', 2, 5, now() - interval '1 minute', now(),
-                     E'<i>failed</i> at step 2\nstack', 'key-1',
+            "INSERT INTO pgtaskd.tasks (queue, payload, max_attempts, idempotency_key, traceparent)
+             VALUES ('pages', $1, 5, 'key-1',
                      '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')
              RETURNING id",
             &[&payload],
@@ -95,21 +107,41 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
     .await
     .expect("the task is inserted")
     .get(0);
+    within(
+        WAIT,
+        "the task with markup to fail",
+        set_state(
+            &client,
+            page_task,
+            "status = 'FAILED', attempt = 2, started_at = now() - interval '1 minute',
+             finished_at = now(), error = E'<i>failed</i> at step 2\nstack'",
+        ),
+    )
+    .await
+    .expect("the task's state is set");
     let done_task: i64 = within(
         WAIT,
         "a task with an output",
         client.query_one(
-            "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at,
-                                        output, words, bytes, runes)
-             VALUES ('pages', 'short', 'SUCCEEDED', 1, now(), now(), 'the <u>output</u>',
-                     1, 5, 5)
-             RETURNING id",
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('pages', 'short') RETURNING id",
             &[],
         ),
     )
     .await
     .expect("the task is inserted")
     .get(0);
+    within(
+        WAIT,
+        "the task with an output to succeed",
+        set_state(
+            &client,
+            done_task,
+            "status = 'SUCCEEDED', attempt = 1, started_at = now(), finished_at = now(),
+             output = 'the <u>output</u>', words = 1, bytes = 5, runes = 5",
+        ),
+    )
+    .await
+    .expect("the task's state is set");
     let served = Served::start(&db).await;
     let browser = Browser::start(1280, 900).await;
 
@@ -436,8 +468,13 @@ async fn the_console_lists_pages_opens_retries_and_cancels_tasks_in_chromium() {
         WAIT,
         "214,182 finished rows",
         client.batch_execute(
-            "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at)
-             SELECT 'bulk', 'x', 'SUCCEEDED', 1, now(), now() FROM generate_series(1, 214182);",
+            "BEGIN;
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'bulk', 'x' FROM generate_series(1, 214182);
+             UPDATE pgtaskd.task_state
+                SET status = 'SUCCEEDED', attempt = 1, started_at = now(), finished_at = now()
+              WHERE queue = 'bulk' AND status = 'QUEUED';
+             COMMIT;",
         ),
     )
     .await

@@ -32,22 +32,33 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
     let db = TestDb::new().await;
     let client = db.client().await;
     // mail: 25,000 FAILED (three batches of the route's 10,000), 1 CANCELED, 1 SUCCEEDED;
-    // reports: 3 FAILED; "quiet": paused, no task.
+    // reports: 3 FAILED; "quiet": paused, no task. The tasks are inserted, then their state
+    // rows (`pgtaskd.task_state`, schema 36) set.
     within(
         WAIT,
         "the tasks",
         client.batch_execute(
-            "INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at,
-                                        error)
-             SELECT 'mail', 'm' || g, 'FAILED', 3, now(), now(), 'boom'
-               FROM generate_series(1, 25000) AS g;
-             INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at,
-                                        cancel_requested)
-             VALUES ('mail', 'c', 'CANCELED', 1, now(), now(), true),
-                    ('mail', 's', 'SUCCEEDED', 1, now(), now(), false);
-             INSERT INTO pgtaskd.tasks (queue, payload, status, attempt, started_at, finished_at, error)
-             SELECT 'reports', 'r' || g, 'FAILED', 1, now(), now(), 'no data'
-               FROM generate_series(1, 3) AS g;
+            "BEGIN;
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'mail', 'm' || g FROM generate_series(1, 25000) AS g;
+             UPDATE pgtaskd.task_state
+                SET status = 'FAILED', attempt = 3, started_at = now(), finished_at = now(),
+                    error = 'boom'
+              WHERE queue = 'mail' AND status = 'QUEUED';
+             INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('mail', 'c'), ('mail', 's');
+             UPDATE pgtaskd.task_state AS s
+                SET status = CASE t.payload WHEN 'c' THEN 'CANCELED' ELSE 'SUCCEEDED' END,
+                    attempt = 1, started_at = now(), finished_at = now(),
+                    cancel_requested = (t.payload = 'c')
+               FROM pgtaskd.tasks AS t
+              WHERE t.id = s.id AND t.queue = 'mail' AND s.status = 'QUEUED';
+             INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'reports', 'r' || g FROM generate_series(1, 3) AS g;
+             UPDATE pgtaskd.task_state
+                SET status = 'FAILED', attempt = 1, started_at = now(), finished_at = now(),
+                    error = 'no data'
+              WHERE queue = 'reports' AND status = 'QUEUED';
+             COMMIT;
              SELECT pgtaskd.pause_queue('quiet');",
         ),
     )
@@ -121,7 +132,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "some retried tasks failing again",
         client.batch_execute(
-            "UPDATE pgtaskd.tasks SET status = 'FAILED', attempt = 1, finished_at = now(), error = 'again'
+            "UPDATE pgtaskd.task_state SET status = 'FAILED', attempt = 1, finished_at = now(), error = 'again'
               WHERE id IN (SELECT id FROM pgtaskd.task_view WHERE queue = 'mail' AND status = 'QUEUED' LIMIT 10)",
         ),
     )
@@ -144,7 +155,7 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "the failed-again tasks back",
         client.batch_execute(
-            "UPDATE pgtaskd.tasks SET status = 'QUEUED', attempt = 0, finished_at = NULL, error = NULL
+            "UPDATE pgtaskd.task_state SET status = 'QUEUED', attempt = 0, finished_at = NULL, error = NULL
               WHERE queue = 'mail' AND status = 'FAILED'",
         ),
     )
@@ -276,8 +287,8 @@ async fn retry_failed_requeues_one_queues_failures_in_batches() {
         WAIT,
         "more failures",
         client.batch_execute(
-            "UPDATE pgtaskd.tasks SET status = 'FAILED', error = 'again', finished_at = now(),
-                                      started_at = now(), attempt = 1
+            "UPDATE pgtaskd.task_state SET status = 'FAILED', error = 'again', finished_at = now(),
+                                          started_at = now(), attempt = 1
               WHERE queue = 'reports';",
         ),
     )
