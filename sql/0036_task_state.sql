@@ -305,9 +305,12 @@ CREATE TRIGGER tasks_state_copy
 
 -- Every role that reads, updates or deletes task rows gets the same right on their state,
 -- PUBLIC included: the roles of the grant functions keep working without being granted again.
+-- And nobody but the owner updates a task row any more: the right to, which daemon roles had
+-- for the state, would now let them rewrite payloads or part a task from its state.
 DO $$
 DECLARE
     g record;
+    grantee text;
 BEGIN
     FOR g IN
         SELECT DISTINCT a.grantee, a.privilege_type
@@ -316,34 +319,11 @@ BEGIN
            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
            AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['SELECT', 'UPDATE', 'DELETE'])
     LOOP
-        IF g.grantee OPERATOR(pg_catalog.=) 0 THEN
-            EXECUTE pg_catalog.format('GRANT %s ON pgtaskd.task_state TO PUBLIC', g.privilege_type);
-        ELSE
-            EXECUTE pg_catalog.format('GRANT %s ON pgtaskd.task_state TO %I', g.privilege_type,
-                                      pg_catalog.pg_get_userbyid(g.grantee));
-        END IF;
-    END LOOP;
-END
-$$;
-
--- Nobody but the owner updates a task row any more: the right to, which daemon roles had for
--- the state, would now let them rewrite payloads or part a task from its state.
-DO $$
-DECLARE
-    g record;
-BEGIN
-    FOR g IN
-        SELECT DISTINCT a.grantee
-          FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
-         WHERE c.oid OPERATOR(pg_catalog.=) 'pgtaskd.tasks'::pg_catalog.regclass
-           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
-           AND a.privilege_type OPERATOR(pg_catalog.=) 'UPDATE'
-    LOOP
-        IF g.grantee OPERATOR(pg_catalog.=) 0 THEN
-            REVOKE UPDATE ON pgtaskd.tasks FROM PUBLIC;
-        ELSE
-            EXECUTE pg_catalog.format('REVOKE UPDATE ON pgtaskd.tasks FROM %I',
-                                      pg_catalog.pg_get_userbyid(g.grantee));
+        grantee := CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                        ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END;
+        EXECUTE pg_catalog.format('GRANT %s ON pgtaskd.task_state TO %s', g.privilege_type, grantee);
+        IF g.privilege_type OPERATOR(pg_catalog.=) 'UPDATE' THEN
+            EXECUTE pg_catalog.format('REVOKE UPDATE ON pgtaskd.tasks FROM %s', grantee);
         END IF;
     END LOOP;
 END

@@ -107,20 +107,21 @@ pub(super) const BUSY_AND_NOW: &str =
 pub(super) const QUEUED: &str =
     "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED'";
 /// One sample: the clock; the QUEUED tasks at priority 0 of queue `$1` from id `$2` on, and
-/// the oldest of them; the dead tuples, autovacuums of the state table, and sizes of the task
-/// and state tables together (schema 36).
-pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest,
-            sum(coalesce(s.n_dead_tup, 0))::bigint,
-            coalesce(max(s.autovacuum_count) FILTER (WHERE c.relname = 'task_state'), 0),
-            sum(pg_table_size(c.oid))::bigint,
-            sum(coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0))::bigint,
-            sum(pg_indexes_size(c.oid))::bigint
-       FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid,
-            LATERAL (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.task_view
-                      WHERE queue = $1 AND priority = 0 AND id >= $2
-                        AND status = 'QUEUED') b
-      WHERE c.oid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)
-      GROUP BY b.n, b.oldest";
+/// the oldest of them (from the state rows alone); the dead tuples of the task and state
+/// tables, the autovacuums of the state table, and the sizes of both together (schema 36).
+pub(super) const SAMPLE: &str = "SELECT clock_timestamp(), b.n, b.oldest, t.dead, t.autovacuums,
+            t.heap, t.toast, t.indexes
+       FROM (SELECT count(*) AS n, min(id) AS oldest FROM pgtaskd.task_state
+              WHERE queue = $1 AND priority = 0 AND id >= $2 AND status = 'QUEUED') AS b,
+            (SELECT sum(coalesce(s.n_dead_tup, 0))::bigint AS dead,
+                    coalesce(max(s.autovacuum_count) FILTER (WHERE c.relname = 'task_state'), 0)
+                        AS autovacuums,
+                    sum(pg_table_size(c.oid))::bigint AS heap,
+                    sum(coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0))::bigint
+                        AS toast,
+                    sum(pg_indexes_size(c.oid))::bigint AS indexes
+               FROM pg_class AS c LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+              WHERE c.oid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)) AS t";
 /// The rows of queue `$1` that finished in `[$3, $4)` (`$4` NULL: from `$3` on): the second
 /// of the run (from `$2`) of the finish, the latency in ms, whether it SUCCEEDED, the counts.
 pub(super) const FINISHED: &str = "SELECT extract(epoch FROM finished_at - $2)::float8,

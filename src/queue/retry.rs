@@ -87,7 +87,8 @@ pub async fn retry_failed(
 }
 
 /// How many tasks of `queue` with an id over `above` are FAILED (read from
-/// `tasks_list_queue_idx`).
+/// `tasks_list_queue_idx` of `pgtaskd.task_state`: through the view, each would also read its
+/// task row).
 ///
 /// # Errors
 ///
@@ -95,7 +96,7 @@ pub async fn retry_failed(
 pub async fn failed_count(client: &Client, queue: &str, above: i64) -> Result<i64, DbError> {
     let row = client
         .query_typed_one(
-            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = $1 AND status = 'FAILED' AND id > $2",
+            "SELECT count(*) FROM pgtaskd.task_state WHERE queue = $1 AND status = 'FAILED' AND id > $2",
             &[(&queue, Type::TEXT), (&above, Type::INT8)],
         )
         .await?;

@@ -10,7 +10,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::migrate::database_at;
 use crate::support::daemon::DaemonProcess;
-use crate::support::{connect, eventually, within, WAIT};
+use crate::support::{connect, eventually, texts, within, WAIT};
 
 /// The columns the view had at schema 29, in its order: what the upgrade keeps, row by row.
 const VIEW_29: &str = "SELECT (id, queue, payload, status, priority, run_at, attempt, max_attempts,
@@ -46,15 +46,6 @@ UPDATE pgtaskd.tasks SET status = 'RUNNING', attempt = 1, lease_owner = 'stopped
 INSERT INTO pgtaskd.parked_results (task_id, claim_token, status, words, bytes, runes)
 VALUES (8, 79, 'SUCCEEDED', 42, 43, 44);";
 
-async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
-    within(WAIT, sql, client.query(sql, &[]))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 #[tokio::test]
 async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and_none_early() {
     let (db, mut owner) = database_at(29).await;
@@ -65,13 +56,13 @@ async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and
     )
     .await
     .unwrap();
-    let before = rows(&owner, VIEW_29).await;
+    let before = texts(&owner, VIEW_29).await;
     assert_eq!(before.len(), 8);
     within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
         .await
         .unwrap();
     assert_eq!(
-        rows(&owner, VIEW_29).await,
+        texts(&owner, VIEW_29).await,
         before,
         "every task keeps every column of the view"
     );
@@ -116,7 +107,7 @@ async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and
         &[],
     );
     let ended = eventually(Duration::from_secs(60), "the due tasks ended", || async {
-        let ended = rows(
+        let ended = texts(
             &owner,
             &format!(
                 "SELECT id || ' ' || status || ' ' || attempt || ' ' || words
@@ -157,7 +148,7 @@ async fn schema_36_keeps_every_task_of_schema_29_and_a_daemon_runs_each_once_and
         [1, 4, new_id],
         "each due task ran once; the parked one never"
     );
-    let rest = rows(
+    let rest = texts(
         &owner,
         "SELECT id || ' ' || status || ' ' || coalesce(lease_owner, '-') || ' '
                 || (run_at > now() + interval '50 minutes')
@@ -226,7 +217,13 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
         )
         .await
         .unwrap();
-        answers.push(rows(&owner, sql).await.first().cloned().unwrap_or_default());
+        answers.push(
+            texts(&owner, sql)
+                .await
+                .first()
+                .cloned()
+                .unwrap_or_default(),
+        );
         within(WAIT, "back", owner.batch_execute("RESET ROLE"))
             .await
             .unwrap();
@@ -242,7 +239,7 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
     )
     .await
     .unwrap();
-    let written = rows(
+    let written = texts(
         &owner,
         &format!(
             "SELECT written FROM pgtaskd.finish(ARRAY[{token}]::bigint[], ARRAY[1]::bigint[], \
@@ -259,9 +256,9 @@ async fn schema_36_gives_the_roles_of_schema_35_the_state_they_read_and_write() 
     )
     .await
     .unwrap();
-    assert_eq!(rows(&owner, "SELECT pgtaskd.retry(1)").await, ["FAILED"]);
+    assert_eq!(texts(&owner, "SELECT pgtaskd.retry(1)").await, ["FAILED"]);
     assert_eq!(
-        rows(&owner, "SELECT status FROM pgtaskd.task_view WHERE id = 1").await,
+        texts(&owner, "SELECT status FROM pgtaskd.task_view WHERE id = 1").await,
         ["QUEUED"]
     );
 }

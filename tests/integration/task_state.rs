@@ -5,16 +5,7 @@
 
 use tokio_postgres::error::SqlState;
 
-use crate::support::{within, TestDb, WAIT};
-
-async fn strings(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
-    within(WAIT, sql, client.query(sql, &[]))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
+use crate::support::{texts, within, TestDb, WAIT};
 
 const CLAIM_ONE: &str = "SELECT task_id::text FROM pgtaskd.claim(ARRAY['q'], 1, 'me', 60000, \
                          1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL";
@@ -38,10 +29,10 @@ async fn a_state_row_without_its_task_stalls_nothing_and_is_not_shown() {
     )
     .await
     .unwrap();
-    assert_eq!(strings(&client, CLAIM_ONE).await, ["2"]);
-    assert_eq!(strings(&client, CLAIM_ONE).await, ["3"]);
+    assert_eq!(texts(&client, CLAIM_ONE).await, ["2"]);
+    assert_eq!(texts(&client, CLAIM_ONE).await, ["3"]);
     assert_eq!(
-        strings(
+        texts(
             &client,
             "SELECT id::text FROM pgtaskd.task_view ORDER BY id"
         )
@@ -100,7 +91,7 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
         );
     }
     // What it needs still works: claim, and retention through the owner's rights.
-    assert_eq!(strings(&client, CLAIM_ONE).await, ["1"]);
+    assert_eq!(texts(&client, CLAIM_ONE).await, ["1"]);
     within(WAIT, "back", client.batch_execute("RESET ROLE"))
         .await
         .unwrap();
@@ -122,7 +113,7 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
     .await
     .unwrap();
     assert_eq!(
-        strings(
+        texts(
             &client,
             "SELECT deleted::text FROM pgtaskd.prune(1000, 100, NULL)"
         )
@@ -130,7 +121,7 @@ async fn a_task_row_keeps_its_id_and_the_daemon_role_cannot_update_it() {
         ["1"]
     );
     assert_eq!(
-        strings(&client, "SELECT count(*)::text FROM pgtaskd.task_view").await,
+        texts(&client, "SELECT count(*)::text FROM pgtaskd.task_view").await,
         ["0"]
     );
 }
@@ -156,7 +147,7 @@ async fn task_rows_loaded_after_their_state_keep_it() {
     .await
     .unwrap();
     assert_eq!(
-        strings(
+        texts(
             &client,
             "SELECT status || ' ' || words || ' ' || payload FROM pgtaskd.task_view"
         )
@@ -188,7 +179,7 @@ async fn a_row_level_security_policy_on_the_tasks_holds_for_their_state() {
     .await
     .unwrap();
     assert_eq!(
-        strings(
+        texts(
             &client,
             "SELECT queue || ' ' || status || ' ' || coalesce(error, '-') FROM pgtaskd.task_view"
         )

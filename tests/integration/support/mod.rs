@@ -146,6 +146,16 @@ pub fn conninfo(config: &tokio_postgres::Config, dbname: &str) -> String {
     parts.join(" ")
 }
 
+/// The first column of every row `sql` answers, as text: what a test compares a read with.
+pub async fn texts(client: &Client, sql: &str) -> Vec<String> {
+    within(WAIT, sql, client.query(sql, &[]))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// Connect with a plain client, driving the connection on a task.
 pub async fn connect(conninfo: &str) -> Client {
     let (client, connection) = within(WAIT, "a database connection", async {
