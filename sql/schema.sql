@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0036_task_state.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0037_dependencies.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -64,6 +64,10 @@ CREATE TABLE pgtaskd.tasks (
     traceparent      text,
     -- The key `max_running_per_key` counts by (schema 33).
     concurrency_key  text,
+    -- The tasks this one waits for, and what a parent's failure does to it (schema 37,
+    -- docs/dependencies.md).
+    depends_on       bigint[],
+    on_dep_failure   text,
 
     CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1)
 ) WITH (
@@ -94,10 +98,25 @@ ALTER TABLE pgtaskd.tasks
     ADD CONSTRAINT tasks_concurrency_key_length
         CHECK (pg_catalog.octet_length(concurrency_key) OPERATOR(pg_catalog.<=) 256) NOT VALID;
 
+-- A task waits only for tasks inserted before it (a smaller id), so no cycle can be written;
+-- at most 10,000 parents, none null; the three failure policies. NOT VALID as schema 37
+-- added them (see above).
+ALTER TABLE pgtaskd.tasks
+    ADD CONSTRAINT tasks_depends_on_earlier
+        CHECK (id OPERATOR(pg_catalog.>) ALL (depends_on)
+               AND pg_catalog.cardinality(depends_on) OPERATOR(pg_catalog.<=) 10000
+               AND pg_catalog.array_position(depends_on, NULL) IS NULL) NOT VALID,
+    ADD CONSTRAINT tasks_on_dep_failure
+        CHECK (on_dep_failure OPERATOR(pg_catalog.=) ANY (ARRAY['cancel', 'run', 'wait'])) NOT VALID;
+
 COMMENT ON TABLE pgtaskd.tasks IS
     'pgtaskd task queue: INSERT (payload) to enqueue; state and results in pgtaskd.task_view; pgtaskd.cancel(id) to cancel';
 COMMENT ON COLUMN pgtaskd.tasks.concurrency_key IS
     'The key max_running_per_key of the queue counts by (a tenant, a customer); at most 256 bytes.';
+COMMENT ON COLUMN pgtaskd.tasks.depends_on IS
+    'The ids of the tasks this one waits for (each smaller than its own): it is WAITING until they end; never changed after the insert.';
+COMMENT ON COLUMN pgtaskd.tasks.on_dep_failure IS
+    'What a parent that ends FAILED or CANCELED does to this task: cancel (unset), run, or wait for a retry that succeeds.';
 COMMENT ON COLUMN pgtaskd.tasks.max_attempts IS
     'Attempts before the task fails; unset: the queue''s max_attempts (pgtaskd.queue_settings), else 3.';
 
@@ -129,11 +148,13 @@ CREATE TABLE pgtaskd.task_state (
     errors           jsonb,
     snoozes          int         NOT NULL DEFAULT 0,
     concurrency_key  text,
+    -- The parent whose failure canceled this task (schema 37), for `retry --with-dependents`.
+    canceled_by      bigint,
 
     -- The CHECK constraints make a row whose status, counts, error and lease disagree
     -- impossible, whoever writes it ("Results with status", "Cancel is a request").
     CONSTRAINT tasks_status_check
-        CHECK (status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
+        CHECK (status IN ('WAITING', 'QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELED')),
     CONSTRAINT tasks_attempt_check CHECK (attempt >= 0),
     CONSTRAINT tasks_results_only_when_succeeded
         CHECK (status = 'SUCCEEDED' OR (words = 0 AND bytes = 0 AND runes = 0)),
@@ -149,13 +170,15 @@ CREATE TABLE pgtaskd.task_state (
     fillfactor = 50
 );
 
--- An error on every FAILED row, none on SUCCEEDED or CANCELED rows, the last failed
--- attempt's (or none) on QUEUED and RUNNING rows; an output on SUCCEEDED rows only. NOT
--- VALID as schema 19 added them to the task rows, whose state schema 36 moved here.
+-- An error on every FAILED row, none on SUCCEEDED or CANCELED rows (but those a parent's
+-- failure canceled, which name it: schema 37), the last failed attempt's (or none) on QUEUED
+-- and RUNNING rows; an output on SUCCEEDED rows only. NOT VALID as schema 19 added them to
+-- the task rows, whose state schema 36 moved here, and schema 37 changed the first.
 ALTER TABLE pgtaskd.task_state
     ADD CONSTRAINT tasks_error_when_failed
         CHECK ((status OPERATOR(pg_catalog.<>) 'FAILED' OR error IS NOT NULL)
-               AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])))
+               AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])
+                    OR (status OPERATOR(pg_catalog.=) 'CANCELED' AND canceled_by IS NOT NULL)))
         NOT VALID,
     ADD CONSTRAINT tasks_output_only_when_succeeded
         CHECK (status OPERATOR(pg_catalog.=) 'SUCCEEDED' OR output IS NULL) NOT VALID;
@@ -172,6 +195,24 @@ COMMENT ON COLUMN pgtaskd.task_state.snoozes IS
     'How many times the handler asked to run the task later without using an attempt (at most 100; a retry resets it).';
 COMMENT ON COLUMN pgtaskd.task_state.run_at IS
     'When the task may next be claimed: the producer''s run_at, then a retry''s or a snooze''s.';
+
+-- The edges a WAITING task still waits on, one row per (child, parent) (schema 37,
+-- docs/dependencies.md): written by the producer's own statement, deleted in the transaction
+-- that commits the parent's end (`pgtaskd.settle_waiting`). A row stays for a parent that
+-- failed only where the child waits for a retry of it (`on_dep_failure` 'wait').
+CREATE TABLE pgtaskd.task_deps (
+    child  bigint NOT NULL,
+    parent bigint NOT NULL,
+    PRIMARY KEY (child, parent)
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+-- A parent's end finds its children.
+CREATE INDEX task_deps_parent_idx ON pgtaskd.task_deps (parent);
+COMMENT ON TABLE pgtaskd.task_deps IS
+    'pgtaskd: what each WAITING task still waits for; written and deleted by pgtaskd''s triggers and functions only';
 
 -- The database's own random id, the first part of every task key ("What a handler is
 -- told", schema 30): one row, readable by everyone.
@@ -387,9 +428,10 @@ SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        s.claim_token, s.output, t.traceparent,
        coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       s.runs, s.errors, s.snoozes, s.concurrency_key
+       s.runs, s.errors, s.snoozes, s.concurrency_key, t.depends_on, t.on_dep_failure
   FROM pgtaskd.task_state AS s
- CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent
+ CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent,
+                            x.depends_on, x.on_dep_failure
                        FROM pgtaskd.tasks AS x
                       WHERE x.id = s.id
                      OFFSET 0) AS t;
@@ -426,6 +468,12 @@ CREATE INDEX tasks_list_queue_idx ON pgtaskd.task_state (queue, status, id)
 
 CREATE INDEX tasks_list_status_idx ON pgtaskd.task_state (status, id)
     WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+
+-- The tasks waiting on parents, for the list and the auditor (schema 37), and those a
+-- parent's failure canceled, for `retry --with-dependents`.
+CREATE INDEX tasks_waiting_idx ON pgtaskd.task_state (id) WHERE status = 'WAITING';
+CREATE INDEX tasks_canceled_by_idx ON pgtaskd.task_state (canceled_by)
+    WHERE canceled_by IS NOT NULL;
 
 -- Queue and status together, so that a status absent from one queue is not estimated as if
 -- spread evenly (schema 19).
@@ -545,13 +593,22 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- `coalesce(status, '')`: found by primary key, never by a scan of a partial index.
-    UPDATE pgtaskd.task_state
-       SET status = 'CANCELED', cancel_requested = true, finished_at = now(), error = NULL
-     WHERE id = task_id AND coalesce(status, '') = 'QUEUED'
-    RETURNING 'QUEUED', status INTO previous, current;
+    -- `coalesce(status, '')`: found by primary key, never by a scan of a partial index. A
+    -- WAITING task is canceled as a QUEUED one is, and waits for nothing any more; the tasks
+    -- waiting on it are decided in this transaction (version 37).
+    SELECT status INTO previous FROM pgtaskd.task_state
+     WHERE id = task_id AND coalesce(status, '') IN ('QUEUED', 'WAITING')
+       FOR UPDATE;
     IF FOUND THEN
+        UPDATE pgtaskd.task_state
+           SET status = 'CANCELED', cancel_requested = true, finished_at = now(), error = NULL
+         WHERE id = task_id AND coalesce(status, '') IN ('QUEUED', 'WAITING')
+        RETURNING status INTO current;
+    END IF;
+    IF current IS NOT NULL THEN
+        DELETE FROM pgtaskd.task_deps WHERE child = task_id;
         PERFORM pgtaskd.notify_done(ARRAY[task_id]);
+        PERFORM pgtaskd.end_parents(ARRAY[task_id]);
         RETURN;
     END IF;
 
@@ -794,7 +851,8 @@ CREATE FUNCTION pgtaskd.claim(
     after_id       bigint
 ) RETURNS TABLE (task_id bigint, task_attempt int, task_payload text, task_bytes bigint,
                  waited_s float8, task_priority int, task_claim bigint, task_run int,
-                 task_key text, task_idempotency_key text, task_traceparent text)
+                 task_key text, task_idempotency_key text, task_traceparent text,
+                 task_parents text, task_parent_count int)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
@@ -988,7 +1046,20 @@ BEGIN
                   t.runs,
                   coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
                       || (extract(epoch FROM p.created_at) * 1000000)::bigint AS task_key,
-                  p.idempotency_key, p.traceparent
+                  p.idempotency_key, p.traceparent,
+                  -- Its parents and how each ended, the first 200 (version 37).
+                  CASE WHEN cardinality(p.depends_on) > 0 THEN
+                      (SELECT string_agg(x.parent || '=' || coalesce(s.status, 'GONE'), ','
+                                         ORDER BY x.parent)
+                         FROM (SELECT DISTINCT u.parent
+                                 FROM unnest(p.depends_on) AS u(parent)
+                                ORDER BY u.parent
+                                LIMIT 200) AS x
+                         LEFT JOIN pgtaskd.task_state AS s ON s.id = x.parent)
+                  END AS parents,
+                  CASE WHEN cardinality(p.depends_on) > 0 THEN
+                      (SELECT count(DISTINCT u.parent)::int FROM unnest(p.depends_on) AS u(parent))
+                  ELSE 0 END AS parent_count
     ), starts AS (
         -- Each start of a rate-limited queue, for the next claims to count.
         INSERT INTO pgtaskd.queue_starts (queue, started_at)
@@ -997,19 +1068,20 @@ BEGIN
     )
     (SELECT claimed.id, claimed.attempt, claimed.payload, claimed.size, claimed.waited,
             claimed.priority::int, claimed.claim_token, claimed.runs, claimed.task_key,
-            claimed.idempotency_key, claimed.traceparent
+            claimed.idempotency_key, claimed.traceparent, claimed.parents,
+            claimed.parent_count
        FROM claimed
       ORDER BY claimed.priority DESC, claimed.id)
     UNION ALL
     (SELECT NULL::bigint, NULL::int, NULL::text, z.size, NULL::float8, NULL::int, NULL::bigint,
-            NULL::int, NULL::text, NULL::text, NULL::text
+            NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int
        FROM sized AS z
       WHERE z.id NOT IN (SELECT picked.id FROM picked)
       ORDER BY z.n
       LIMIT 1)
     UNION ALL
     SELECT NULL::bigint, NULL::int, NULL::text, NULL::bigint, again_in, NULL::int, NULL::bigint,
-           NULL::int, NULL::text, NULL::text, NULL::text
+           NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int
      WHERE again_in IS NOT NULL;
 END
 $$;
@@ -1038,8 +1110,12 @@ SET enable_nestloop = off
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    answer_ids     bigint[];
+    answer_written text[];
+    answer_current text[];
+    answer_skipped boolean[];
 BEGIN
-    RETURN QUERY
     WITH input AS MATERIALIZED (
         SELECT *
           FROM unnest(finish.tokens, finish.ids, finish.statuses, finish.words,
@@ -1122,20 +1198,35 @@ BEGIN
         -- every row of `done` was written. A task QUEUED again has not ended.
         SELECT pgtaskd.notify_done(array_agg(done.id)) AS sent FROM done
          WHERE done.status <> 'QUEUED'
+    ), answers AS (
+        SELECT f.id, d.status AS written,
+               -- What a finish that wrote nothing found, as the row stands (not locked).
+               CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.task_state AS c WHERE c.id = f.id) END
+                   AS current,
+               -- Skipped: not written, not held, and still this claim's.
+               d.id IS NULL
+                 AND NOT (f.id = ANY (ARRAY(SELECT held.id FROM held)))
+                 AND EXISTS (SELECT 1 FROM pgtaskd.task_state AS c
+                              WHERE c.id = f.id AND c.claim_token = f.token
+                                AND coalesce(c.status, '') = 'RUNNING') AS skipped
+          FROM input AS f
+          LEFT JOIN done AS d ON d.id = f.id
+         CROSS JOIN notified
+         CROSS JOIN freed
     )
-    SELECT f.id, d.status,
-           -- What a finish that wrote nothing found, as the row stands (not locked).
-           CASE WHEN d.id IS NULL THEN (SELECT c.status FROM pgtaskd.task_state AS c WHERE c.id = f.id) END,
-           -- Skipped: not written, not held, and still this claim's.
-           d.id IS NULL
-             AND NOT (f.id = ANY (ARRAY(SELECT held.id FROM held)))
-             AND EXISTS (SELECT 1 FROM pgtaskd.task_state AS c
-                          WHERE c.id = f.id AND c.claim_token = f.token
-                            AND coalesce(c.status, '') = 'RUNNING')
-      FROM input AS f
-      LEFT JOIN done AS d ON d.id = f.id
-     CROSS JOIN notified
-     CROSS JOIN freed;
+    SELECT array_agg(a.id ORDER BY a.id), array_agg(a.written ORDER BY a.id),
+           array_agg(a.current ORDER BY a.id), array_agg(a.skipped ORDER BY a.id)
+      INTO answer_ids, answer_written, answer_current, answer_skipped
+      FROM answers AS a;
+    -- The tasks that ended release or cancel those waiting on them, in this transaction
+    -- (version 37).
+    PERFORM pgtaskd.end_parents(ARRAY(
+        SELECT u.id FROM unnest(answer_ids, answer_written) AS u(id, written)
+         WHERE u.written IN ('SUCCEEDED', 'FAILED', 'CANCELED')));
+    RETURN QUERY
+    SELECT u.id, u.written, u.current, u.skipped
+      FROM unnest(answer_ids, answer_written, answer_current, answer_skipped)
+           AS u(id, written, current, skipped);
 END
 $$;
 
@@ -1206,8 +1297,12 @@ LANGUAGE plpgsql
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    answer_ids      bigint[];
+    answer_attempts int[];
+    answer_owners   text[];
+    answer_statuses text[];
 BEGIN
-    RETURN QUERY
     WITH expired AS MATERIALIZED (
         SELECT k.id, k.attempt, k.claim_token, k.lease_owner
           FROM pgtaskd.task_state AS k
@@ -1260,8 +1355,18 @@ BEGIN
         SELECT pgtaskd.notify_done(array_agg(r.id)) AS sent
           FROM rescued AS r WHERE r.status <> 'QUEUED'
     )
-    SELECT r.id, r.attempt, r.lease_owner, r.status
+    SELECT array_agg(r.id ORDER BY r.id), array_agg(r.attempt ORDER BY r.id),
+           array_agg(r.lease_owner ORDER BY r.id), array_agg(r.status ORDER BY r.id)
+      INTO answer_ids, answer_attempts, answer_owners, answer_statuses
       FROM rescued AS r CROSS JOIN notified CROSS JOIN freed;
+    -- The tasks that ended release or cancel those waiting on them (version 37).
+    PERFORM pgtaskd.end_parents(ARRAY(
+        SELECT u.id FROM unnest(answer_ids, answer_statuses) AS u(id, status)
+         WHERE u.status IN ('FAILED', 'CANCELED')));
+    RETURN QUERY
+    SELECT u.id, u.attempt, u.owner, u.status
+      FROM unnest(answer_ids, answer_attempts, answer_owners, answer_statuses)
+           AS u(id, attempt, owner, status);
 END
 $$;
 
@@ -1368,8 +1473,10 @@ LANGUAGE plpgsql
 SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    answer_written text;
+    answer_current text;
 BEGIN
-    RETURN QUERY
     WITH unlocked AS MATERIALIZED (
         SELECT k.id FROM pgtaskd.task_state AS k
          WHERE NOT release.wait AND k.id = release.id
@@ -1395,7 +1502,13 @@ BEGIN
     )
     SELECT (SELECT d.status FROM done AS d),
            (SELECT k.status FROM pgtaskd.task_state AS k WHERE k.id = release.id)
+      INTO answer_written, answer_current
       FROM notified CROSS JOIN freed;
+    -- A release that ends the task releases or cancels those waiting on it (version 37).
+    IF answer_written = 'CANCELED' THEN
+        PERFORM pgtaskd.end_parents(ARRAY[release.id]);
+    END IF;
+    RETURN QUERY SELECT answer_written, answer_current;
 END
 $$;
 
@@ -1452,6 +1565,8 @@ BEGIN
                    (SELECT min(s.retain) FROM pgtaskd.queue_settings AS s))
            AND k.finished_at >= coalesce(prune.from_finished, '-infinity')
            AND k.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+           -- Never a parent a task still waits on (version 37): its dependents go first.
+           AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.parent = k.id)
            -- A queue's own `retain` (version 33) over the daemon's setting.
            AND k.finished_at < now() - coalesce(
                    (SELECT s.retain FROM pgtaskd.queue_settings AS s
@@ -1476,6 +1591,477 @@ BEGIN
          WHERE r.id = ANY (ARRAY(SELECT gone.id FROM gone))
     )
     SELECT count(*), max(gone.finished_at) FROM gone;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Dependencies (schema 37, docs/dependencies.md)
+-- ---------------------------------------------------------------------------------------
+
+-- Decide what the ends of parents `parents` (null: of every parent that has ended) make of
+-- the WAITING tasks `children`, in the transaction that commits those ends: an edge to a
+-- parent that SUCCEEDED is gone; one to a parent that FAILED or was CANCELED is gone under
+-- `on_dep_failure` 'run', stays under 'wait' (until a retry of the parent ends it), and under
+-- 'cancel' (unset) cancels the child, naming the parent, and then its own dependents, all in
+-- this transaction. A child no edge holds any more is QUEUED and a daemon is woken. No
+-- periodic pass releases anything ("Released in the parent's commit").
+CREATE FUNCTION pgtaskd.settle_waiting(children bigint[], parents bigint[]) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Each row found by its key, whatever the statistics say: a child of 10,000 parents is
+-- decided by reading the edges it needs, never all of them.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_sort = off
+SET jit = off
+AS $$
+DECLARE
+    canceled bigint[];
+    released bigint;
+    locked   bigint[] := settle_waiting.children;
+BEGIN
+    IF settle_waiting.parents IS NOT NULL THEN
+        -- Most ends are not the last of their child's: a child with another parent QUEUED,
+        -- held here (FOR SHARE, passing over one another transaction holds) so that it
+        -- cannot be claimed or canceled before this commit, is not released now, and that
+        -- parent's end will see these edges gone. Such a child loses its edges to these
+        -- parents without being locked, so that the parents of one child do not wait for one
+        -- another's commits ("Released in the parent's commit"). A settle never locks a
+        -- QUEUED row, so this hold waits for no one and makes no settle wait. The parent
+        -- held is the newest, the last a claim would take.
+        WITH fast AS MATERIALIZED (
+            SELECT c.id
+              FROM pgtaskd.task_state AS c
+              JOIN pgtaskd.tasks AS t ON t.id = c.id
+             WHERE c.id = ANY (settle_waiting.children) AND c.status = 'WAITING'
+               -- No end here cancels it.
+               AND NOT (coalesce(t.on_dep_failure, 'cancel') = 'cancel' AND EXISTS (
+                        SELECT 1 FROM pgtaskd.task_deps AS d
+                          JOIN pgtaskd.task_state AS p ON p.id = d.parent
+                         WHERE d.child = c.id AND d.parent = ANY (settle_waiting.parents)
+                           AND p.status IN ('FAILED', 'CANCELED')))
+               AND EXISTS (SELECT 1
+                             FROM (SELECT p.id
+                                     FROM pgtaskd.task_deps AS d
+                                     JOIN pgtaskd.task_state AS p ON p.id = d.parent
+                                    WHERE d.child = c.id
+                                      AND NOT (d.parent = ANY (settle_waiting.parents))
+                                      AND p.status = 'QUEUED'
+                                    ORDER BY d.parent DESC
+                                    LIMIT 1
+                                      FOR SHARE OF p SKIP LOCKED) AS h)
+        ), resolved AS (
+            DELETE FROM pgtaskd.task_deps AS d
+             USING pgtaskd.task_state AS p, pgtaskd.tasks AS t
+             WHERE d.child = ANY (ARRAY(SELECT f.id FROM fast AS f))
+               AND d.parent = ANY (settle_waiting.parents)
+               AND p.id = d.parent AND t.id = d.child
+               AND (p.status = 'SUCCEEDED'
+                    OR (p.status IN ('FAILED', 'CANCELED') AND t.on_dep_failure = 'run'))
+        )
+        SELECT ARRAY(SELECT x.id FROM unnest(settle_waiting.children) AS x(id)
+                      WHERE NOT (x.id = ANY (ARRAY(SELECT f.id FROM fast AS f))))
+          INTO locked;
+        IF cardinality(locked) = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- The other children, locked in id order: a settle of a child waits for the one before
+    -- it, and each statement below sees what that one committed.
+    PERFORM 1 FROM pgtaskd.task_state AS c
+      WHERE c.id = ANY (locked) AND c.status = 'WAITING'
+      ORDER BY c.id
+        FOR UPDATE;
+    WITH ended AS MATERIALIZED (
+        -- Each edge of these children to a parent that has ended, with the child's policy.
+        SELECT d.child, d.parent, p.status AS outcome,
+               coalesce(t.on_dep_failure, 'cancel') AS policy
+          FROM pgtaskd.task_deps AS d
+          JOIN pgtaskd.task_state AS c ON c.id = d.child
+          JOIN pgtaskd.task_state AS p ON p.id = d.parent
+          JOIN pgtaskd.tasks AS t ON t.id = d.child
+         WHERE d.child = ANY (locked)
+           AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
+           AND c.status = 'WAITING'
+           AND p.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+    ), resolved AS (
+        DELETE FROM pgtaskd.task_deps AS d
+         USING ended AS e
+         WHERE d.child = e.child AND d.parent = e.parent
+           AND (e.outcome = 'SUCCEEDED' OR e.policy = 'run')
+    ), failing AS (
+        -- The first parent that failed, named in the error.
+        SELECT DISTINCT ON (e.child) e.child, e.parent, e.outcome
+          FROM ended AS e
+         WHERE e.outcome <> 'SUCCEEDED' AND e.policy = 'cancel'
+         ORDER BY e.child, e.parent
+    ), canceled_now AS (
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'CANCELED',
+               cancel_requested = true,
+               canceled_by = f.parent,
+               error = format('parent task %s %s', f.parent, lower(f.outcome)),
+               finished_at = now()
+          FROM failing AS f
+         WHERE s.id = f.child AND s.status = 'WAITING'
+        RETURNING s.id
+    )
+    SELECT array_agg(n.id ORDER BY n.id) INTO canceled FROM canceled_now AS n;
+    IF canceled IS NOT NULL THEN
+        -- A canceled task waits for nothing any more; its own dependents are decided next,
+        -- in this transaction (a cascade).
+        DELETE FROM pgtaskd.task_deps AS d WHERE d.child = ANY (canceled);
+        PERFORM pgtaskd.notify_done(canceled);
+        PERFORM pgtaskd.end_parents(canceled);
+    END IF;
+    -- The children no edge holds: QUEUED, due from now at the earliest.
+    WITH queued AS (
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'QUEUED', run_at = greatest(s.run_at, now())
+         WHERE s.id = ANY (locked) AND s.status = 'WAITING'
+           AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
+        RETURNING s.id
+    )
+    SELECT count(*) INTO released FROM queued;
+    IF released > 0 THEN
+        PERFORM pgtaskd.notify('pgtaskd_tasks', '');
+    END IF;
+END
+$$;
+
+-- The tasks `ended` ended in this transaction: decide for each task waiting on one of them
+-- (`pgtaskd.settle_waiting`). Called by every function that ends a task, after its write: the
+-- finish (and so the parked results' write), the rescue, a cancel and a release.
+CREATE FUNCTION pgtaskd.end_parents(ended bigint[]) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    children bigint[];
+BEGIN
+    IF end_parents.ended IS NULL OR cardinality(end_parents.ended) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT d.child) INTO children
+      FROM pgtaskd.task_deps AS d
+     WHERE d.parent = ANY (end_parents.ended);
+    IF children IS NOT NULL THEN
+        PERFORM pgtaskd.settle_waiting(children, end_parents.ended);
+    END IF;
+END
+$$;
+
+-- Tasks `ids` just put back to QUEUED by a retry: those with parents wait again for each
+-- parent that has not SUCCEEDED (WAITING), and are then decided as at their insert. The
+-- parents are held first (FOR SHARE, in id order), so that a parent ending meanwhile either
+-- has ended before (and reads so) or waits for this commit and then finds the edges.
+CREATE FUNCTION pgtaskd.wait_again(ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    waiting bigint[];
+BEGIN
+    IF wait_again.ids IS NULL OR cardinality(wait_again.ids) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM pgtaskd.task_state AS p
+      WHERE p.id = ANY (ARRAY(SELECT DISTINCT x.parent
+                                FROM pgtaskd.tasks AS t
+                               CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
+                               WHERE t.id = ANY (wait_again.ids)))
+      ORDER BY p.id
+        FOR SHARE;
+    INSERT INTO pgtaskd.task_deps (child, parent)
+    SELECT DISTINCT t.id, x.parent
+      FROM pgtaskd.tasks AS t
+     CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
+      JOIN pgtaskd.task_state AS s ON s.id = t.id AND s.status = 'QUEUED'
+      JOIN pgtaskd.task_state AS p ON p.id = x.parent AND p.status <> 'SUCCEEDED'
+     WHERE t.id = ANY (wait_again.ids)
+        ON CONFLICT DO NOTHING;
+    WITH waits AS (
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'WAITING'
+         WHERE s.id = ANY (wait_again.ids) AND s.status = 'QUEUED'
+           AND EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
+        RETURNING s.id
+    )
+    SELECT array_agg(w.id ORDER BY w.id) INTO waiting FROM waits AS w;
+    IF waiting IS NOT NULL THEN
+        PERFORM pgtaskd.settle_waiting(waiting, NULL);
+    END IF;
+END
+$$;
+
+-- A FAILED or CANCELED task back to QUEUED as `pgtaskd.retry` does, and with it every task
+-- its end canceled (`on_dep_failure` 'cancel'), and theirs, which wait for it again. One row
+-- per task brought back: the task and its status before.
+CREATE FUNCTION pgtaskd.retry_with_dependents(task_id bigint)
+RETURNS TABLE (retried_id bigint, previous text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    first text;
+    level bigint[];
+    next_level bigint[];
+BEGIN
+    first := pgtaskd.retry(retry_with_dependents.task_id);
+    retried_id := retry_with_dependents.task_id;
+    previous := first;
+    RETURN NEXT;
+    IF first IS NULL OR first NOT IN ('FAILED', 'CANCELED') THEN
+        RETURN;
+    END IF;
+    level := ARRAY[retry_with_dependents.task_id];
+    LOOP
+        WITH back AS (
+            UPDATE pgtaskd.task_state AS t
+               SET status = 'QUEUED',
+                   attempt = 0,
+                   snoozes = 0,
+                   cancel_requested = false,
+                   canceled_by = NULL,
+                   error = NULL,
+                   started_at = NULL,
+                   finished_at = NULL,
+                   run_at = now()
+             WHERE t.id = ANY (ARRAY(SELECT k.id FROM pgtaskd.task_state AS k
+                                      WHERE k.canceled_by = ANY (level)
+                                        AND k.status = 'CANCELED'
+                                      ORDER BY k.id
+                                        FOR UPDATE))
+               AND t.status = 'CANCELED'
+            RETURNING t.id
+        )
+        SELECT array_agg(b.id ORDER BY b.id) INTO next_level FROM back AS b;
+        EXIT WHEN next_level IS NULL;
+        PERFORM pgtaskd.wait_again(next_level);
+        RETURN QUERY SELECT u.id, 'CANCELED'::text FROM unnest(next_level) AS u(id);
+        level := next_level;
+    END LOOP;
+END
+$$;
+
+-- An auditor for tests and operators: one row for every inconsistency of the dependency
+-- edges it finds, in one snapshot; it repairs nothing. Empty is the only right answer.
+CREATE FUNCTION pgtaskd.check_deps()
+RETURNS TABLE (task_id bigint, problem text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Waiting for nothing.
+    SELECT s.id, 'WAITING with no edge left'
+      FROM pgtaskd.task_state AS s
+     WHERE s.status = 'WAITING'
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
+    UNION ALL
+    -- An edge its parent's end should have taken.
+    SELECT d.child, format('an edge to task %s, which is %s', d.parent, coalesce(p.status, 'gone'))
+      FROM pgtaskd.task_deps AS d
+      LEFT JOIN pgtaskd.task_state AS p ON p.id = d.parent
+      LEFT JOIN pgtaskd.tasks AS t ON t.id = d.child
+     WHERE p.id IS NULL OR p.status = 'SUCCEEDED'
+        OR (p.status IN ('FAILED', 'CANCELED') AND coalesce(t.on_dep_failure, 'cancel') <> 'wait')
+    UNION ALL
+    -- An edge of a task that does not wait.
+    SELECT d.child, format('an edge to task %s, but the task is %s', d.parent, coalesce(c.status, 'gone'))
+      FROM pgtaskd.task_deps AS d
+      LEFT JOIN pgtaskd.task_state AS c ON c.id = d.child
+     WHERE c.id IS NULL OR c.status <> 'WAITING'
+    UNION ALL
+    -- An edge the task never asked for.
+    SELECT d.child, format('an edge to task %s, which it does not depend on', d.parent)
+      FROM pgtaskd.task_deps AS d
+      JOIN pgtaskd.tasks AS t ON t.id = d.child
+     WHERE NOT (d.parent = ANY (coalesce(t.depends_on, '{}')))
+    UNION ALL
+    -- A waiting task missing the edge to a parent that has not ended, or that failed under
+    -- 'wait': it would be released before that parent.
+    SELECT s.id, format('no edge to task %s, which is %s', x.parent, p.status)
+      FROM pgtaskd.task_state AS s
+      JOIN pgtaskd.tasks AS t ON t.id = s.id
+     CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
+      JOIN pgtaskd.task_state AS p ON p.id = x.parent
+     WHERE s.status = 'WAITING'
+       AND p.status <> 'SUCCEEDED'
+       AND NOT (p.status IN ('FAILED', 'CANCELED') AND coalesce(t.on_dep_failure, 'cancel') = 'run')
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
+                        WHERE d.child = s.id AND d.parent = x.parent)
+$$;
+
+-- Insert a whole graph of tasks in one transaction, named by local refs: `graph` is a JSON
+-- array of objects {"ref", "payload", and optionally "queue", "priority", "run_at",
+-- "max_attempts", "idempotency_key", "concurrency_key", "on_dep_failure", "after"}, where
+-- "after" lists refs of the graph (strings) and ids of tasks already there (numbers). Parents
+-- are inserted before their children, so each parent's id is the smaller; a cycle is refused
+-- naming it (`cycle: a -> b -> a`, each waiting for the next) and nothing is inserted. With
+-- the caller's rights: a producer inserts as itself. One row per task: its ref and its id.
+CREATE FUNCTION pgtaskd.enqueue_graph(graph jsonb)
+RETURNS TABLE (ref text, task_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n         int;
+    ords      jsonb;
+    bad       text;
+    e_parent  int[];
+    e_child   int[];
+    first_out int[];
+    indegree  int[];
+    ready     int[];
+    placed    int[] := '{}';
+    ids       bigint[];
+    node      jsonb;
+    u         int;
+    v         int;
+    i         int;
+    head      int := 1;
+    walk      int[];
+    seen      int[];
+    new_id    bigint;
+BEGIN
+    IF enqueue_graph.graph IS NULL OR jsonb_typeof(enqueue_graph.graph) <> 'array' THEN
+        RAISE EXCEPTION 'enqueue_graph: the graph is a JSON array of tasks'
+            USING ERRCODE = '22023';
+    END IF;
+    n := jsonb_array_length(enqueue_graph.graph);
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    IF n > 100000 THEN
+        RAISE EXCEPTION 'enqueue_graph: % tasks, at most 100000 in one graph', n
+            USING ERRCODE = '54000';
+    END IF;
+    -- Each task an object with a ref of its own and a payload.
+    SELECT format('task %s: %s', e.ord,
+                  CASE WHEN jsonb_typeof(e.node) <> 'object' THEN 'not a JSON object'
+                       WHEN jsonb_typeof(e.node -> 'ref') IS DISTINCT FROM 'string'
+                            OR e.node ->> 'ref' = '' THEN '"ref" is not a non-empty string'
+                       WHEN jsonb_typeof(e.node -> 'payload') IS DISTINCT FROM 'string'
+                            THEN '"payload" is not a string'
+                       ELSE '"after" is not an array of refs and ids' END)
+      INTO bad
+      FROM jsonb_array_elements(enqueue_graph.graph) WITH ORDINALITY AS e(node, ord)
+     WHERE jsonb_typeof(e.node) <> 'object'
+        OR jsonb_typeof(e.node -> 'ref') IS DISTINCT FROM 'string' OR e.node ->> 'ref' = ''
+        OR jsonb_typeof(e.node -> 'payload') IS DISTINCT FROM 'string'
+        OR (e.node ? 'after' AND (jsonb_typeof(e.node -> 'after') <> 'array'
+            OR EXISTS (SELECT 1 FROM jsonb_array_elements(e.node -> 'after') AS a
+                        WHERE jsonb_typeof(a) NOT IN ('string', 'number'))))
+     ORDER BY e.ord
+     LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_graph: %', bad USING ERRCODE = '22023';
+    END IF;
+    SELECT string_agg(DISTINCT e.node ->> 'ref', ', ') INTO bad
+      FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
+     GROUP BY e.node ->> 'ref' HAVING count(*) > 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_graph: ref % names two tasks', bad USING ERRCODE = '22023';
+    END IF;
+    -- ref -> position, 1 to n.
+    SELECT jsonb_object_agg(e.node ->> 'ref', e.ord) INTO ords
+      FROM jsonb_array_elements(enqueue_graph.graph) WITH ORDINALITY AS e(node, ord);
+    SELECT format('task %s waits for ref %s, which the graph does not name',
+                  e.node ->> 'ref', a #>> '{}')
+      INTO bad
+      FROM jsonb_array_elements(enqueue_graph.graph) AS e(node),
+           jsonb_array_elements(coalesce(e.node -> 'after', '[]')) AS a
+     WHERE jsonb_typeof(a) = 'string' AND NOT ords ? (a #>> '{}')
+     LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue_graph: %', bad USING ERRCODE = '22023';
+    END IF;
+    -- The edges between refs, by parent: first_out[u] .. first_out[u + 1] - 1.
+    SELECT coalesce(array_agg(x.p ORDER BY x.p, x.c), '{}'),
+           coalesce(array_agg(x.c ORDER BY x.p, x.c), '{}')
+      INTO e_parent, e_child
+      FROM (SELECT DISTINCT (ords ->> (a #>> '{}'))::int AS p, e.ord::int AS c
+              FROM jsonb_array_elements(enqueue_graph.graph) WITH ORDINALITY AS e(node, ord),
+                   jsonb_array_elements(coalesce(e.node -> 'after', '[]')) AS a
+             WHERE jsonb_typeof(a) = 'string') AS x;
+    indegree := array_fill(0, ARRAY[n]);
+    first_out := array_fill(0, ARRAY[n + 1]);
+    FOR i IN 1 .. coalesce(array_length(e_child, 1), 0) LOOP
+        indegree[e_child[i]] := indegree[e_child[i]] + 1;
+        first_out[e_parent[i]] := first_out[e_parent[i]] + 1;
+    END LOOP;
+    -- Counts to starts (prefix sums).
+    v := 1;
+    FOR u IN 1 .. n + 1 LOOP
+        i := first_out[u];
+        first_out[u] := v;
+        v := v + i;
+    END LOOP;
+    -- Kahn's order, the graph's own order among tasks ready together.
+    ready := ARRAY(SELECT g FROM generate_series(1, n) AS g WHERE indegree[g] = 0);
+    WHILE head <= coalesce(array_length(ready, 1), 0) LOOP
+        u := ready[head];
+        head := head + 1;
+        placed := placed || u;
+        FOR i IN first_out[u] .. first_out[u + 1] - 1 LOOP
+            indegree[e_child[i]] := indegree[e_child[i]] - 1;
+            IF indegree[e_child[i]] = 0 THEN
+                ready := ready || e_child[i];
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF coalesce(array_length(placed, 1), 0) < n THEN
+        -- Every task left waits for another task left: follow one such edge from each until
+        -- a task comes round again.
+        u := (SELECT min(g) FROM generate_series(1, n) AS g WHERE indegree[g] > 0);
+        seen := array_fill(0, ARRAY[n]);
+        walk := '{}';
+        WHILE seen[u] = 0 LOOP
+            seen[u] := coalesce(array_length(walk, 1), 0) + 1;
+            walk := walk || u;
+            SELECT min(x.p) INTO u
+              FROM unnest(e_parent, e_child) AS x(p, c)
+             WHERE x.c = u AND indegree[x.p] > 0;
+        END LOOP;
+        walk := walk[seen[u]:] || u;
+        RAISE EXCEPTION 'cycle: %',
+            (SELECT string_agg(enqueue_graph.graph -> (w.o - 1) ->> 'ref', ' -> ' ORDER BY w.k)
+               FROM unnest(walk) WITH ORDINALITY AS w(o, k))
+            USING ERRCODE = '22023';
+    END IF;
+    ids := array_fill(NULL::bigint, ARRAY[n]);
+    FOREACH u IN ARRAY placed LOOP
+        node := enqueue_graph.graph -> (u - 1);
+        INSERT INTO pgtaskd.tasks (payload, queue, priority, run_at, max_attempts,
+                                   idempotency_key, concurrency_key, on_dep_failure, depends_on)
+        VALUES (node ->> 'payload',
+                coalesce(node ->> 'queue', 'default'),
+                coalesce((node ->> 'priority')::smallint, 0),
+                coalesce((node ->> 'run_at')::timestamptz, now()),
+                (node ->> 'max_attempts')::int,
+                node ->> 'idempotency_key',
+                node ->> 'concurrency_key',
+                node ->> 'on_dep_failure',
+                nullif(ARRAY(SELECT CASE WHEN jsonb_typeof(a) = 'string'
+                                         THEN ids[(ords ->> (a #>> '{}'))::int]
+                                         ELSE (a #>> '{}')::bigint END
+                               FROM jsonb_array_elements(coalesce(node -> 'after', '[]')) AS a),
+                       '{}'))
+        RETURNING id INTO new_id;
+        ids[u] := new_id;
+        ref := node ->> 'ref';
+        task_id := new_id;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -1620,6 +2206,7 @@ BEGIN
            attempt = 0,
            snoozes = 0,
            cancel_requested = false,
+           canceled_by = NULL,
            words = 0,
            bytes = 0,
            runes = 0,
@@ -1632,6 +2219,8 @@ BEGIN
            run_at = now()
      WHERE t.id = retry.task_id
        AND t.status IN ('FAILED', 'CANCELED');
+    -- A task with parents waits again for those that have not SUCCEEDED (version 37).
+    PERFORM pgtaskd.wait_again(ARRAY[retry.task_id]);
     PERFORM pgtaskd.notify('pgtaskd_tasks', '');
     RETURN previous;
 END
@@ -1650,6 +2239,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    back bigint[];
 BEGIN
     IF max_rows IS NULL OR max_rows < 1 THEN
         RAISE EXCEPTION 'pgtaskd.retry_failed: max_rows must be at least 1, not %', max_rows
@@ -1670,6 +2261,7 @@ BEGIN
                attempt = 0,
                snoozes = 0,
                cancel_requested = false,
+               canceled_by = NULL,
                words = 0,
                bytes = 0,
                runes = 0,
@@ -1685,9 +2277,12 @@ BEGIN
            AND t.status = 'FAILED'
         RETURNING t.id
     )
-    SELECT count(*), coalesce(max(done.id), coalesce(retry_failed.after_id, 0))
-      INTO retried, last_id
+    SELECT count(*), coalesce(max(done.id), coalesce(retry_failed.after_id, 0)),
+           array_agg(done.id ORDER BY done.id)
+      INTO retried, last_id, back
       FROM done;
+    -- Tasks with parents wait again for those that have not SUCCEEDED (version 37).
+    PERFORM pgtaskd.wait_again(back);
     IF retried > 0 THEN
         PERFORM pgtaskd.notify('pgtaskd_tasks', '');
     END IF;
@@ -1899,18 +2494,41 @@ CREATE TRIGGER tasks_notify
 -- INSERT ... SELECT, a COPY): one INSERT ... SELECT per statement over its new rows. With the
 -- owner's rights: producers have no right on the state table. Like every trigger, these do
 -- not fire where `session_replication_role` is `replica` (a logical replication apply, a
--- restore with triggers disabled): those copy both tables.
+-- restore with triggers disabled): those copy both tables. A task with parents is WAITING,
+-- with an edge to each (version 37); each parent must exist.
 CREATE FUNCTION pgtaskd.tasks_state() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    missing bigint;
 BEGIN
-    INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key)
-    SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key
+    INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key,
+                                    status)
+    SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key,
+           CASE WHEN cardinality(n.depends_on) > 0 THEN 'WAITING' ELSE 'QUEUED' END
       FROM new_tasks AS n
     -- A state row loaded before its task row (a data-only restore of both tables) is kept.
         ON CONFLICT (id) DO NOTHING;
+    IF EXISTS (SELECT 1 FROM new_tasks AS n WHERE cardinality(n.depends_on) > 0) THEN
+        SELECT x.parent INTO missing
+          FROM new_tasks AS n
+         CROSS JOIN LATERAL unnest(n.depends_on) AS x(parent)
+         WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = x.parent)
+         LIMIT 1;
+        IF missing IS NOT NULL THEN
+            RAISE EXCEPTION 'task depends on task %, which does not exist', missing
+                USING ERRCODE = '23503';
+        END IF;
+        -- The edges of the tasks that wait (not those of a restored task that ended).
+        INSERT INTO pgtaskd.task_deps (child, parent)
+        SELECT DISTINCT n.id, x.parent
+          FROM new_tasks AS n
+         CROSS JOIN LATERAL unnest(n.depends_on) AS x(parent)
+          JOIN pgtaskd.task_state AS s ON s.id = n.id AND s.status = 'WAITING'
+            ON CONFLICT DO NOTHING;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -1919,6 +2537,75 @@ CREATE TRIGGER tasks_state AFTER INSERT ON pgtaskd.tasks
     REFERENCING NEW TABLE AS new_tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pgtaskd.tasks_state();
 
+-- Before the CHECK of each new task with parents (version 37): a parent not older than the
+-- task is named, as not existing (ids only grow), or, written by the owner with an id of its
+-- choosing, as newer.
+CREATE FUNCTION pgtaskd.tasks_parents_check() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    newer bigint;
+BEGIN
+    SELECT max(x.parent) INTO newer
+      FROM unnest(NEW.depends_on) AS x(parent)
+     WHERE x.parent >= NEW.id;
+    IF newer IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = newer) THEN
+            RAISE EXCEPTION 'task % may depend only on tasks inserted before it, not on task % (tasks_depends_on_earlier)',
+                NEW.id, newer
+                USING ERRCODE = '23514', CONSTRAINT = 'tasks_depends_on_earlier';
+        END IF;
+        RAISE EXCEPTION 'task depends on task %, which does not exist', newer
+            USING ERRCODE = '23503';
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_parents_check() FROM PUBLIC;
+CREATE TRIGGER tasks_parents_check BEFORE INSERT ON pgtaskd.tasks
+    FOR EACH ROW
+    WHEN (pg_catalog.cardinality(NEW.depends_on) OPERATOR(pg_catalog.>) 0)
+    EXECUTE FUNCTION pgtaskd.tasks_parents_check();
+
+-- At the producer's commit, each new task with parents (version 37): its parents are held
+-- (FOR SHARE, in id order) until that commit, so that an end of one of them either committed
+-- before (and is decided here, as `pgtaskd.settle_waiting` decides it) or waits for this
+-- commit and then finds the task's edges. A parent deleted meanwhile fails the commit.
+CREATE FUNCTION pgtaskd.tasks_deps_settle() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    missing bigint;
+BEGIN
+    PERFORM 1 FROM pgtaskd.task_state AS p
+      WHERE p.id = ANY (ARRAY(SELECT d.parent FROM pgtaskd.task_deps AS d
+                               WHERE d.child = NEW.id))
+      ORDER BY p.id
+        FOR SHARE;
+    SELECT d.parent INTO missing
+      FROM pgtaskd.task_deps AS d
+     WHERE d.child = NEW.id
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+     LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'task depends on task %, which does not exist', missing
+            USING ERRCODE = '23503';
+    END IF;
+    PERFORM pgtaskd.settle_waiting(ARRAY[NEW.id], NULL);
+    RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_deps_settle() FROM PUBLIC;
+CREATE CONSTRAINT TRIGGER tasks_deps_settle AFTER INSERT ON pgtaskd.tasks
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (pg_catalog.cardinality(NEW.depends_on) OPERATOR(pg_catalog.>) 0)
+    EXECUTE FUNCTION pgtaskd.tasks_deps_settle();
+
 -- A task deleted (retention deletes both rows itself; an operator's DELETE too) takes its
 -- state with it.
 CREATE FUNCTION pgtaskd.tasks_state_gone() RETURNS trigger
@@ -1926,7 +2613,23 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    held record;
 BEGIN
+    -- A task another task still waits on stays (version 37): retention takes the dependents
+    -- first.
+    SELECT d.parent, d.child INTO held
+      FROM pgtaskd.task_deps AS d
+     WHERE d.parent OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o))
+       AND NOT (d.child OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o)))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'task % cannot be deleted: task % waits for it', held.parent, held.child
+            USING ERRCODE = '23503',
+                  HINT = 'Cancel or delete the waiting task first.';
+    END IF;
+    DELETE FROM pgtaskd.task_deps AS d
+     WHERE d.child OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o));
     DELETE FROM pgtaskd.task_state AS s
      WHERE s.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o));
     RETURN NULL;
@@ -1943,7 +2646,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    TRUNCATE pgtaskd.task_state;
+    TRUNCATE pgtaskd.task_state, pgtaskd.task_deps;
     RETURN NULL;
 END
 $$;
@@ -1953,7 +2656,7 @@ CREATE TRIGGER tasks_state_truncate AFTER TRUNCATE ON pgtaskd.tasks
 
 -- The schema's owner may still change a task's queue, priority, attempts or key, or move a
 -- QUEUED task's `run_at` (pgtaskd never does): the state's copies follow. Its id never
--- changes: that would part the task from its state.
+-- changes: that would part the task from its state; nor do its parents (version 37).
 CREATE FUNCTION pgtaskd.tasks_state_copy() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1962,6 +2665,10 @@ AS $$
 BEGIN
     IF NEW.id OPERATOR(pg_catalog.<>) OLD.id THEN
         RAISE EXCEPTION 'the id of a task does not change (task %)', OLD.id
+            USING ERRCODE = '42501';
+    END IF;
+    IF (NEW.depends_on, NEW.on_dep_failure) IS DISTINCT FROM (OLD.depends_on, OLD.on_dep_failure) THEN
+        RAISE EXCEPTION 'the parents of a task do not change (task %)', OLD.id
             USING ERRCODE = '42501';
     END IF;
     UPDATE pgtaskd.task_state AS s
@@ -1978,11 +2685,14 @@ END
 $$;
 REVOKE ALL ON FUNCTION pgtaskd.tasks_state_copy() FROM PUBLIC;
 CREATE TRIGGER tasks_state_copy
-    AFTER UPDATE OF id, queue, priority, run_at, max_attempts, concurrency_key ON pgtaskd.tasks
+    AFTER UPDATE OF id, queue, priority, run_at, max_attempts, concurrency_key, depends_on,
+                    on_dep_failure ON pgtaskd.tasks
     FOR EACH ROW
-    WHEN ((OLD.id, OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key)
+    WHEN ((OLD.id, OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key,
+           OLD.depends_on, OLD.on_dep_failure)
           IS DISTINCT FROM
-          (NEW.id, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key))
+          (NEW.id, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key,
+           NEW.depends_on, NEW.on_dep_failure))
     EXECUTE FUNCTION pgtaskd.tasks_state_copy();
 
 -- Every write of a flag takes the turn first and sets the hint after.
@@ -2007,10 +2717,12 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_view TO %I',
                    role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
+    -- Graphs of tasks (version 37).
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue_graph(jsonb) TO %I', role_name);
     -- Which daemons serve which queues (version 21).
     EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
     -- The CLI's schema check (version 23).
@@ -2036,7 +2748,7 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT, UPDATE ON pgtaskd.task_state TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure) '
                    'ON pgtaskd.tasks TO %I', role_name);
     -- The CLI and the HTTP API read tasks' state through the view (version 24).
     EXECUTE format('GRANT SELECT ON pgtaskd.task_view TO %I', role_name);
@@ -2087,6 +2799,11 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON pgtaskd.queue_starts TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.set_queue(text, jsonb), '
                    'pgtaskd.notify_freed(text[]) TO %I', role_name);
+    -- Dependencies: each end decides its dependents; graphs, retries with dependents and the
+    -- auditor (version 37).
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.end_parents(bigint[]), '
+                   'pgtaskd.enqueue_graph(jsonb), pgtaskd.retry_with_dependents(bigint), '
+                   'pgtaskd.check_deps() TO %I', role_name);
 END
 $$;
 
@@ -2114,6 +2831,9 @@ BEGIN
     -- Limits and defaults: read and set (version 33).
     EXECUTE format('GRANT SELECT ON pgtaskd.queue_settings TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.set_queue(text, jsonb) TO %I', role_name);
+    -- Retries with dependents and the dependencies' auditor (version 37).
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.retry_with_dependents(bigint), '
+                   'pgtaskd.check_deps() TO %I', role_name);
 END
 $$;
 
@@ -2155,6 +2875,12 @@ REVOKE ALL ON FUNCTION pgtaskd.pause_schedule(text, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.set_queue(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.notify_freed(text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.fire_schedule(text, timestamptz, timestamptz, timestamptz[], timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.settle_waiting(bigint[], bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.end_parents(bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.wait_again(bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.retry_with_dependents(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.check_deps() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.enqueue_graph(jsonb) FROM PUBLIC;
 GRANT SELECT ON pgtaskd.site TO PUBLIC;
 
 REVOKE ALL ON SEQUENCE pgtaskd.claim_tokens FROM PUBLIC;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, ValueHint};
 
-use crate::queue::{RunAt, TaskStatus};
+use crate::queue::{OnDepFailure, RunAt, TaskStatus};
 
 mod help;
 mod queue;
@@ -239,6 +239,10 @@ pub enum Command {
         /// With --queue: retry every FAILED task of the queue
         #[arg(long, requires = "queue", conflicts_with = "id")]
         failed: bool,
+        /// With an id: also bring back every task the task's end canceled (a dependent under
+        /// on_dep_failure cancel), and theirs; each waits again for its parents
+        #[arg(long, requires = "id", conflicts_with = "queue")]
+        with_dependents: bool,
     },
     /// Print the latest tasks, newest first
     List(ListArgs),
@@ -388,7 +392,7 @@ pub struct ListArgs {
     /// Only this queue
     #[arg(long, value_name = "Q", value_hint = ValueHint::Other, value_parser = parse_queue)]
     pub queue: Option<String>,
-    /// Only this status: queued, running, succeeded, failed or canceled
+    /// Only this status: waiting, queued, running, succeeded, failed or canceled
     #[arg(long, value_name = "S", ignore_case = true, value_parser = status_parser())]
     pub status: Option<TaskStatus>,
     /// At most this many tasks
@@ -401,9 +405,10 @@ pub struct ListArgs {
 }
 
 /// A task status, in any case.
-/// The five statuses, named as `--status` takes them, so that completions offer them.
+/// The six statuses, named as `--status` takes them, so that completions offer them.
 fn status_parser() -> impl clap::builder::TypedValueParser<Value = TaskStatus> {
     clap::builder::PossibleValuesParser::new([
+        "waiting",
         "queued",
         "running",
         "succeeded",
@@ -492,6 +497,14 @@ pub struct EnqueueArgs {
     /// bytes)
     #[arg(long, value_name = "KEY", value_hint = ValueHint::Other, value_parser = parse_concurrency_key)]
     pub concurrency_key: Option<String>,
+    /// Wait for this task, enqueued before it: the task is WAITING until every task named so
+    /// has ended (repeat it, or give ids separated by commas; at most 10,000)
+    #[arg(long, value_name = "ID", value_delimiter = ',', value_hint = ValueHint::Other)]
+    pub after: Vec<i64>,
+    /// What a task of --after that ends FAILED or CANCELED does to this one: cancel it (the
+    /// default), run it anyway, or wait for a retry of that task to succeed
+    #[arg(long, value_name = "POLICY", requires = "after", value_parser = on_dep_failure_parser())]
+    pub on_dep_failure: Option<OnDepFailure>,
     /// Then wait until the task is finished, as `pgtaskd wait` does
     #[arg(long)]
     pub wait: bool,
@@ -526,6 +539,12 @@ fn parse_queue(text: &str) -> Result<String, String> {
 fn parse_key(text: &str) -> Result<String, String> {
     crate::queue::enqueue::check_idempotency_key(text).map_err(|err| err.to_string())?;
     Ok(text.to_string())
+}
+
+/// `--on-dep-failure`: one of the three policies, named so that completions offer them.
+fn on_dep_failure_parser() -> impl clap::builder::TypedValueParser<Value = OnDepFailure> {
+    clap::builder::PossibleValuesParser::new(OnDepFailure::NAMES)
+        .try_map(|text: String| text.parse::<OnDepFailure>())
 }
 
 /// A concurrency key, by the rule the HTTP API applies to `concurrency_key`.

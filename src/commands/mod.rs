@@ -1,7 +1,7 @@
 //! What each subcommand does, and the exit code it ends with (docs/design.md, "Command line").
 //!
 //! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
-//! 3 no such task, 4 already terminal, 69 database unavailable (never "not found"), 75 a wait
+//! 3 no such task (a parent an enqueue names included), 4 already terminal, 69 database unavailable (never "not found"), 75 a wait
 //! that timed out (EX_TEMPFAIL: try again later),
 //! 78 configuration error (bad settings, settings the database refuses, a schema that is
 //! missing or not this binary's), 1 anything else. Usage errors (2) are clap's.
@@ -56,6 +56,10 @@ pub enum CommandError {
     Usage(String),
     #[error("no such task: {0}")]
     NotFound(i64),
+    /// `enqueue --after ID` of a task that does not exist: the database's words, which name
+    /// it (`task depends on task 12, which does not exist`); 3, as any unknown task id.
+    #[error("{0}")]
+    NoSuchParent(String),
     /// `retry --queue Q --failed` of a queue without any task that is not paused either: 3.
     #[error("no such queue: {0} has no task and is not paused")]
     NoSuchQueue(String),
@@ -111,6 +115,7 @@ impl CommandError {
         match self {
             CommandError::Usage(_) => EXIT_USAGE,
             CommandError::NotFound(_)
+            | CommandError::NoSuchParent(_)
             | CommandError::NoSuchQueue(_)
             | CommandError::NoSuchSchedule(_) => EXIT_NOT_FOUND,
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
@@ -238,7 +243,11 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::CheckConfig { connect, .. } => service::check_config(&config, connect).await,
         Command::Pause { queue } => queues::pause(&config, &queue).await,
         Command::Resume { queue } => queues::resume(&config, &queue).await,
-        Command::Retry { id: Some(id), .. } => queues::retry(&config, id).await,
+        Command::Retry {
+            id: Some(id),
+            with_dependents,
+            ..
+        } => queues::retry(&config, id, with_dependents).await,
         Command::Retry {
             queue: Some(queue_name),
             ..
@@ -303,6 +312,10 @@ mod tests {
         let cases: Vec<(CommandError, u8)> = vec![
             (CommandError::Usage("x".into()), EXIT_USAGE),
             (CommandError::NotFound(7), EXIT_NOT_FOUND),
+            (
+                CommandError::NoSuchParent("task depends on task 7, which does not exist".into()),
+                EXIT_NOT_FOUND,
+            ),
             (
                 CommandError::Terminal {
                     id: 7,

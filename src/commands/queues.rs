@@ -34,14 +34,39 @@ pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// Put task `id` back to QUEUED: 3 when there is no such task, 4 when it is not FAILED or
-/// CANCELED.
-pub(super) async fn retry(config: &Config, id: i64) -> Result<ExitCode, CommandError> {
+/// Put task `id` back to QUEUED (WAITING when it waits again for parents), and with
+/// `with_dependents` the tasks its end canceled: 3 when there is no such task, 4 when it is
+/// not FAILED or CANCELED.
+pub(super) async fn retry(
+    config: &Config,
+    id: i64,
+    with_dependents: bool,
+) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;
-    match checked(&client, queue::retry(&client, id)).await? {
-        RetryOutcome::Requeued(was) => println!("QUEUED (was {was})"),
+    let (outcome, dependents) = if with_dependents {
+        checked(&client, queue::retry_with_dependents(&client, id)).await?
+    } else {
+        (
+            checked(&client, queue::retry(&client, id)).await?,
+            Vec::new(),
+        )
+    };
+    match outcome {
+        RetryOutcome::Requeued(was) => {
+            let now = checked(&client, queue::get(&client, id))
+                .await?
+                .map_or(TaskStatus::Queued, |task| task.status);
+            println!("{now} (was {was})");
+        }
         RetryOutcome::Refused(status) => return Err(CommandError::NotRetryable { id, status }),
         RetryOutcome::NotFound => return Err(CommandError::NotFound(id)),
+    }
+    if with_dependents {
+        let ids: Vec<String> = dependents.iter().map(i64::to_string).collect();
+        match ids.len() {
+            0 => println!("no dependent was canceled by it"),
+            n => println!("{n} dependents back, waiting again: {}", ids.join(", ")),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -253,9 +278,10 @@ fn state(queue: &queue::QueueStats) -> &'static str {
 /// The human form of `stats`: one line per queue, then the daemons.
 fn describe_stats(stats: &Stats) -> String {
     let mut text = format!(
-        "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}\n",
+        "{:<12} {:<8} {:>8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}\n",
         "QUEUE",
         "STATE",
+        "WAITING",
         "QUEUED",
         "DUE",
         "OLDEST",
@@ -271,9 +297,10 @@ fn describe_stats(stats: &Stats) -> String {
         let window = |f: &queue::Finished| format!("{}/{}/{}", f.succeeded, f.failed, f.canceled);
         let _ = writeln!(
             text,
-            "{:<12} {:<8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}",
+            "{:<12} {:<8} {:>8} {:>8} {:>8} {:>10} {:>8}  {:<20}  {:<20}  {}",
             printable(&queue.queue),
             state(queue),
+            queue.waiting,
             queue.queued,
             queue.due,
             oldest,

@@ -35,6 +35,8 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         max_attempts: args.max_attempts,
         idempotency_key: args.key.clone(),
         concurrency_key: args.concurrency_key.clone(),
+        depends_on: args.after.clone(),
+        on_dep_failure: args.on_dep_failure,
     };
     // The arguments were checked by the parser; the payload is known only now. Refused as
     // the HTTP API refuses it, before a connection is opened.
@@ -43,22 +45,42 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
     if args.wait {
         let mut waiter = Waiter::open(config).await?;
         let outcome = match streamed {
-            Some((path, len)) => enqueue_file(&mut waiter.client, &task, path, len).await?,
-            None => checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await?,
-        };
+            Some((path, len)) => enqueue_file(&mut waiter.client, &task, path, len).await,
+            None => checked(&waiter.client, queue::enqueue(&waiter.client, &task)).await,
+        }
+        .map_err(parents_refused)?;
         let id = enqueued(args, outcome)?;
         warn_if_unserved(&waiter.client, &task.queue).await;
         return waiter.wait(config, &[id], args.timeout, args.json).await;
     }
     let mut client = session(config).await?;
     let outcome = match streamed {
-        Some((path, len)) => enqueue_file(&mut client, &task, path, len).await?,
-        None => checked(&client, queue::enqueue(&client, &task)).await?,
-    };
+        Some((path, len)) => enqueue_file(&mut client, &task, path, len).await,
+        None => checked(&client, queue::enqueue(&client, &task)).await,
+    }
+    .map_err(parents_refused)?;
     let id = enqueued(args, outcome)?;
     println!("{id}");
     warn_if_unserved(&client, &task.queue).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// An enqueue's failure as the database's refusal of the task's parents, when it is one: a
+/// parent that does not exist is an unknown task id (exit 3, in the database's words), one
+/// not enqueued before the task a usage error (exit 2).
+fn parents_refused(err: CommandError) -> CommandError {
+    let CommandError::Db(db) = &err else {
+        return err;
+    };
+    match queue::enqueue::refusal(db) {
+        Some(queue::enqueue::ParentRefusal::Unknown(message)) => {
+            CommandError::NoSuchParent(message)
+        }
+        Some(refused @ queue::enqueue::ParentRefusal::NotEarlier) => {
+            CommandError::Usage(refused.to_string())
+        }
+        None => err,
+    }
 }
 
 /// Say on stderr when no live daemon serves `queue_name`: the task was enqueued, but waits
@@ -238,6 +260,27 @@ fn shown_output(output: &str) -> String {
     )
 }
 
+/// The most parents `status` names; `--json` gives all of them.
+const PARENTS_SHOWN: usize = 20;
+
+/// A task's parents as `status` prints them: their ids, separated by commas, the first
+/// [`PARENTS_SHOWN`] of a long list and how many there are.
+fn shown_parents(parents: &[i64]) -> String {
+    let ids: Vec<String> = parents
+        .iter()
+        .take(PARENTS_SHOWN)
+        .map(i64::to_string)
+        .collect();
+    let mut text = ids.join(", ");
+    if parents.len() > PARENTS_SHOWN {
+        text.push_str(&format!(
+            ", ... ({} tasks in all; status --json lists them)",
+            parents.len()
+        ));
+    }
+    text
+}
+
 /// The human form of `status`.
 pub fn describe_task(task: &Task) -> String {
     let mut text = format!("task {}: {}", task.id, task.status);
@@ -264,6 +307,18 @@ pub fn describe_task(task: &Task) -> String {
         text.push_str(&format!(
             "  concurrency key: {}\n",
             super::queues::printable(key)
+        ));
+    }
+    if let Some(parents) = task.depends_on.as_deref().filter(|ids| !ids.is_empty()) {
+        text.push_str(&format!(
+            "  after: {} (on a parent's failure: {})\n",
+            shown_parents(parents),
+            super::queues::printable(task.on_dep_failure.as_deref().unwrap_or("cancel"))
+        ));
+    } else if let Some(policy) = &task.on_dep_failure {
+        text.push_str(&format!(
+            "  on a parent's failure: {}\n",
+            super::queues::printable(policy)
         ));
     }
     if let Some(output) = &task.output {
@@ -312,4 +367,21 @@ pub fn describe_task(task: &Task) -> String {
     }
     text.push('\n');
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_are_named_the_first_twenty_of_a_long_list() {
+        assert_eq!(shown_parents(&[12, 13]), "12, 13");
+        let many: Vec<i64> = (1..=25).collect();
+        let shown = shown_parents(&many);
+        assert!(shown.starts_with("1, 2, 3,"), "{shown}");
+        assert!(
+            shown.ends_with("19, 20, ... (25 tasks in all; status --json lists them)"),
+            "{shown}"
+        );
+    }
 }

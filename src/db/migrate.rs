@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(34, "0034_parked_results_skip_locked"),
     migration!(35, "0035_schedule_and_limit_mends"),
     migration!(36, "0036_task_state"),
+    migration!(37, "0037_dependencies"),
 ];
 
 /// The schema version this binary was built for.

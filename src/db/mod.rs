@@ -178,11 +178,33 @@ impl DbError {
 
     /// The SQLSTATE the server answered with, when there is one.
     pub fn code(&self) -> Option<&SqlState> {
+        self.cause().code.as_ref()
+    }
+
+    /// The server's message alone (or the client's account of why no answer came), without
+    /// the SQLSTATE, detail and hint the error's `Display` adds: for a message a function of
+    /// the schema raised for the user to read.
+    pub fn message(&self) -> &str {
+        &self.cause().message
+    }
+
+    fn cause(&self) -> &Cause {
         match self {
             DbError::Query(cause)
             | DbError::Unavailable(cause)
-            | DbError::Rejected { cause, .. } => cause.code.as_ref(),
+            | DbError::Rejected { cause, .. } => cause,
         }
+    }
+
+    /// A statement's refusal with a SQLSTATE, for tests of what callers make of one.
+    #[cfg(test)]
+    pub(crate) fn answered(message: &str, code: SqlState) -> DbError {
+        DbError::Query(Cause {
+            message: message.to_string(),
+            code: Some(code),
+            detail: None,
+            hint: None,
+        })
     }
 }
 

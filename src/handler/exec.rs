@@ -5,8 +5,8 @@
 //!
 //! 1. **Start** (`child.rs`). `command` is an argv: no shell, and the payload is never in it.
 //!    The child gets the daemon's environment minus its secrets and settings, plus
-//!    `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` and `TRACEPARENT`
-//!    ([`child_env`]), and no descriptor but its three pipes. It runs as the queue's `user`
+//!    `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM`, `PGTASKD_PARENTS`
+//!    (a task with parents) and `TRACEPARENT` ([`child_env`]), and no descriptor but its three pipes. It runs as the queue's `user`
 //!    and `group` when given (`HOME`, `USER` and `LOGNAME` then the user's). It leads a
 //!    process group of its own, and is SIGKILLed by the kernel if the daemon dies
 //!    (`PR_SET_PDEATHSIG`). A command that cannot be started is an

@@ -4,7 +4,8 @@
 //! The request carries the payload as its body and says which task and claim it is
 //! (`Pgtaskd-Task-Id`, `Idempotency-Key`, the task's key, the same for every attempt,
 //! `Pgtaskd-Attempt`, `Pgtaskd-Run`, `Pgtaskd-Queue`, `Pgtaskd-Claim`, and when the task has
-//! them `Pgtaskd-Idempotency-Key` and `traceparent`).
+//! them `Pgtaskd-Idempotency-Key`, `Pgtaskd-Parents` with `Pgtaskd-Parent-Count`, and
+//! `traceparent`).
 //! The answer decides the attempt: a 2xx body is the output; 400, 404, 410 and 422 fail the
 //! task at once; any other status, a timeout or a broken connection is a failed attempt,
 //! retried (after the answer's `Retry-After` when it has one). Redirects are not followed: a
@@ -152,7 +153,7 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
 /// that is not a valid header value (it came from a row) is left out rather than failing the
 /// task.
 fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(11);
+    let mut headers = HeaderMap::with_capacity(13);
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static(content_type(payload)),
@@ -196,6 +197,16 @@ fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
                 headers.insert(HeaderName::from_static("pgtaskd-schedule"), schedule);
                 headers.insert(HeaderName::from_static("pgtaskd-scheduled-at"), instant);
             }
+        }
+    }
+    // `ID=STATUS,...`: digits, capitals, `=` and commas, always a valid value.
+    if let Some(parents) = &job.parents {
+        if let Ok(value) = HeaderValue::from_str(parents) {
+            headers.insert(HeaderName::from_static("pgtaskd-parents"), value);
+            headers.insert(
+                HeaderName::from_static("pgtaskd-parent-count"),
+                HeaderValue::from(job.parent_count),
+            );
         }
     }
     if let Some(traceparent) = &job.traceparent {
@@ -370,6 +381,8 @@ mod tests {
             key: "0123456789abcdef-42-1765000000000000".into(),
             idempotency_key: None,
             traceparent: None,
+            parents: None,
+            parent_count: 0,
         };
         let headers = headers(&job, b"x");
         assert_eq!(headers["pgtaskd-task-id"], "42");
@@ -383,6 +396,16 @@ mod tests {
         );
         assert!(!headers.contains_key("pgtaskd-idempotency-key"));
         assert!(!headers.contains_key("traceparent"));
+        assert!(!headers.contains_key("pgtaskd-parents"));
+        assert!(!headers.contains_key("pgtaskd-parent-count"));
+        let child = Job {
+            parents: Some("12=SUCCEEDED,13=CANCELED".into()),
+            parent_count: 250,
+            ..job.clone()
+        };
+        let child = super::headers(&child, b"x");
+        assert_eq!(child["pgtaskd-parents"], "12=SUCCEEDED,13=CANCELED");
+        assert_eq!(child["pgtaskd-parent-count"], "250");
         let keyed = Job {
             idempotency_key: Some("order-17".into()),
             ..job.clone()

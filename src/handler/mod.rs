@@ -38,6 +38,11 @@ pub struct Job {
     pub idempotency_key: Option<String>,
     /// The producer's W3C `traceparent`, when the row has one.
     pub traceparent: Option<String>,
+    /// For a task with parents: `ID=STATUS` of its first 200 parents in id order, separated
+    /// by commas (`12=SUCCEEDED,13=FAILED`), as the claim read them; `None` without.
+    pub parents: Option<String>,
+    /// How many parents the task has (0 without), all of them whatever `parents` lists.
+    pub parent_count: i32,
 }
 
 /// What came of one run of a handler.

@@ -4,7 +4,9 @@
 //! A database failure the database could not help (an outage, a timeout, an overload) is
 //! 503 "database unavailable", never 404; any other database error is 500 "internal error"
 //! (inputs are validated first, so it is a bug). Either way the body names no detail; the
-//! log has it.
+//! log has it. The one refusal only the database can make of valid input, a task's parents
+//! that do not exist or were not enqueued before it, is 422 with its words
+//! ([`ApiError::BadParents`]).
 
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -47,6 +49,10 @@ pub(crate) enum ApiError {
     NotRetryable(TaskStatus),
     #[error("the Idempotency-Key is already used by task {id}, with another payload")]
     KeyConflict { id: i64 },
+    /// The database refused the task's `depends_on`: a parent that does not exist (its
+    /// words), or one not enqueued before the task. Nothing was inserted.
+    #[error(transparent)]
+    BadParents(crate::queue::enqueue::ParentRefusal),
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
     UnsupportedMediaType,
     #[error("request body over {max} bytes")]
@@ -73,6 +79,15 @@ impl From<crate::queue::enqueue::BadInput> for ApiError {
 }
 
 impl ApiError {
+    /// An enqueue's failure: [`ApiError::BadParents`] when the database refused the task's
+    /// parents, else the database error it is.
+    pub(super) fn enqueue(err: DbError) -> ApiError {
+        match crate::queue::enqueue::refusal(&err) {
+            Some(refused) => ApiError::BadParents(refused),
+            None => ApiError::Db(err),
+        }
+    }
+
     fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::BadTaskId => StatusCode::BAD_REQUEST,
@@ -82,7 +97,9 @@ impl ApiError {
             | ApiError::NoSuchQueue
             | ApiError::NoSuchSchedule => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
-            ApiError::KeyConflict { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::KeyConflict { .. } | ApiError::BadParents(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

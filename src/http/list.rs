@@ -33,7 +33,7 @@ pub(super) struct ListParams {
 
 impl ListParams {
     /// The filter the parameters ask for, each checked: `queue` a queue name (exact), `status`
-    /// one of the five in any case, `limit` 1 to [`MAX_LIMIT`], `after` a task id.
+    /// one of the six in any case, `limit` 1 to [`MAX_LIMIT`], `after` a task id.
     fn filter(self) -> Result<ListFilter, ApiError> {
         if let Some(queue) = &self.queue {
             queue::enqueue::check_queue_name(queue)?;
@@ -43,7 +43,8 @@ impl ListParams {
             .map(|s| {
                 s.to_ascii_uppercase().parse::<TaskStatus>().map_err(|_| {
                     ApiError::BadRequest(
-                        "status must be queued, running, succeeded, failed or canceled".into(),
+                        "status must be waiting, queued, running, succeeded, failed or canceled"
+                            .into(),
                     )
                 })
             })

@@ -84,11 +84,12 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
         let backlog = session.bounded(crate::queue::backlog(&session)).await;
         drop(session);
         if let Ok(backlog) = backlog {
+            let waiting = backlog.iter().map(|queue| queue.waiting).sum();
             let queued = backlog.iter().map(|queue| queue.queued).sum();
             let running = backlog.iter().map(|queue| queue.running).sum();
             state
                 .metrics
-                .observe_table_and_pool(queued, running, state.pool.status());
+                .observe_table_and_pool((waiting, queued, running), state.pool.status());
             state.metrics.observe_queues(&backlog);
         }
     }

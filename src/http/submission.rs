@@ -2,8 +2,9 @@
 //! read into one [`Submission`] whose fields are then checked by the rules `pgtaskd enqueue`
 //! applies (`queue::enqueue`), each error naming its field (docs/http.md, "Submitting a task").
 //!
-//! - `text/plain`: the body is the payload; `queue`, `priority`, `run_at`, `max_attempts` and
-//!   `concurrency_key` come from the query (`?queue=thumbs&priority=5`).
+//! - `text/plain`: the body is the payload; `queue`, `priority`, `run_at`, `max_attempts`,
+//!   `concurrency_key`, `depends_on` (ids separated by commas) and `on_dep_failure` come from
+//!   the query (`?queue=thumbs&priority=5&depends_on=12,13`).
 //! - `application/json`: `{"payload": ..., "queue": ..., ...}`. The payload is a string (the
 //!   text itself) or an object or an array, stored as its JSON text with the whitespace
 //!   between tokens taken out ([`compact`]): the keys in the order sent and each number as
@@ -37,6 +38,10 @@ pub(super) struct Submission {
     max_attempts: Option<Value>,
     /// A string, or null for none.
     concurrency_key: Option<Value>,
+    /// An array of task ids, or null for none.
+    depends_on: Option<Value>,
+    /// `cancel`, `run` or `wait`, or null for the default (`cancel`).
+    on_dep_failure: Option<Value>,
 }
 
 /// The JSON body. The payload is borrowed from the body as sent, so that a large one is
@@ -57,6 +62,10 @@ struct JsonBody<'a> {
     max_attempts: Option<Value>,
     #[serde(default)]
     concurrency_key: Option<Value>,
+    #[serde(default)]
+    depends_on: Option<Value>,
+    #[serde(default)]
+    on_dep_failure: Option<Value>,
 }
 
 /// The task fields of a `POST /tasks` query, each as text. `wait` is read by `wait.rs`.
@@ -67,10 +76,13 @@ struct QueryParams {
     run_at: Option<String>,
     max_attempts: Option<String>,
     concurrency_key: Option<String>,
+    depends_on: Option<String>,
+    on_dep_failure: Option<String>,
 }
 
 /// The parameters a query may hold, as a refusal names them.
-const PARAMETERS: &str = "wait, queue, priority, run_at, max_attempts and concurrency_key";
+const PARAMETERS: &str = "wait, queue, priority, run_at, max_attempts, concurrency_key, \
+                          depends_on and on_dep_failure";
 
 impl QueryParams {
     /// The parameters of `query` (percent-decoded, `+` a space, as a form's): 400 for one
@@ -87,6 +99,8 @@ impl QueryParams {
                 "run_at" => &mut params.run_at,
                 "max_attempts" => &mut params.max_attempts,
                 "concurrency_key" => &mut params.concurrency_key,
+                "depends_on" => &mut params.depends_on,
+                "on_dep_failure" => &mut params.on_dep_failure,
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown query parameter {other:?}: POST /tasks takes {PARAMETERS}"
@@ -110,6 +124,8 @@ impl QueryParams {
             ("run_at", self.run_at.is_some()),
             ("max_attempts", self.max_attempts.is_some()),
             ("concurrency_key", self.concurrency_key.is_some()),
+            ("depends_on", self.depends_on.is_some()),
+            ("on_dep_failure", self.on_dep_failure.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -145,6 +161,8 @@ impl Submission {
                     run_at: body.run_at,
                     max_attempts: body.max_attempts,
                     concurrency_key: body.concurrency_key,
+                    depends_on: body.depends_on,
+                    on_dep_failure: body.on_dep_failure,
                 })
             }
             Some("text/plain") => {
@@ -160,6 +178,13 @@ impl Submission {
                     run_at: params.run_at.map(Value::String),
                     max_attempts: params.max_attempts.map(number),
                     concurrency_key: params.concurrency_key.map(Value::String),
+                    // Read into ids here: the field's rule is the JSON array's from then on.
+                    depends_on: params
+                        .depends_on
+                        .map(|text| queue::enqueue::parse_depends_on(&text))
+                        .transpose()?
+                        .map(Value::from),
+                    on_dep_failure: params.on_dep_failure.map(Value::String),
                 })
             }
             _ => Err(ApiError::UnsupportedMediaType),
@@ -196,6 +221,19 @@ impl Submission {
             Some(Value::String(key)) => Some(key),
             Some(_) => return Err(BadInput::ConcurrencyKeyType.into()),
         };
+        let depends_on = match self.depends_on.filter(|v| !v.is_null()) {
+            None => Vec::new(),
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|id| id.as_i64().ok_or(BadInput::DependsOn))
+                .collect::<Result<Vec<i64>, BadInput>>()?,
+            Some(_) => return Err(BadInput::DependsOn.into()),
+        };
+        let on_dep_failure = match self.on_dep_failure.filter(|v| !v.is_null()) {
+            None => None,
+            Some(Value::String(policy)) => Some(policy.parse::<queue::OnDepFailure>()?),
+            Some(_) => return Err(BadInput::OnDepFailure.into()),
+        };
         let task = queue::NewTask {
             queue: self
                 .queue
@@ -206,6 +244,8 @@ impl Submission {
             max_attempts,
             idempotency_key,
             concurrency_key,
+            depends_on,
+            on_dep_failure,
         };
         task.check()?;
         Ok(task)
@@ -395,5 +435,64 @@ mod tests {
             br#"{"payload": "x"}"#
         )
         .is_ok());
+    }
+
+    #[test]
+    fn parents_are_a_list_of_ids_and_a_policy_of_three() {
+        let task = json(r#"{"payload": "x", "depends_on": [12, 13], "on_dep_failure": "run"}"#)
+            .unwrap()
+            .task(None)
+            .unwrap();
+        assert_eq!(task.depends_on, [12, 13]);
+        assert_eq!(task.on_dep_failure, Some(queue::OnDepFailure::Run));
+        let task = json(r#"{"payload": "x", "depends_on": null, "on_dep_failure": null}"#)
+            .unwrap()
+            .task(None)
+            .unwrap();
+        assert!(task.depends_on.is_empty() && task.on_dep_failure.is_none());
+        let task = text("depends_on=12,%2013&on_dep_failure=wait", "x").unwrap();
+        assert_eq!(task.depends_on, [12, 13]);
+        assert_eq!(task.on_dep_failure, Some(queue::OnDepFailure::Wait));
+        let many = (1..=10_001)
+            .map(|id| id.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        for (body, says) in [
+            (
+                r#"{"payload": "x", "depends_on": 12}"#.to_string(),
+                "depends_on must be a list",
+            ),
+            (
+                r#"{"payload": "x", "depends_on": ["12"]}"#.to_string(),
+                "depends_on must be a list",
+            ),
+            (
+                r#"{"payload": "x", "depends_on": [1.5]}"#.to_string(),
+                "depends_on must be a list",
+            ),
+            (
+                format!(r#"{{"payload": "x", "depends_on": [{many}]}}"#),
+                "depends_on names 10001 tasks; the limit is 10000",
+            ),
+            (
+                r#"{"payload": "x", "on_dep_failure": "skip"}"#.to_string(),
+                "on_dep_failure must be",
+            ),
+            (
+                r#"{"payload": "x", "on_dep_failure": 1}"#.to_string(),
+                "on_dep_failure must be",
+            ),
+        ] {
+            let err = json(&body).unwrap().task(None).unwrap_err().to_string();
+            assert!(err.contains(says), "{body:.80}: {err}");
+        }
+        for (query, says) in [
+            ("depends_on=12,x", "depends_on must be a list"),
+            ("depends_on=", "depends_on must be a list"),
+            ("on_dep_failure=Cancel", "on_dep_failure must be"),
+        ] {
+            let err = text(query, "x").unwrap_err().to_string();
+            assert!(err.contains(says), "{query}: {err}");
+        }
     }
 }

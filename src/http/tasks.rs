@@ -20,11 +20,13 @@ use crate::queue::{self, CancelOutcome, Enqueued, RetryOutcome, TaskStatus};
 
 /// `POST /tasks`: a `text/plain` body with `?queue=&priority=&run_at=&max_attempts=`, or
 /// `application/json` `{"payload": "..." or {...} or [...], "queue": "...", "priority": 0,
-/// "run_at": "...", "max_attempts": 3}` (all but the payload optional), read by
-/// `submission.rs`.
-/// 202 means accepted (committed to the table), not done. With an `Idempotency-Key` header
-/// already used in the queue: 200 with that task's id and current status when the payload is
-/// the same, 422 when it is another.
+/// "run_at": "...", "max_attempts": 3, "depends_on": [12, 13], "on_dep_failure": "run"}` (all
+/// but the payload optional), read by `submission.rs`.
+/// 202 means accepted (committed to the table), not done: QUEUED, or for a task with parents
+/// the status its insert gave it (WAITING while a parent has not ended). With an
+/// `Idempotency-Key` header already used in the queue: 200 with that task's id and current
+/// status when the payload is the same, 422 when it is another. A parent that does not exist,
+/// or was not enqueued before the task, is 422 too, and nothing is inserted.
 ///
 /// With `?wait=D` (as `GET /tasks/{id}?wait=`, at most a minute) the answer is the row once
 /// the task is terminal (200), or at the end of the wait as it is then (202), as `GET
@@ -44,8 +46,22 @@ pub(super) async fn submit(
     let (code, id, status) = {
         let session = state.pool.get().await?;
         session.carried(task.payload.len() as u64);
-        match session.bounded(queue::enqueue(&session, &task)).await? {
-            Enqueued::Created(id) => (StatusCode::ACCEPTED, id, TaskStatus::Queued),
+        let enqueued = session
+            .bounded(queue::enqueue(&session, &task))
+            .await
+            .map_err(ApiError::enqueue)?;
+        match enqueued {
+            Enqueued::Created(id) if task.depends_on.is_empty() => {
+                (StatusCode::ACCEPTED, id, TaskStatus::Queued)
+            }
+            Enqueued::Created(id) => {
+                // WAITING, or what its parents' ends made of it already: read, as a repeat's.
+                let status = session
+                    .bounded(queue::task::read(&session, id, 0))
+                    .await?
+                    .map_or(TaskStatus::Waiting, |read| read.status());
+                (StatusCode::ACCEPTED, id, status)
+            }
             Enqueued::Existing(id) => {
                 // The status only: the payload, maybe large, is the one just sent.
                 let status = session
@@ -242,7 +258,7 @@ pub(super) async fn cancel(
 
 /// `POST /tasks/{id}/retry`: what `pgtaskd retry` does (`pgtaskd.retry`): a FAILED or CANCELED
 /// task back to QUEUED as if new. 200 with the status it had, 404, 409 for a task that is
-/// QUEUED, RUNNING or SUCCEEDED (nothing changed).
+/// WAITING, QUEUED, RUNNING or SUCCEEDED (nothing changed).
 pub(super) async fn retry(
     TaskId(id): TaskId,
     Db(session): Db,

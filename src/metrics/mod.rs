@@ -187,9 +187,10 @@ impl Metrics {
         self.queues.observe(backlog);
     }
 
-    /// Set the scrape-time gauges.
-    pub fn observe_table_and_pool(&self, queued: i64, running: i64, pool: (usize, usize)) {
-        self.scrape.observe(queued, running, pool);
+    /// Set the scrape-time gauges: `tasks` is the table's (WAITING, QUEUED, RUNNING), `pool`
+    /// the pool's (open, in use) sessions.
+    pub fn observe_table_and_pool(&self, tasks: (i64, i64, i64), pool: (usize, usize)) {
+        self.scrape.observe(tasks, pool);
     }
 
     /// Set the vacuum-health gauges from one reading: `horizon_age_s` is the horizon's age as
@@ -223,10 +224,11 @@ mod tests {
         metrics.finished(TaskStatus::Failed, 0.01);
         metrics.finished(TaskStatus::Queued, 0.01);
         metrics.rescued(3);
-        metrics.observe_table_and_pool(7, 2, (3, 1));
+        metrics.observe_table_and_pool((4, 7, 2), (3, 1));
         metrics.observe_queues(&[Backlog {
             queue: "gone".into(),
             paused: false,
+            waiting: 0,
             queued: 1,
             due: 1,
             oldest_due_age_s: Some(2.0),
@@ -236,6 +238,7 @@ mod tests {
         metrics.observe_queues(&[Backlog {
             queue: "default".into(),
             paused: true,
+            waiting: 4,
             queued: 7,
             due: 5,
             oldest_due_age_s: Some(1.5),
@@ -249,9 +252,11 @@ mod tests {
             "pgtaskd_tasks_finished_total{status=\"FAILED\"} 1",
             "pgtaskd_tasks_released_total 1",
             "pgtaskd_lease_rescues_total 3",
+            "pgtaskd_tasks{status=\"WAITING\"} 4",
             "pgtaskd_tasks{status=\"QUEUED\"} 7",
             "pgtaskd_tasks{status=\"RUNNING\"} 2",
             "pgtaskd_pool_connections_in_use 1",
+            "pgtaskd_queue_tasks{queue=\"default\",status=\"WAITING\"} 4",
             "pgtaskd_queue_tasks{queue=\"default\",status=\"QUEUED\"} 7",
             "pgtaskd_queue_tasks{queue=\"default\",status=\"RUNNING\"} 2",
             "pgtaskd_queue_due_tasks{queue=\"default\"} 5",

@@ -1,5 +1,5 @@
 //! Per-queue series, set at each scrape by the `GET /metrics` handler from `queue::backlog`:
-//! QUEUED, due and RUNNING tasks, the age of the oldest due task, whether the queue is
+//! WAITING, QUEUED, due and RUNNING tasks, the age of the oldest due task, whether the queue is
 //! paused, and whether it is unserved (due tasks, and no live daemon of `pgtaskd.daemons`
 //! serves it), each labelled with the queue.
 //!
@@ -20,6 +20,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::queue::{Backlog, TaskStatus};
+
+/// The statuses a queue's `queue_tasks` series are of: those counted from partial indexes.
+const SHOWN: [TaskStatus; 3] = [TaskStatus::Waiting, TaskStatus::Queued, TaskStatus::Running];
 
 /// The most queues with per-queue series: past it, a producer that names a queue per row
 /// would make every scrape, and the daemon's memory, grow without bound.
@@ -70,6 +73,7 @@ pub(super) fn choose(
     let zero = |queue: &str| Backlog {
         queue: queue.to_string(),
         paused: false,
+        waiting: 0,
         queued: 0,
         due: 0,
         oldest_due_age_s: None,
@@ -119,7 +123,7 @@ impl QueueMetrics {
         let tasks = Family::<QueueStatusLabel, Gauge>::default();
         registry.register(
             "queue_tasks",
-            "Tasks of a queue by status (QUEUED and RUNNING only: counted from partial indexes)",
+            "Tasks of a queue by status (WAITING, QUEUED and RUNNING only: counted from partial indexes)",
             tasks.clone(),
         );
         let due = Family::<QueueLabel, Gauge>::default();
@@ -174,7 +178,7 @@ impl QueueMetrics {
             let queue = QueueLabel {
                 queue: gone.clone(),
             };
-            for status in [TaskStatus::Queued, TaskStatus::Running] {
+            for status in SHOWN {
                 self.tasks.remove(&QueueStatusLabel {
                     queue: gone.clone(),
                     status: status.as_str(),
@@ -191,6 +195,7 @@ impl QueueMetrics {
                 queue: figures.queue.clone(),
             };
             for (status, n) in [
+                (TaskStatus::Waiting, figures.waiting),
                 (TaskStatus::Queued, figures.queued),
                 (TaskStatus::Running, figures.running),
             ] {

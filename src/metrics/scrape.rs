@@ -1,5 +1,5 @@
 //! The gauges the `GET /metrics` handler (`src/http/ops.rs`) sets at each scrape from what it
-//! reads then: the tasks QUEUED and RUNNING in the whole table (the sums of the per-queue
+//! reads then: the tasks WAITING, QUEUED and RUNNING in the whole table (the sums of the per-queue
 //! figures, counted from partial indexes) and the pool's worker sessions.
 
 use prometheus_client::metrics::family::Family;
@@ -20,7 +20,7 @@ impl ScrapeMetrics {
         let tasks = Family::<StatusLabel, Gauge>::default();
         registry.register(
             "tasks",
-            "Tasks in the table by status (QUEUED and RUNNING only: counted from partial indexes)",
+            "Tasks in the table by status (WAITING, QUEUED and RUNNING only: counted from partial indexes)",
             tasks.clone(),
         );
         let pool_in_use = Gauge::default();
@@ -42,9 +42,14 @@ impl ScrapeMetrics {
         }
     }
 
-    /// `pool` is (open, in use).
-    pub(super) fn observe(&self, queued: i64, running: i64, pool: (usize, usize)) {
-        for (status, n) in [(TaskStatus::Queued, queued), (TaskStatus::Running, running)] {
+    /// `tasks` is (WAITING, QUEUED, RUNNING); `pool` is (open, in use).
+    pub(super) fn observe(&self, tasks: (i64, i64, i64), pool: (usize, usize)) {
+        let (waiting, queued, running) = tasks;
+        for (status, n) in [
+            (TaskStatus::Waiting, waiting),
+            (TaskStatus::Queued, queued),
+            (TaskStatus::Running, running),
+        ] {
             self.tasks
                 .get_or_create(&StatusLabel {
                     status: status.as_str(),

@@ -1,5 +1,5 @@
 //! Cancelling a task through `pgtaskd.request_cancel(id)` (what `pgtaskd.cancel(id)` calls), so that SQL users and the daemon's clients
-//! share one implementation of the rule (QUEUED -> CANCELED at once; RUNNING gets
+//! share one implementation of the rule (WAITING or QUEUED -> CANCELED at once; RUNNING gets
 //! `cancel_requested` and a `NOTIFY pgtaskd_cancel`; terminal stays as it is).
 
 use tokio_postgres::types::Type;
@@ -11,7 +11,7 @@ use crate::db::DbError;
 /// What a cancel request found and did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {
-    /// The task was QUEUED and is now CANCELED; it will never be analyzed.
+    /// The task was WAITING or QUEUED and is now CANCELED; it will never be analyzed.
     Canceled,
     /// The task is RUNNING with `cancel_requested`; its daemon commits CANCELED once the
     /// analyzer has returned. Accepted, not done.
@@ -39,7 +39,9 @@ pub async fn cancel(client: &Client, id: i64) -> Result<CancelOutcome, DbError> 
     Ok(
         match (previous.map(status_column), current.map(status_column)) {
             (None, _) | (_, None) => CancelOutcome::NotFound,
-            (Some(TaskStatus::Queued), Some(TaskStatus::Canceled)) => CancelOutcome::Canceled,
+            (Some(TaskStatus::Waiting | TaskStatus::Queued), Some(TaskStatus::Canceled)) => {
+                CancelOutcome::Canceled
+            }
             (Some(TaskStatus::Running), Some(TaskStatus::Running)) => CancelOutcome::Requested,
             (Some(_), Some(current)) => CancelOutcome::AlreadyFinished(current),
         },

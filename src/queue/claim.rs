@@ -105,6 +105,11 @@ pub struct Told {
     pub idempotency_key: Option<String>,
     /// The producer's W3C trace context, if any.
     pub traceparent: Option<String>,
+    /// For a task with parents (`depends_on`, schema 37): `ID=STATUS` of its first 200
+    /// parents in id order, separated by commas (`12=SUCCEEDED,13=FAILED`); `None` without.
+    pub parents: Option<String>,
+    /// How many parents it has (0 without).
+    pub parent_count: i32,
 }
 
 /// How much one claim may take.
@@ -164,7 +169,8 @@ pub struct ClaimBatch {
 /// keep the ordered index plan however stale the table's statistics are.
 const CLAIM_AFTER: &str =
     "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim, \
-            task_run, task_key, task_idempotency_key, task_traceparent \
+            task_run, task_key, task_idempotency_key, task_traceparent, task_parents, \
+            task_parent_count \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
@@ -248,6 +254,8 @@ pub async fn claim_after(
             key: row.get::<_, Option<String>>(8).unwrap_or_default(),
             idempotency_key: row.get(9),
             traceparent: row.get(10),
+            parents: row.get(11),
+            parent_count: row.get::<_, Option<i32>>(12).unwrap_or(0),
         };
         batch.last = Some(Position {
             priority: row.get(5),

@@ -10,13 +10,21 @@
 //! HTTP API and the configuration alike ([`check_queue_name`], [`check_payload`],
 //! [`check_idempotency_key`], [`NewTask::check`]), so that each refuses the same input with
 //! the same words; the tables' constraints (`tasks_queue_name`, `paused_queues_queue_name` in
-//! sql/schema.sql) hold the queue-name rule for every other writer.
+//! sql/schema.sql) hold the queue-name rule for every other writer. A task's parents have a
+//! file of their own (`enqueue/parents.rs`): what the database alone can refuse of them is
+//! sorted there too.
+
+mod parents;
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use crate::db::DbError;
+
+pub use parents::{
+    check_depends_on, parse_depends_on, refusal, OnDepFailure, ParentRefusal, MAX_PARENTS,
+};
 
 /// The longest queue name, in bytes of UTF-8. A pause and a resume NOTIFY the name (a
 /// NOTIFY payload must be shorter than 8,000 bytes), the idempotency index holds it beside the
@@ -59,6 +67,12 @@ pub enum BadInput {
     MaxAttempts,
     #[error("run_at {0:?} is neither an RFC 3339 time (\"2026-12-01T08:00:00Z\") nor a delay such as \"10m\" (at most 100 years)")]
     RunAt(String),
+    #[error("depends_on must be a list of task ids (integers)")]
+    DependsOn,
+    #[error("depends_on names {0} tasks; the limit is {MAX_PARENTS}")]
+    TooManyParents(usize),
+    #[error("on_dep_failure must be cancel, run or wait")]
+    OnDepFailure,
 }
 
 /// A queue name: not empty nor only white space, at most [`MAX_QUEUE_NAME`] bytes, no NUL.
@@ -196,6 +210,12 @@ pub struct NewTask {
     pub idempotency_key: Option<String>,
     /// What the queue's `max_running_per_key` counts by (docs/limits.md).
     pub concurrency_key: Option<String>,
+    /// The tasks it waits for, each enqueued before it (schema 37): it is WAITING until they
+    /// have ended. Empty for none; a duplicate is ignored by the database.
+    pub depends_on: Vec<i64>,
+    /// What a parent's failure does to it; `None` is the column's meaning when unset,
+    /// [`OnDepFailure::Cancel`].
+    pub on_dep_failure: Option<OnDepFailure>,
 }
 
 impl NewTask {
@@ -208,11 +228,13 @@ impl NewTask {
             max_attempts: None,
             idempotency_key: None,
             concurrency_key: None,
+            depends_on: Vec::new(),
+            on_dep_failure: None,
         }
     }
 
-    /// Check the queue name, the payload and the idempotency key: what the CLI and the HTTP
-    /// API do before they call [`enqueue`].
+    /// Check the queue name, the payload, the keys and the number of parents: what the CLI
+    /// and the HTTP API do before they call [`enqueue`].
     ///
     /// # Errors
     ///
@@ -226,6 +248,7 @@ impl NewTask {
         if let Some(key) = &self.concurrency_key {
             check_concurrency_key(key)?;
         }
+        check_depends_on(&self.depends_on)?;
         Ok(())
     }
 }
@@ -253,13 +276,14 @@ impl Enqueued {
 /// Insert or, for a key already taken, find. The defaults written here are the columns' own
 /// (`pgtaskd.tasks` in sql/schema.sql). The read of a taken key is a second part of the same statement, which
 /// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
-/// again, with a fresh snapshot.
+/// again, with a fresh snapshot. A parent that does not exist, or is not older than the task,
+/// fails the insert ([`refusal`] sorts it).
 pub(super) const ENQUEUE: &str = "
 WITH inserted AS (
     INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key,
-                               concurrency_key)
+                               concurrency_key, depends_on, on_dep_failure)
     VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
-            $6, $7, $8)
+            $6, $7, $8, $9, $10)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
@@ -279,7 +303,8 @@ const KEY_ROUNDS: usize = 5;
 ///
 /// # Errors
 ///
-/// Database failures.
+/// Database failures; a parent that does not exist or is not older than the task among them,
+/// which [`refusal`] tells from the others.
 pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbError> {
     enqueue_with(client, ENQUEUE, task).await
 }
@@ -296,6 +321,9 @@ pub(super) async fn enqueue_with(
         RunAt::After(delay) => (None, Some(delay.as_secs_f64() * 1000.0)),
     };
     let priority = task.priority;
+    // No parents is a null, as a producer's own INSERT leaves it.
+    let depends_on = (!task.depends_on.is_empty()).then_some(&task.depends_on);
+    let on_dep_failure = task.on_dep_failure.map(OnDepFailure::as_str);
     for _ in 0..KEY_ROUNDS {
         let rows = client
             .query_typed(
@@ -309,6 +337,8 @@ pub(super) async fn enqueue_with(
                     (&task.max_attempts, Type::INT4),
                     (&task.idempotency_key, Type::TEXT),
                     (&task.concurrency_key, Type::TEXT),
+                    (&depends_on, Type::INT8_ARRAY),
+                    (&on_dep_failure, Type::TEXT),
                 ],
             )
             .await?;
@@ -398,5 +428,10 @@ mod tests {
         assert_eq!(task.check(), Ok(()));
         task.concurrency_key = Some("a\0".into());
         assert_eq!(task.check(), Err(BadInput::ConcurrencyKeyNul));
+        task.concurrency_key = None;
+        task.depends_on = vec![1; MAX_PARENTS + 1];
+        assert_eq!(task.check(), Err(BadInput::TooManyParents(MAX_PARENTS + 1)));
+        task.depends_on.truncate(MAX_PARENTS);
+        assert_eq!(task.check(), Ok(()));
     }
 }

@@ -10,7 +10,7 @@
 //! `tasks_list_status_idx` (status, id), both of finished rows only, and the partial indexes
 //! of QUEUED and RUNNING rows, instead of walking past every other row (schema 19;
 //! docs/http.md gives the timings). A status filter is written into the
-//! statement as a literal (it is one of the five, never user text), so that the planner can
+//! statement as a literal (it is one of the six, never user text), so that the planner can
 //! match it to the partial indexes.
 
 use chrono::{DateTime, Utc};
@@ -111,7 +111,7 @@ const LISTED_COLUMNS: &str = concat!(
 /// The statement for `filter`: `$1` the limit, then the queue and the id to start below,
 /// each when given.
 ///
-/// A queue without a status is read as five branches, one per status, each newest first
+/// A queue without a status is read as six branches, one per status, each newest first
 /// and stopped at the limit, merged: `tasks_list_queue_idx` holds finished rows only (so
 /// that no claim, finish or cancel, whose conditions never name a finished status, can be
 /// planned on it), and a branch per status is what lets it serve a queue.
@@ -132,7 +132,7 @@ fn statement(filter: &ListFilter) -> String {
     let where_sql = |status: Option<TaskStatus>| {
         let mut all = conditions.clone();
         if let Some(status) = status {
-            // One of five fixed words: a literal the planner can match to a partial index.
+            // One of six fixed words: a literal the planner can match to a partial index.
             all.push(format!("status = '{}'", status.as_str()));
         }
         if all.is_empty() {
@@ -242,7 +242,8 @@ mod tests {
             limit: 5,
             after: Some(9),
         });
-        assert_eq!(sql.matches(" UNION ALL ").count(), 4, "{sql}");
+        assert_eq!(sql.matches(" UNION ALL ").count(), 5, "{sql}");
+        assert!(sql.contains("status = 'WAITING'"), "{sql}");
         assert!(
             sql.contains("WHERE queue = $2 AND id < $3 AND status = 'CANCELED'"),
             "{sql}"

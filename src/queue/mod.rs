@@ -5,9 +5,9 @@
 //!
 //! | file | owns |
 //! | --- | --- |
-//! | [`mod@enqueue`] | inserting a task |
+//! | [`mod@enqueue`] | inserting a task, with the tasks it waits for |
 //! | [`mod@enqueue_file`] | inserting a task whose payload is a file, streamed, never held whole |
-//! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task |
+//! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task (a WAITING task is never claimed) |
 //! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by the claim token; release back to QUEUED |
 //! | [`mod@cancel`] | `pgtaskd.cancel(id)` |
 //! | [`mod@rescue`] | RUNNING with an expired lease -> QUEUED / FAILED / CANCELED |
@@ -50,7 +50,7 @@ pub use claim::{
     claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
     Told,
 };
-pub use enqueue::{enqueue, Enqueued, NewTask, RunAt};
+pub use enqueue::{enqueue, Enqueued, NewTask, OnDepFailure, RunAt};
 pub use enqueue_file::{enqueue_file, FileEnqueueError};
 pub use finish::{
     finish, finish_many, log_failed_end, release, reread, ClaimState, Finish, FinishError, Outcome,
@@ -63,7 +63,8 @@ pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
 pub use retry::{
-    failed_count, queue_known, retry, retry_failed, RetriedBatch, RetryOutcome, RETRY_FAILED_BATCH,
+    failed_count, queue_known, retry, retry_failed, retry_with_dependents, RetriedBatch,
+    RetryOutcome, RETRY_FAILED_BATCH,
 };
 pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,

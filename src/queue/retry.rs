@@ -18,7 +18,7 @@ use crate::db::DbError;
 pub enum RetryOutcome {
     /// The task was FAILED or CANCELED (the status it had) and is QUEUED again.
     Requeued(TaskStatus),
-    /// The task is QUEUED, RUNNING or SUCCEEDED; nothing changed.
+    /// The task is WAITING, QUEUED, RUNNING or SUCCEEDED; nothing changed.
     Refused(TaskStatus),
     /// There is no such task.
     NotFound,
@@ -41,6 +41,35 @@ pub async fn retry(client: &Client, id: i64) -> Result<RetryOutcome, DbError> {
         }
         Some(status) => RetryOutcome::Refused(status),
     })
+}
+
+/// Retry task `id` as [`retry`] does, and with it every task its end canceled (a dependent
+/// under `on_dep_failure` 'cancel', docs/dependencies.md), and theirs, through
+/// `pgtaskd.retry_with_dependents`: the outcome for `id` and the dependents brought back.
+///
+/// # Errors
+///
+/// Database failures, among them a role without EXECUTE on the function.
+pub async fn retry_with_dependents(
+    client: &Client,
+    id: i64,
+) -> Result<(RetryOutcome, Vec<i64>), DbError> {
+    let rows = client
+        .query_typed(
+            "SELECT retried_id, previous FROM pgtaskd.retry_with_dependents($1)",
+            &[(&id, Type::INT8)],
+        )
+        .await?;
+    let mut rows = rows.iter();
+    let previous: Option<&str> = rows.next().and_then(|row| row.get(1));
+    let outcome = match previous.map(status_column) {
+        None => RetryOutcome::NotFound,
+        Some(status @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
+            RetryOutcome::Requeued(status)
+        }
+        Some(status) => RetryOutcome::Refused(status),
+    };
+    Ok((outcome, rows.map(|row| row.get(0)).collect()))
 }
 
 /// The FAILED tasks of one queue a call of `pgtaskd.retry_failed` retries at most: one
@@ -105,7 +134,7 @@ pub async fn failed_count(client: &Client, queue: &str, above: i64) -> Result<i6
 
 /// Whether `queue` is known: it holds a task, of any status, or is paused. Each status is
 /// looked up through an index that leads with the queue (finished rows, QUEUED ones) or
-/// holds few rows (RUNNING ones).
+/// holds few rows (RUNNING and WAITING ones).
 ///
 /// # Errors
 ///
@@ -117,6 +146,7 @@ pub async fn queue_known(client: &Client, queue: &str) -> Result<bool, DbError> 
                              AND status IN ('SUCCEEDED', 'FAILED', 'CANCELED')) \
                  OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'QUEUED') \
                  OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'RUNNING') \
+                 OR EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE queue = $1 AND status = 'WAITING') \
                  OR EXISTS (SELECT 1 FROM pgtaskd.paused_queues WHERE queue = $1)",
             &[(&queue, Type::TEXT)],
         )

@@ -4,6 +4,8 @@
 //! - QUEUED, due now and the age of the oldest due task: the partial index of QUEUED rows
 //!   (`tasks_claim_idx`), so the cost follows the backlog;
 //! - RUNNING: the partial index of RUNNING rows (`tasks_lease_idx`);
+//! - WAITING (a parent has not ended, schema 37): the partial index of WAITING rows
+//!   (`tasks_waiting_idx`);
 //! - finished in the last minute and hour, by status: a range of `tasks_finished_idx` (on
 //!   `finished_at`) reaching one hour back, so the cost follows the last hour's throughput;
 //! - paused: `pgtaskd.paused_queues`;
@@ -13,8 +15,8 @@
 //! - the daemons connected: the sessions of `pg_stat_activity` named `pgtaskd/<instance>`
 //!   (every daemon session carries its instance id; the one-shot commands are `pgtaskd/cli`).
 //!
-//! [`backlog`] is the part `/metrics` reads at every scrape: the QUEUED and RUNNING figures
-//! the pauses and whether a daemon serves each, without the finished rows.
+//! [`backlog`] is the part `/metrics` reads at every scrape: the WAITING, QUEUED and RUNNING
+//! figures, the pauses and whether a daemon serves each, without the finished rows.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -38,6 +40,8 @@ pub struct QueueStats {
     pub queue: String,
     pub paused: bool,
     pub paused_at: Option<DateTime<Utc>>,
+    /// WAITING tasks: a parent of each has not ended.
+    pub waiting: i64,
     /// QUEUED tasks, due or not.
     pub queued: i64,
     /// QUEUED tasks whose `run_at` has come.
@@ -67,16 +71,16 @@ pub struct Daemon {
 /// What `pgtaskd stats` prints.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stats {
-    /// Every queue with a QUEUED or RUNNING task, a task finished in the last hour, a pause,
-    /// or settings.
+    /// Every queue with a WAITING, QUEUED or RUNNING task, a task finished in the last hour, a
+    /// pause, or settings.
     pub queues: Vec<QueueStats>,
     pub daemons: Vec<Daemon>,
 }
 
 /// The part of the statistics statements that reads the partial indexes of QUEUED and
-/// RUNNING rows, per queue: the CTEs `queued` (queued, due, oldest_due) and `running`. Counts
-/// that need only the state read `pgtaskd.task_state` itself (schema 36): through the view,
-/// each row would also read its task row.
+/// RUNNING rows, per queue: the CTEs `queued` (queued, due, oldest_due), `running` and
+/// `waiting`. Counts that need only the state read `pgtaskd.task_state` itself (schema 36):
+/// through the view, each row would also read its task row.
 macro_rules! queued_and_running {
     () => {
         "
@@ -92,6 +96,11 @@ WITH queued AS (
     SELECT queue, count(*) AS running
       FROM pgtaskd.task_state
      WHERE status = 'RUNNING'
+     GROUP BY queue
+), waiting AS (
+    SELECT queue, count(*) AS waiting
+      FROM pgtaskd.task_state
+     WHERE status = 'WAITING'
      GROUP BY queue
 )"
     };
@@ -124,12 +133,14 @@ const QUEUES: &str = concat!(
 ), names AS (
     SELECT queue FROM queued
     UNION SELECT queue FROM running
+    UNION SELECT queue FROM waiting
     UNION SELECT queue FROM finished
     UNION SELECT queue FROM pgtaskd.paused_queues
     UNION SELECT queue FROM pgtaskd.queue_settings
 )
 SELECT n.queue,
        p.paused_at,
+       coalesce(w.waiting, 0) AS waiting,
        coalesce(q.queued, 0) AS queued,
        coalesce(q.due, 0) AS due,
        extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
@@ -141,6 +152,7 @@ SELECT n.queue,
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
+  LEFT JOIN waiting AS w USING (queue)
   LEFT JOIN finished AS f USING (queue)
   LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
   LEFT JOIN pgtaskd.queue_settings AS s USING (queue)
@@ -161,6 +173,7 @@ SELECT substr(application_name, 9) AS instance, count(*) AS sessions
 pub struct Backlog {
     pub queue: String,
     pub paused: bool,
+    pub waiting: i64,
     pub queued: i64,
     pub due: i64,
     pub oldest_due_age_s: Option<f64>,
@@ -181,10 +194,12 @@ const BACKLOG: &str = concat!(
     ", names AS (
     SELECT queue FROM queued
     UNION SELECT queue FROM running
+    UNION SELECT queue FROM waiting
     UNION SELECT queue FROM pgtaskd.paused_queues
 )
 SELECT n.queue,
        p.queue IS NOT NULL AS paused,
+       coalesce(w.waiting, 0) AS waiting,
        coalesce(q.queued, 0) AS queued,
        coalesce(q.due, 0) AS due,
        extract(epoch FROM now() - q.oldest_due)::float8 AS oldest_due_age_s,
@@ -195,12 +210,13 @@ SELECT n.queue,
   FROM names AS n
   LEFT JOIN queued AS q USING (queue)
   LEFT JOIN running AS r USING (queue)
+  LEFT JOIN waiting AS w USING (queue)
   LEFT JOIN pgtaskd.paused_queues AS p USING (queue)
  ORDER BY n.queue"
 );
 
-/// Every queue with a QUEUED or RUNNING task or a pause: its backlog, from the partial
-/// indexes only.
+/// Every queue with a WAITING, QUEUED or RUNNING task or a pause: its backlog, from the
+/// partial indexes only.
 ///
 /// # Errors
 ///
@@ -212,6 +228,7 @@ pub async fn backlog(client: &Client) -> Result<Vec<Backlog>, DbError> {
         .map(|row| Backlog {
             queue: row.get("queue"),
             paused: row.get("paused"),
+            waiting: row.get("waiting"),
             queued: row.get("queued"),
             due: row.get("due"),
             oldest_due_age_s: row.get("oldest_due_age_s"),
@@ -238,6 +255,7 @@ pub async fn stats(client: &Client) -> Result<Stats, DbError> {
                 queue: row.get("queue"),
                 paused: paused_at.is_some(),
                 paused_at,
+                waiting: row.get("waiting"),
                 queued: row.get("queued"),
                 due,
                 oldest_due_age_s: row.get("oldest_due_age_s"),

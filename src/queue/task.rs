@@ -10,10 +10,12 @@ use tokio_postgres::{Client, Row};
 
 use crate::db::DbError;
 
-/// The five states (docs/design.md, "States").
+/// The six states (docs/design.md, "States").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum TaskStatus {
+    /// A parent (`depends_on`, schema 37) has not ended: never claimed until it has.
+    Waiting,
     Queued,
     Running,
     Succeeded,
@@ -22,8 +24,9 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
-    /// The five, in the order of their life.
-    pub const ALL: [TaskStatus; 5] = [
+    /// The six, in the order of their life.
+    pub const ALL: [TaskStatus; 6] = [
+        TaskStatus::Waiting,
         TaskStatus::Queued,
         TaskStatus::Running,
         TaskStatus::Succeeded,
@@ -33,6 +36,7 @@ impl TaskStatus {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            TaskStatus::Waiting => "WAITING",
             TaskStatus::Queued => "QUEUED",
             TaskStatus::Running => "RUNNING",
             TaskStatus::Succeeded => "SUCCEEDED",
@@ -56,7 +60,7 @@ impl fmt::Display for TaskStatus {
     }
 }
 
-/// A status string that is none of the five.
+/// A status string that is none of the six.
 #[derive(Debug, thiserror::Error)]
 #[error("unknown task status {0:?}")]
 pub struct UnknownStatus(pub String);
@@ -66,6 +70,7 @@ impl FromStr for TaskStatus {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
+            "WAITING" => TaskStatus::Waiting,
             "QUEUED" => TaskStatus::Queued,
             "RUNNING" => TaskStatus::Running,
             "SUCCEEDED" => TaskStatus::Succeeded,
@@ -76,7 +81,7 @@ impl FromStr for TaskStatus {
     }
 }
 
-/// Parse a status column; the table's CHECK constraint keeps it one of the five.
+/// Parse a status column; the table's CHECK constraint keeps it one of the six.
 pub(crate) fn status_column(text: &str) -> TaskStatus {
     text.parse()
         .unwrap_or_else(|err| panic!("the tasks table's CHECK constraint was bypassed: {err}"))
@@ -115,6 +120,11 @@ pub struct Task<P = String> {
     pub traceparent: Option<String>,
     /// What its queue's `max_running_per_key` counts it by (docs/limits.md), when set.
     pub concurrency_key: Option<String>,
+    /// The tasks it waits for (schema 37), as the producer wrote them; `None` for none.
+    pub depends_on: Option<Vec<i64>>,
+    /// What a parent's failure does to it: `cancel`, `run` or `wait`, as the producer wrote
+    /// it; `None` is `cancel`.
+    pub on_dep_failure: Option<String>,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -164,7 +174,7 @@ macro_rules! columns {
             ", attempt, max_attempts, \
             cancel_requested, words, bytes, runes, error, ",
             $output,
-            ", traceparent, concurrency_key, lease_owner, \
+            ", traceparent, concurrency_key, depends_on, on_dep_failure, lease_owner, \
             lease_expires_at, \
             created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors"
         )
@@ -198,6 +208,8 @@ impl<'a, P: FromSql<'a>> Task<P> {
             output: row.get("output"),
             traceparent: row.get("traceparent"),
             concurrency_key: row.get("concurrency_key"),
+            depends_on: row.get("depends_on"),
+            on_dep_failure: row.get("on_dep_failure"),
             lease_owner: row.get("lease_owner"),
             lease_expires_at: row.get("lease_expires_at"),
             created_at: row.get("created_at"),

@@ -43,6 +43,8 @@ impl Worker {
             key: told.key,
             idempotency_key: told.idempotency_key,
             traceparent: told.traceparent,
+            parents: told.parents,
+            parent_count: told.parent_count,
         };
         tracing::debug!(
             id,

@@ -59,7 +59,8 @@ impl Summary {
             Some(TaskStatus::Failed) => &self.failed,
             Some(TaskStatus::Canceled) => &self.canceled,
             Some(TaskStatus::Queued) => &self.released,
-            Some(TaskStatus::Running) | None => &self.dropped,
+            // No claim is settled WAITING: its parents had all ended when it was claimed.
+            Some(TaskStatus::Waiting | TaskStatus::Running) | None => &self.dropped,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

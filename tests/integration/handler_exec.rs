@@ -37,6 +37,8 @@ fn job() -> Job {
         key: "0123456789abcdef-42-1765000000000000".into(),
         idempotency_key: Some("order-17".into()),
         traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+        parents: None,
+        parent_count: 0,
     }
 }
 

@@ -27,6 +27,8 @@ fn job(traceparent: Option<&str>) -> Job {
         key: "0123456789abcdef-4242-1765000000000000".to_string(),
         idempotency_key: Some("order-17".to_string()),
         traceparent: traceparent.map(str::to_string),
+        parents: None,
+        parent_count: 0,
     }
 }
 

@@ -17,6 +17,8 @@ mod config_and_connection;
 mod credentials;
 mod daemons;
 mod database_defaults;
+mod dependencies;
+mod dependencies_daemons;
 mod doc_links;
 mod end_to_end;
 mod enqueue_file;

@@ -210,7 +210,7 @@ async fn bash_completions_complete_what_each_argument_takes() {
         (
             "pgtaskd__subcmd__list",
             "--status",
-            "compgen -W \"queued running succeeded failed canceled\"",
+            "compgen -W \"waiting queued running succeeded failed canceled\"",
         ),
         ("pgtaskd__subcmd__man", "--dir", "compopt -o plusdirs"),
     ] {

@@ -1047,7 +1047,8 @@ async fn schema_33_keeps_every_row_and_its_attempts_and_gives_the_old_roles_the_
         "the rows compared",
         owner.query_one(
             "SELECT count(*) FROM before_33 AS b JOIN pgtaskd.task_view AS v USING (id)
-              WHERE to_jsonb(v) - 'concurrency_key' - 'task_key' <> b.row
+              WHERE to_jsonb(v) - 'concurrency_key' - 'task_key' - 'depends_on'
+                        - 'on_dep_failure' <> b.row
                  OR v.concurrency_key IS NOT NULL",
             &[],
         ),
@@ -1248,4 +1249,95 @@ async fn schema_35_brings_a_retain_over_100_years_down_to_it() {
     )
     .await
     .expect("retention works again");
+}
+
+/// Schema 37 gives the roles of schema 36 what dependencies take: a producer names parents
+/// and inserts graphs, a daemon's finish of a parent releases its child, an operator retries
+/// with dependents and audits.
+#[tokio::test]
+async fn schema_37_gives_the_roles_of_schema_36_the_dependencies() {
+    let roles = Roles::new("dp");
+    let (_db, owner) = upgrade_with_roles(36, &roles, "").await;
+    for app in ["old_app", "new_app"] {
+        let rows = as_role(
+            &owner,
+            &roles.name(app),
+            &format!("INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('parent', 'dp_{app}') RETURNING id"),
+        )
+        .await
+        .expect("a producer inserts");
+        let parent: i64 = rows[0].get(0);
+        as_role(
+            &owner,
+            &roles.name(app),
+            &format!(
+                "INSERT INTO pgtaskd.tasks (payload, queue, depends_on, on_dep_failure) \
+                 VALUES ('child', 'dp_{app}', ARRAY[{parent}::bigint], 'run')"
+            ),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{app} names parents: {err:?}"));
+        as_role(
+            &owner,
+            &roles.name(app),
+            r#"SELECT * FROM pgtaskd.enqueue_graph('[{"ref": "a", "payload": "x", "queue": "other"}]')"#,
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{app} inserts a graph: {err:?}"));
+    }
+    for (daemon, app) in [("old_daemon", "old_app"), ("new_daemon", "new_app")] {
+        let claimed = as_role(
+            &owner,
+            &roles.name(daemon),
+            &format!(
+                "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['dp_{app}'], 1, 'd', 60000, \
+                 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL"
+            ),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{daemon} claims: {err:?}"));
+        let (id, token): (i64, i64) = (claimed[0].get(0), claimed[0].get(1));
+        as_role(
+            &owner,
+            &roles.name(daemon),
+            &format!(
+                "SELECT * FROM pgtaskd.finish(ARRAY[{token}::bigint], ARRAY[{id}::bigint], \
+                 ARRAY['FAILED'], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[0::bigint], \
+                 ARRAY['bad'], ARRAY[NULL::text], ARRAY[NULL::float8], true)"
+            ),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{daemon} finishes a parent: {err:?}"));
+        let child: String = within(
+            WAIT,
+            "the child",
+            owner.query_one(
+                "SELECT status FROM pgtaskd.task_view WHERE $1 = ANY (depends_on)",
+                &[&id],
+            ),
+        )
+        .await
+        .unwrap()
+        .get(0);
+        assert_eq!(
+            child, "QUEUED",
+            "{daemon}: the child runs after its parent failed"
+        );
+    }
+    for ops in ["old_ops", "new_ops"] {
+        as_role(
+            &owner,
+            &roles.name(ops),
+            "SELECT * FROM pgtaskd.check_deps()",
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{ops} audits: {err:?}"));
+        as_role(
+            &owner,
+            &roles.name(ops),
+            "SELECT * FROM pgtaskd.retry_with_dependents(1)",
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{ops} retries with dependents: {err:?}"));
+    }
 }

@@ -41,7 +41,9 @@ pub fn is_removed(name: &OsStr) -> bool {
 /// `PGTASKD_TASK_ID`, `PGTASKD_TASK_KEY` (the same for every attempt: the handler's
 /// idempotency key), `PGTASKD_ATTEMPT`, `PGTASKD_RUN`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM` (the
 /// claim's token) and, when the task has them, `PGTASKD_IDEMPOTENCY_KEY` (the producer's),
-/// `PGTASKD_SCHEDULE` and `PGTASKD_SCHEDULED_AT` (a schedule's fire) and `TRACEPARENT`. With
+/// `PGTASKD_SCHEDULE` and `PGTASKD_SCHEDULED_AT` (a schedule's fire), `PGTASKD_PARENTS` (the
+/// first 200 parents' `ID=STATUS`, separated by commas) and `PGTASKD_PARENT_COUNT` (a task
+/// with parents), and `TRACEPARENT`. With
 /// `user` (the queue's `user`), `HOME`, `USER` and `LOGNAME` are the user's instead of the
 /// daemon's.
 pub fn child_env<I>(inherited: I, job: &Job, user: Option<&User>) -> Vec<(OsString, OsString)>
@@ -72,6 +74,10 @@ where
             set("PGTASKD_SCHEDULED_AT", instant.to_string());
         }
     }
+    if let Some(parents) = &job.parents {
+        set("PGTASKD_PARENTS", parents.clone());
+        set("PGTASKD_PARENT_COUNT", job.parent_count.to_string());
+    }
     if let Some(traceparent) = &job.traceparent {
         set("TRACEPARENT", traceparent.clone());
     }
@@ -92,6 +98,8 @@ mod tests {
             key: "0123456789abcdef-42-1765000000000000".into(),
             idempotency_key: None,
             traceparent: traceparent.map(str::to_owned),
+            parents: None,
+            parent_count: 0,
         }
     }
 
@@ -195,6 +203,16 @@ mod tests {
         let env = child_env(Vec::new(), &fired, None);
         assert_eq!(get(&env, "PGTASKD_SCHEDULE"), ["nightly"]);
         assert_eq!(get(&env, "PGTASKD_SCHEDULED_AT"), ["2026-12-06T03:00:00Z"]);
+        assert!(get(&env, "PGTASKD_PARENTS").is_empty());
+        assert!(get(&env, "PGTASKD_PARENT_COUNT").is_empty());
+        let child = Job {
+            parents: Some("12=SUCCEEDED,13=FAILED".into()),
+            parent_count: 2,
+            ..job(None)
+        };
+        let env = child_env(Vec::new(), &child, None);
+        assert_eq!(get(&env, "PGTASKD_PARENTS"), ["12=SUCCEEDED,13=FAILED"]);
+        assert_eq!(get(&env, "PGTASKD_PARENT_COUNT"), ["2"]);
     }
 
     #[test]

@@ -119,6 +119,7 @@ fn choose_gives_series_to_own_then_paused_then_longest_then_the_emptied_while_th
             .map(|&(queue, queued, running, paused)| Backlog {
                 queue: queue.into(),
                 paused,
+                waiting: 0,
                 queued,
                 due: queued,
                 oldest_due_age_s: Some(1.0),
@@ -148,6 +149,7 @@ fn backlog_of(queue: &str, queued: i64, paused: bool) -> Backlog {
     Backlog {
         queue: queue.into(),
         paused,
+        waiting: 0,
         queued,
         due: queued,
         oldest_due_age_s: Some(1.0),
@@ -190,8 +192,8 @@ fn per_queue_series_stop_at_the_limit_keeping_own_paused_and_longest_queues() {
     assert!(!queues.contains("q52"), "the shortest backlogs go unlisted");
     assert_eq!(
         series_of(&text, "q150"),
-        6,
-        "all six series of a listed queue"
+        7,
+        "all seven series of a listed queue"
     );
     assert!(
         text.lines()
@@ -218,14 +220,14 @@ fn per_queue_series_stop_at_the_limit_keeping_own_paused_and_longest_queues() {
         0,
         "emptied, and no room left for it"
     );
-    assert_eq!(series_of(&text, "r120"), 6);
+    assert_eq!(series_of(&text, "r120"), 7);
     assert_eq!(
         series_of(&text, "r22"),
-        6,
+        7,
         "the 99 longest after the daemon's own"
     );
     assert_eq!(series_of(&text, "r21"), 0);
-    assert_eq!(series_of(&text, "default"), 6);
+    assert_eq!(series_of(&text, "default"), 7);
     assert!(text
         .lines()
         .any(|line| line == "pgtaskd_queues_unlisted 22"));

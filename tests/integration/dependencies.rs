@@ -1,0 +1,677 @@
+//! Tasks that wait for other tasks (docs/dependencies.md): a task with parents is WAITING,
+//! and becomes QUEUED, or is canceled, in the transaction that commits the end of its last
+//! parent, whoever ends it; no periodic pass releases anything.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::Barrier;
+use tokio_postgres::Client;
+
+use crate::support::{within, TestDb, WAIT};
+
+/// Records every change of a task out of WAITING, and whether it was released while one of
+/// its parents had not SUCCEEDED (seen by the releasing transaction itself).
+const RELEASE_AUDIT: &str = "
+CREATE TABLE public.releases (
+    seq        bigserial PRIMARY KEY,
+    id         bigint NOT NULL,
+    new_status text NOT NULL,
+    early      boolean NOT NULL
+);
+CREATE FUNCTION public.audit_release() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status = 'WAITING' AND NEW.status <> 'WAITING' THEN
+        INSERT INTO public.releases (id, new_status, early)
+        VALUES (NEW.id, NEW.status,
+                NEW.status = 'QUEUED' AND EXISTS (
+                    SELECT 1 FROM pgtaskd.tasks AS t
+                     CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
+                      JOIN pgtaskd.task_state AS p ON p.id = x.parent
+                     WHERE t.id = NEW.id AND p.status <> 'SUCCEEDED'));
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER audit_release AFTER UPDATE ON pgtaskd.task_state
+    FOR EACH ROW EXECUTE FUNCTION public.audit_release();
+";
+
+async fn install_release_audit(client: &Client) {
+    client.batch_execute(RELEASE_AUDIT).await.unwrap();
+}
+
+/// Claim every due task of the default queue (up to `max`): (id, claim token) pairs.
+async fn claim(client: &Client, max: i64) -> Vec<(i64, i64)> {
+    client
+        .query(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['default'], $1, 'test', 600000, \
+             1000000000, true, 1000000000, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[&max],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Finish claim `token` of task `id` with `status` (an error for FAILED); the status written.
+async fn finish(client: &Client, id: i64, token: i64, status: &str) -> Option<String> {
+    let error = (status == "FAILED").then_some("it broke");
+    client
+        .query_one(
+            "SELECT written FROM pgtaskd.finish(ARRAY[$1::bigint], ARRAY[$2::bigint], \
+             ARRAY[$3::text], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[0::bigint], \
+             ARRAY[$4::text], ARRAY[NULL::text], ARRAY[NULL::float8], true)",
+            &[&token, &id, &status, &error],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn status(client: &Client, id: i64) -> String {
+    client
+        .query_one("SELECT status FROM pgtaskd.task_view WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn insert(client: &Client, payload: &str, parents: &[i64], policy: Option<&str>) -> i64 {
+    let parents: Option<Vec<i64>> = (!parents.is_empty()).then(|| parents.to_vec());
+    client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on, on_dep_failure) \
+             VALUES ($1, $2, $3) RETURNING id",
+            &[&payload, &parents, &policy],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn problems(client: &Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT task_id || ': ' || problem FROM pgtaskd.check_deps()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_child_is_queued_in_the_commit_of_its_last_parents_end() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let reader = db.client().await;
+    let a = insert(&client, "a", &[], None).await;
+    let b = insert(&client, "b", &[], None).await;
+    let c = insert(&client, "c", &[a, b], None).await;
+    assert_eq!(status(&reader, c).await, "WAITING");
+    let claimed: HashMap<i64, i64> = claim(&client, 10).await.into_iter().collect();
+    assert_eq!(
+        claimed.len(),
+        2,
+        "only the parents are claimed: {claimed:?}"
+    );
+    assert_eq!(
+        finish(&client, a, claimed[&a], "SUCCEEDED")
+            .await
+            .as_deref(),
+        Some("SUCCEEDED")
+    );
+    assert_eq!(status(&reader, c).await, "WAITING", "one parent is left");
+
+    // The last parent's finish, in a transaction still open: the child is released inside
+    // it, seen by no one else until it commits, and by everyone once it has.
+    client.batch_execute("BEGIN").await.unwrap();
+    finish(&client, b, claimed[&b], "SUCCEEDED").await;
+    assert_eq!(status(&client, c).await, "QUEUED");
+    assert_eq!(status(&reader, c).await, "WAITING");
+    client.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(status(&reader, c).await, "QUEUED");
+
+    let parents: (Option<String>, i32) = {
+        let row = client
+            .query_one(
+                "SELECT task_parents, task_parent_count FROM pgtaskd.claim(ARRAY['default'], 10, \
+                 'test', 60000, 1000000000, true, 1000000000, NULL, NULL) WHERE task_id = $1",
+                &[&c],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        parents,
+        (Some(format!("{a}=SUCCEEDED,{b}=SUCCEEDED")), 2),
+        "the claim tells the handler its parents and their outcomes"
+    );
+    assert!(problems(&client).await.is_empty());
+}
+
+/// Trials in which the last two parents of each child end at once in two sessions: each
+/// child is released exactly once, never before both parents ended, and nothing deadlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_two_parents_ending_at_once_release_their_child_exactly_once() {
+    const TRIALS: i64 = 3_000;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    install_release_audit(&client).await;
+    // Pairs of parents (ids 2k-1 and 2k), then one child per pair.
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'parent ' || i FROM generate_series(1, $1::bigint * 2) AS i",
+            &[&TRIALS],
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) \
+             SELECT 'child ' || k, ARRAY[2 * k - 1, 2 * k] FROM generate_series(1, $1::bigint) AS k",
+            &[&TRIALS],
+        )
+        .await
+        .unwrap();
+    let claimed: HashMap<i64, i64> = claim(&client, TRIALS * 2).await.into_iter().collect();
+    assert_eq!(
+        claimed.len() as i64,
+        TRIALS * 2,
+        "the parents, and no child"
+    );
+
+    let barrier = Arc::new(Barrier::new(2));
+    let mut sessions = Vec::new();
+    for side in 0..2i64 {
+        let session = db.client().await;
+        let claimed = claimed.clone();
+        let barrier = barrier.clone();
+        sessions.push(tokio::spawn(async move {
+            for k in 1..=TRIALS {
+                let id = 2 * k - 1 + side;
+                barrier.wait().await;
+                let written = finish(&session, id, claimed[&id], "SUCCEEDED").await;
+                assert_eq!(written.as_deref(), Some("SUCCEEDED"), "parent {id}");
+            }
+        }));
+    }
+    for session in sessions {
+        within(WAIT * 5, "the trials", session).await.unwrap();
+    }
+
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.status = 'QUEUED'), \
+                    (SELECT count(*) FROM public.releases), \
+                    (SELECT count(*) FROM (SELECT id FROM public.releases GROUP BY id HAVING count(*) > 1) AS twice), \
+                    (SELECT count(*) FROM public.releases WHERE early) \
+               FROM pgtaskd.task_state AS s WHERE s.id > $1::bigint * 2",
+            &[&TRIALS],
+        )
+        .await
+        .unwrap();
+    let (queued, releases, twice, early): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(queued, TRIALS, "every child is QUEUED");
+    assert_eq!(releases, TRIALS, "each child released once");
+    assert_eq!(twice, 0);
+    assert_eq!(early, 0, "no child released before both its parents ended");
+    assert!(problems(&client).await.is_empty());
+}
+
+/// A second finish of the same child's other parent waits for the first's commit, then
+/// releases the child itself: the interleaving the trials above hit only sometimes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_end_waits_for_the_other_parents_commit_and_then_releases_the_child() {
+    let db = TestDb::new().await;
+    let first = db.client().await;
+    let second = db.client().await;
+    let a = insert(&first, "a", &[], None).await;
+    let b = insert(&first, "b", &[], None).await;
+    let c = insert(&first, "c", &[a, b], None).await;
+    let claimed: HashMap<i64, i64> = claim(&first, 10).await.into_iter().collect();
+
+    first.batch_execute("BEGIN").await.unwrap();
+    finish(&first, a, claimed[&a], "SUCCEEDED").await;
+    let token_b = claimed[&b];
+    let waiting = tokio::spawn(async move {
+        finish(&second, b, token_b, "SUCCEEDED").await;
+        second
+    });
+    // The second finish waits for the child's row, which the first holds.
+    let observer = db.client().await;
+    crate::support::eventually(WAIT, "the second finish to wait for a lock", || {
+        let observer = &observer;
+        async move {
+            let row = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0) > 0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(status(&observer, c).await, "WAITING");
+    first.batch_execute("COMMIT").await.unwrap();
+    let second = within(WAIT, "the second finish", waiting).await.unwrap();
+    assert_eq!(status(&second, c).await, "QUEUED");
+    assert!(problems(&second).await.is_empty());
+}
+
+/// The policies by the parent's end: what the child is once its parent ended, and once the
+/// parent was then retried and succeeded (the last column of the table in
+/// docs/dependencies.md).
+#[tokio::test]
+async fn each_policy_does_what_its_table_says_for_each_end_of_the_parent() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    install_release_audit(&client).await;
+    // (policy, parent's end, child after the end, child after a retry that succeeds)
+    let table: &[(&str, &str, &str, &str)] = &[
+        ("cancel", "SUCCEEDED", "QUEUED", "QUEUED"),
+        ("cancel", "FAILED", "CANCELED", "CANCELED"),
+        ("cancel", "CANCELED", "CANCELED", "CANCELED"),
+        ("run", "SUCCEEDED", "QUEUED", "QUEUED"),
+        ("run", "FAILED", "QUEUED", "QUEUED"),
+        ("run", "CANCELED", "QUEUED", "QUEUED"),
+        ("wait", "SUCCEEDED", "QUEUED", "QUEUED"),
+        ("wait", "FAILED", "WAITING", "QUEUED"),
+        ("wait", "CANCELED", "WAITING", "QUEUED"),
+    ];
+    for &(policy, end, after_end, after_retry) in table {
+        client
+            .batch_execute("TRUNCATE pgtaskd.tasks; TRUNCATE public.releases")
+            .await
+            .unwrap();
+        let parent = insert(&client, "parent", &[], None).await;
+        let child = insert(&client, "child", &[parent], Some(policy)).await;
+        let case = format!("{policy} / {end}");
+        if end == "CANCELED" {
+            let row = client
+                .query_one("SELECT pgtaskd.cancel($1)", &[&parent])
+                .await
+                .unwrap();
+            assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("CANCELED"));
+        } else {
+            let claimed = claim(&client, 1).await;
+            assert_eq!(
+                claimed,
+                vec![(parent, claimed[0].1)],
+                "{case}: the parent alone"
+            );
+            assert_eq!(
+                finish(&client, parent, claimed[0].1, end).await.as_deref(),
+                Some(end),
+                "{case}"
+            );
+        }
+        assert_eq!(
+            status(&client, child).await,
+            after_end,
+            "{case}: after the end"
+        );
+        if after_end == "CANCELED" {
+            let error: String = client
+                .query_one(
+                    "SELECT error FROM pgtaskd.task_view WHERE id = $1",
+                    &[&child],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                error,
+                format!("parent task {parent} {}", end.to_lowercase()),
+                "{case}: the error names the parent"
+            );
+        }
+        assert!(problems(&client).await.is_empty(), "{case}");
+
+        // The parent retried (a plain retry) and succeeding.
+        if end != "SUCCEEDED" {
+            let row = client
+                .query_one("SELECT pgtaskd.retry($1)", &[&parent])
+                .await
+                .unwrap();
+            assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some(end));
+            // The child, if QUEUED (run), is claimed with its parent; leave it be.
+            let claimed = claim(&client, 2).await;
+            let token = claimed
+                .iter()
+                .find(|(id, _)| *id == parent)
+                .map(|(_, token)| *token)
+                .expect("the retried parent is claimed");
+            finish(&client, parent, token, "SUCCEEDED").await;
+            let want = if after_retry == "QUEUED" && policy == "run" {
+                // Released at the parent's first end and claimed just now.
+                "RUNNING"
+            } else {
+                after_retry
+            };
+            assert_eq!(
+                status(&client, child).await,
+                want,
+                "{case}: after the retry"
+            );
+        }
+        let releases: i64 = client
+            .query_one(
+                "SELECT count(*) FROM public.releases WHERE id = $1 AND new_status = 'QUEUED'",
+                &[&child],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let expected = i64::from(after_retry == "QUEUED");
+        assert_eq!(releases, expected, "{case}: released at most once");
+        assert!(problems(&client).await.is_empty(), "{case}");
+    }
+}
+
+/// A failure five levels up cancels the whole chain below it in its own commit, each task
+/// naming its parent; `retry_with_dependents` brings them all back to wait again.
+#[tokio::test]
+async fn a_failure_cancels_five_levels_of_dependents_in_its_commit_and_a_retry_brings_them_back() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let reader = db.client().await;
+    let mut chain = vec![insert(&client, "root", &[], None).await];
+    for level in 1..=5 {
+        let parent = *chain.last().unwrap();
+        chain.push(insert(&client, &format!("level {level}"), &[parent], None).await);
+    }
+    let claimed = claim(&client, 10).await;
+    assert_eq!(claimed.len(), 1);
+    client.batch_execute("BEGIN").await.unwrap();
+    finish(&client, chain[0], claimed[0].1, "FAILED").await;
+    for &id in &chain[1..] {
+        assert_eq!(
+            status(&reader, id).await,
+            "WAITING",
+            "not before the commit"
+        );
+    }
+    client.batch_execute("COMMIT").await.unwrap();
+    for pair in chain.windows(2) {
+        let row = reader
+            .query_one(
+                "SELECT status, error FROM pgtaskd.task_view WHERE id = $1",
+                &[&pair[1]],
+            )
+            .await
+            .unwrap();
+        let (status, error): (String, String) = (row.get(0), row.get(1));
+        assert_eq!(status, "CANCELED");
+        let cause = if pair[0] == chain[0] {
+            "failed"
+        } else {
+            "canceled"
+        };
+        assert_eq!(error, format!("parent task {} {cause}", pair[0]));
+    }
+    assert!(problems(&client).await.is_empty());
+
+    let back: Vec<i64> = client
+        .query(
+            "SELECT retried_id FROM pgtaskd.retry_with_dependents($1)",
+            &[&chain[0]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(back, chain, "the root and every dependent, in order");
+    assert_eq!(status(&client, chain[0]).await, "QUEUED");
+    for &id in &chain[1..] {
+        assert_eq!(status(&client, id).await, "WAITING");
+    }
+    assert!(problems(&client).await.is_empty());
+}
+
+/// Children inserted by producers while their parents end in another session: none is left
+/// WAITING once its parents ended, none is released before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_inserted_while_their_parents_end_are_never_stranded_nor_early() {
+    const PARENTS: i64 = 600;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    install_release_audit(&client).await;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'parent ' || i FROM generate_series(1, $1::bigint) AS i",
+            &[&PARENTS],
+        )
+        .await
+        .unwrap();
+    let claimed = claim(&client, PARENTS).await;
+    assert_eq!(claimed.len() as i64, PARENTS);
+
+    let finisher = db.client().await;
+    let ends = tokio::spawn(async move {
+        for (id, token) in claimed {
+            finish(&finisher, id, token, "SUCCEEDED").await;
+        }
+    });
+    // Two producers, each inserting children of two parents around the one being finished.
+    let mut producers = Vec::new();
+    for side in 0..2i64 {
+        let producer = db.client().await;
+        producers.push(tokio::spawn(async move {
+            let mut children = 0;
+            for i in 0..PARENTS {
+                let a = 1 + (i + side) % PARENTS;
+                let b = 1 + (i * 7 + side) % PARENTS;
+                producer
+                    .execute(
+                        "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('child', ARRAY[$1::bigint, $2::bigint])",
+                        &[&a, &b],
+                    )
+                    .await
+                    .unwrap();
+                children += 1;
+            }
+            children
+        }));
+    }
+    within(WAIT * 3, "the parents' ends", ends).await.unwrap();
+    let mut children = 0;
+    for producer in producers {
+        children += within(WAIT * 3, "the producers", producer).await.unwrap();
+    }
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED'), count(*) FILTER (WHERE status = 'WAITING'), \
+                    (SELECT count(*) FROM public.releases WHERE early) \
+               FROM pgtaskd.task_view WHERE payload = 'child'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (queued, waiting, early): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(waiting, 0, "no child stranded");
+    assert_eq!(queued, children);
+    assert_eq!(early, 0, "no child released before its parents");
+    assert!(problems(&client).await.is_empty());
+}
+
+#[tokio::test]
+async fn parents_are_checked_by_the_database_and_never_change() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let parent = insert(&client, "parent", &[], None).await;
+    let gone = insert(&client, "gone", &[], None).await;
+    client
+        .execute("DELETE FROM pgtaskd.tasks WHERE id = $1", &[&gone])
+        .await
+        .unwrap();
+
+    let unknown = client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('x', ARRAY[$1::bigint])",
+            &[&gone],
+        )
+        .await
+        .unwrap_err();
+    let unknown = unknown.as_db_error().expect("a database error");
+    assert_eq!(unknown.code().code(), "23503");
+    assert_eq!(
+        unknown.message(),
+        format!("task depends on task {gone}, which does not exist")
+    );
+    // A parent id larger than any task's: it does not exist either, and is named.
+    let later = client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('x', ARRAY[$1::bigint + 100])",
+            &[&parent],
+        )
+        .await
+        .unwrap_err();
+    let later = later.as_db_error().unwrap();
+    assert_eq!(later.code().code(), "23503");
+    assert_eq!(
+        later.message(),
+        format!(
+            "task depends on task {}, which does not exist",
+            parent + 100
+        )
+    );
+    // A parent that exists but is not older (an id chosen by the owner): no cycle can be
+    // written.
+    let newer = client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (id, payload, depends_on) OVERRIDING SYSTEM VALUE \
+             VALUES ($1::bigint - 1, 'x', ARRAY[$1::bigint])",
+            &[&parent],
+        )
+        .await
+        .unwrap_err();
+    let newer = newer.as_db_error().unwrap();
+    assert_eq!(newer.code().code(), "23514");
+    assert_eq!(newer.constraint(), Some("tasks_depends_on_earlier"));
+    let child = insert(&client, "child", &[parent], None).await;
+    let changed = client
+        .execute(
+            "UPDATE pgtaskd.tasks SET depends_on = NULL WHERE id = $1",
+            &[&child],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        changed
+            .as_db_error()
+            .unwrap()
+            .message()
+            .contains("parents of a task do not change"),
+        "{changed:?}"
+    );
+    let deleted = client
+        .execute("DELETE FROM pgtaskd.tasks WHERE id = $1", &[&parent])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        deleted.as_db_error().unwrap().message(),
+        format!("task {parent} cannot be deleted: task {child} waits for it")
+    );
+    assert_eq!(status(&client, child).await, "WAITING");
+}
+
+/// Retention passes over a finished parent that a task still waits for (under 'wait').
+#[tokio::test]
+async fn retention_keeps_a_parent_that_a_task_still_waits_for() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let parent = insert(&client, "parent", &[], None).await;
+    let child = insert(&client, "child", &[parent], Some("wait")).await;
+    let other = insert(&client, "other", &[], None).await;
+    for (id, token) in claim(&client, 10).await {
+        finish(&client, id, token, "FAILED").await;
+    }
+    assert_eq!(status(&client, child).await, "WAITING");
+    let deleted: i64 = client
+        .query_one("SELECT deleted FROM pgtaskd.prune(0, 100, NULL)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(deleted, 1, "the other finished task only");
+    let left: Vec<i64> = client
+        .query("SELECT id FROM pgtaskd.tasks ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(left, vec![parent, child]);
+    assert!(!left.contains(&other));
+}
+
+#[tokio::test]
+async fn a_graph_is_inserted_parents_first_and_a_cycle_inserts_nothing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let cycle = client
+        .query(
+            "SELECT * FROM pgtaskd.enqueue_graph($1::text::jsonb)",
+            &[&r#"[{"ref": "a", "payload": "1", "after": ["c"]},
+                  {"ref": "b", "payload": "2", "after": ["a"]},
+                  {"ref": "c", "payload": "3", "after": ["b"]},
+                  {"ref": "d", "payload": "4"}]"#],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        cycle.as_db_error().unwrap().message(),
+        "cycle: a -> c -> b -> a"
+    );
+    let count: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "nothing inserted");
+
+    let existing = insert(&client, "existing", &[], None).await;
+    let graph = format!(
+        r#"[{{"ref": "report", "payload": "r", "after": ["left", "right"]}},
+            {{"ref": "left", "payload": "l", "after": ["root"]}},
+            {{"ref": "right", "payload": "r", "after": ["root", {existing}], "on_dep_failure": "run"}},
+            {{"ref": "root", "payload": "x", "queue": "graphs"}}]"#
+    );
+    let ids: HashMap<String, i64> = client
+        .query(
+            "SELECT ref, task_id FROM pgtaskd.enqueue_graph($1::text::jsonb)",
+            &[&graph],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(ids.len(), 4);
+    assert!(ids["root"] < ids["left"] && ids["left"] < ids["report"]);
+    assert!(ids["right"] < ids["report"]);
+    let row = client
+        .query_one(
+            "SELECT depends_on, on_dep_failure, status FROM pgtaskd.task_view WHERE id = $1",
+            &[&ids["right"]],
+        )
+        .await
+        .unwrap();
+    let (parents, policy, state): (Vec<i64>, Option<String>, String) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(parents, vec![ids["root"], existing]);
+    assert_eq!(policy.as_deref(), Some("run"));
+    assert_eq!(state, "WAITING");
+    assert_eq!(status(&client, ids["root"]).await, "QUEUED");
+    assert!(problems(&client).await.is_empty());
+}
