@@ -122,6 +122,7 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET enable_sort = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     canceled bigint[];
@@ -245,6 +246,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     children bigint[];
@@ -270,6 +272,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     waiting bigint[];
@@ -393,7 +396,8 @@ AS $$
      WHERE NOT (d.parent = ANY (coalesce(t.depends_on, '{}')))
     UNION ALL
     -- A waiting task missing the edge to a parent that has not ended, or that failed under
-    -- 'wait': it would be released before that parent.
+    -- 'wait': it would be released before that parent. Not under 'run', where a parent's
+    -- first end takes the edge for good, and a retry of that parent leaves it QUEUED again.
     SELECT s.id, format('no edge to task %s, which is %s', x.parent, p.status)
       FROM pgtaskd.task_state AS s
       JOIN pgtaskd.tasks AS t ON t.id = s.id
@@ -401,7 +405,7 @@ AS $$
       JOIN pgtaskd.task_state AS p ON p.id = x.parent
      WHERE s.status = 'WAITING'
        AND p.status <> 'SUCCEEDED'
-       AND NOT (p.status IN ('FAILED', 'CANCELED') AND coalesce(t.on_dep_failure, 'cancel') = 'run')
+       AND coalesce(t.on_dep_failure, 'cancel') <> 'run'
        AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
                         WHERE d.child = s.id AND d.parent = x.parent)
 $$;

@@ -119,3 +119,92 @@ async fn retry_puts_failed_and_canceled_tasks_back_as_new_and_refuses_the_rest()
     .await;
     daemon.stop().await;
 }
+
+/// `pgtaskd retry ID --with-dependents` brings back the tasks a failure canceled, which wait
+/// again; the plain retry of a task with a parent says WAITING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_with_dependents_brings_back_what_the_failure_canceled_and_says_so() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let root: i64 = client
+        .query_one("SELECT pgtaskd.enqueue('root')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let rows = client
+        .query(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('a', ARRAY[$1::bigint]) RETURNING id",
+            &[&root],
+        )
+        .await
+        .unwrap();
+    let a: i64 = rows[0].get(0);
+    let b: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('b', ARRAY[$1::bigint]) RETURNING id",
+            &[&a],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The root fails: a and b are canceled in its commit.
+    let claimed = client
+        .query_one(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['default'], 1, 't', 60000, \
+             1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    let token: i64 = claimed.get(1);
+    client
+        .query(
+            "SELECT * FROM pgtaskd.finish(ARRAY[$1::bigint], ARRAY[$2::bigint], ARRAY['FAILED'], \
+             ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY['bad'], \
+             ARRAY[NULL::text], ARRAY[NULL::float8], true)",
+            &[&token, &root],
+        )
+        .await
+        .unwrap();
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'CANCELED'",
+        2,
+        "a and b canceled",
+    )
+    .await;
+
+    // A plain retry of the middle task: it waits again for the root, and says so.
+    let (status, stdout, stderr) = pgtaskd(Some(&db.url), &["retry", &a.to_string()]).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "CANCELED (was CANCELED)",
+        "its parent failed: canceled again"
+    );
+
+    let (status, stdout, stderr) = pgtaskd(
+        Some(&db.url),
+        &["retry", &root.to_string(), "--with-dependents"],
+    )
+    .await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout,
+        format!("QUEUED (was FAILED)\n2 dependents back, waiting again: {a}, {b}\n")
+    );
+    let statuses: Vec<String> = client
+        .query("SELECT status FROM pgtaskd.task_view ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(statuses, ["QUEUED", "WAITING", "WAITING"]);
+    let problems: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.check_deps()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(problems, 0);
+}
