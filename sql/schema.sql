@@ -1,4 +1,4 @@
--- pgtaskd's schema as the last migration (sql/0037_dependencies.sql) leaves it: every table,
+-- pgtaskd's schema as the last migration (sql/0038_tags.sql) leaves it: every table,
 -- index, sequence, function, trigger and privilege of the schema `pgtaskd`, in one file, for
 -- a reader. Sections named in the comments ("One winner", ...) are those of docs/design.md.
 --
@@ -68,6 +68,9 @@ CREATE TABLE pgtaskd.tasks (
     -- docs/dependencies.md).
     depends_on       bigint[],
     on_dep_failure   text,
+    -- Labels and data to find the task by (schema 38).
+    tags             text[],
+    metadata         jsonb,
 
     CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1)
 ) WITH (
@@ -109,6 +112,20 @@ ALTER TABLE pgtaskd.tasks
     ADD CONSTRAINT tasks_on_dep_failure
         CHECK (on_dep_failure OPERATOR(pg_catalog.=) ANY (ARRAY['cancel', 'run', 'wait'])) NOT VALID;
 
+-- At most 16 tags, each a letter or digit then up to 62 of letters, digits and `_.:-` (so that
+-- none holds the comma that joins them here); metadata a JSON object of at most 8 KiB. NOT
+-- VALID as schema 38 added them (see above).
+ALTER TABLE pgtaskd.tasks
+    ADD CONSTRAINT tasks_tags_check
+        CHECK (pg_catalog.cardinality(tags) OPERATOR(pg_catalog.<=) 16
+               AND pg_catalog.array_position(tags, NULL) IS NULL
+               AND (pg_catalog.cardinality(tags) OPERATOR(pg_catalog.=) 0
+                    OR pg_catalog.array_to_string(tags, ',') OPERATOR(pg_catalog.~)
+                       '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}(,[A-Za-z0-9][A-Za-z0-9_.:-]{0,62})*$')) NOT VALID,
+    ADD CONSTRAINT tasks_metadata_check
+        CHECK (pg_catalog.jsonb_typeof(metadata) OPERATOR(pg_catalog.=) 'object'
+               AND pg_catalog.octet_length(metadata::text) OPERATOR(pg_catalog.<=) 8192) NOT VALID;
+
 COMMENT ON TABLE pgtaskd.tasks IS
     'pgtaskd task queue: INSERT (payload) to enqueue; state and results in pgtaskd.task_view; pgtaskd.cancel(id) to cancel';
 COMMENT ON COLUMN pgtaskd.tasks.concurrency_key IS
@@ -117,6 +134,10 @@ COMMENT ON COLUMN pgtaskd.tasks.depends_on IS
     'The ids of the tasks this one waits for (each smaller than its own): it is WAITING until they end; never changed after the insert.';
 COMMENT ON COLUMN pgtaskd.tasks.on_dep_failure IS
     'What a parent that ends FAILED or CANCELED does to this task: cancel (unset), run, or wait for a retry that succeeds.';
+COMMENT ON COLUMN pgtaskd.tasks.tags IS
+    'Labels to find the task by: at most 16, each [A-Za-z0-9][A-Za-z0-9_.:-]{0,62}.';
+COMMENT ON COLUMN pgtaskd.tasks.metadata IS
+    'Data to find the task by: a JSON object of at most 8 KiB.';
 COMMENT ON COLUMN pgtaskd.tasks.max_attempts IS
     'Attempts before the task fails; unset: the queue''s max_attempts (pgtaskd.queue_settings), else 3.';
 
@@ -428,10 +449,11 @@ SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        s.claim_token, s.output, t.traceparent,
        coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       s.runs, s.errors, s.snoozes, s.concurrency_key, t.depends_on, t.on_dep_failure
+       s.runs, s.errors, s.snoozes, s.concurrency_key, t.depends_on, t.on_dep_failure,
+       t.tags, t.metadata
   FROM pgtaskd.task_state AS s
  CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent,
-                            x.depends_on, x.on_dep_failure
+                            x.depends_on, x.on_dep_failure, x.tags, x.metadata
                        FROM pgtaskd.tasks AS x
                       WHERE x.id = s.id
                      OFFSET 0) AS t;
@@ -478,6 +500,12 @@ CREATE INDEX tasks_canceled_by_idx ON pgtaskd.task_state (canceled_by)
 -- Queue and status together, so that a status absent from one queue is not estimated as if
 -- spread evenly (schema 19).
 CREATE STATISTICS pgtaskd.tasks_queue_status (mcv) ON queue, status FROM pgtaskd.task_state;
+
+-- Tasks found by their tags and metadata (schema 38): `tags @> ARRAY[...]`,
+-- `metadata @> '{"key": "value"}'`. Untagged tasks are not in them.
+CREATE INDEX tasks_tags_idx ON pgtaskd.tasks USING gin (tags) WHERE tags IS NOT NULL;
+CREATE INDEX tasks_metadata_idx ON pgtaskd.tasks USING gin (metadata jsonb_path_ops)
+    WHERE metadata IS NOT NULL;
 
 -- An idempotency key is unique per queue; name this predicate in `ON CONFLICT`
 -- ("Idempotent enqueue").
@@ -1907,7 +1935,8 @@ $$;
 
 -- Insert a whole graph of tasks in one transaction, named by local refs: `graph` is a JSON
 -- array of objects {"ref", "payload", and optionally "queue", "priority", "run_at",
--- "max_attempts", "idempotency_key", "concurrency_key", "on_dep_failure", "after"}, where
+-- "max_attempts", "idempotency_key", "concurrency_key", "on_dep_failure", "tags",
+-- "metadata" (schema 38), "after"}, where
 -- "after" lists refs of the graph (strings) and ids of tasks already there (numbers). Parents
 -- are inserted before their children, so each parent's id is the smaller; a cycle is refused
 -- naming it (`cycle: a -> b -> a`, each waiting for the next) and nothing is inserted. With
@@ -2046,7 +2075,8 @@ BEGIN
     FOREACH u IN ARRAY placed LOOP
         node := enqueue_graph.graph -> (u - 1);
         INSERT INTO pgtaskd.tasks (payload, queue, priority, run_at, max_attempts,
-                                   idempotency_key, concurrency_key, on_dep_failure, depends_on)
+                                   idempotency_key, concurrency_key, on_dep_failure, depends_on,
+                                   tags, metadata)
         VALUES (node ->> 'payload',
                 coalesce(node ->> 'queue', 'default'),
                 coalesce((node ->> 'priority')::smallint, 0),
@@ -2059,7 +2089,10 @@ BEGIN
                                          THEN ids[(ords ->> (a #>> '{}'))::int]
                                          ELSE (a #>> '{}')::bigint END
                                FROM jsonb_array_elements(coalesce(node -> 'after', '[]')) AS a),
-                       '{}'))
+                       '{}'),
+                CASE WHEN node ? 'tags' THEN
+                    ARRAY(SELECT g #>> '{}' FROM jsonb_array_elements(node -> 'tags') AS g) END,
+                node -> 'metadata')
         RETURNING id INTO new_id;
         ids[u] := new_id;
         ref := node ->> 'ref';
@@ -2721,7 +2754,7 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_view TO %I',
                    role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key, depends_on, on_dep_failure) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
@@ -2752,7 +2785,7 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT, UPDATE ON pgtaskd.task_state TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key, depends_on, on_dep_failure) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata) '
                    'ON pgtaskd.tasks TO %I', role_name);
     -- The CLI and the HTTP API read tasks' state through the view (version 24).
     EXECUTE format('GRANT SELECT ON pgtaskd.task_view TO %I', role_name);

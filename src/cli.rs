@@ -395,10 +395,21 @@ pub struct ListArgs {
     /// Only this status: waiting, queued, running, succeeded, failed or canceled
     #[arg(long, value_name = "S", ignore_case = true, value_parser = status_parser())]
     pub status: Option<TaskStatus>,
+    /// Only tasks with this tag (repeat it: tasks with every one)
+    #[arg(long = "tag", value_name = "TAG", value_hint = ValueHint::Other, value_parser = parse_tag)]
+    pub tags: Vec<String>,
+    /// Only tasks whose metadata has this key with this string value (repeat it, each KEY
+    /// once: tasks with every one)
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_hint = ValueHint::Other, value_parser = parse_meta)]
+    pub meta: Vec<(String, String)>,
     /// At most this many tasks
     #[arg(long, value_name = "N", default_value_t = 20, value_hint = ValueHint::Other,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub limit: i64,
+    /// Only tasks older than this one (lower ids): the next page after a list that ended
+    /// there
+    #[arg(long, value_name = "ID", value_hint = ValueHint::Other)]
+    pub after: Option<i64>,
     /// Print one JSON object per line
     #[arg(long)]
     pub json: bool,
@@ -497,6 +508,14 @@ pub struct EnqueueArgs {
     /// bytes)
     #[arg(long, value_name = "KEY", value_hint = ValueHint::Other, value_parser = parse_concurrency_key)]
     pub concurrency_key: Option<String>,
+    /// A label to find the task by (`list --tag`): a letter or digit, then up to 62 letters,
+    /// digits and _ . : - (repeat it, at most 16)
+    #[arg(long = "tag", value_name = "TAG", value_hint = ValueHint::Other, value_parser = parse_tag)]
+    pub tags: Vec<String>,
+    /// A key and string value of the task's metadata, a JSON object to find it by (`list
+    /// --meta`): repeat it, each KEY once; at most 8 KiB in all
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_hint = ValueHint::Other, value_parser = parse_meta)]
+    pub meta: Vec<(String, String)>,
     /// Wait for this task, enqueued before it: the task is WAITING until every task named so
     /// has ended (repeat it, or give ids separated by commas; at most 10,000)
     #[arg(long, value_name = "ID", value_delimiter = ',', value_hint = ValueHint::Other)]
@@ -545,6 +564,17 @@ fn parse_key(text: &str) -> Result<String, String> {
 fn on_dep_failure_parser() -> impl clap::builder::TypedValueParser<Value = OnDepFailure> {
     clap::builder::PossibleValuesParser::new(OnDepFailure::NAMES)
         .try_map(|text: String| text.parse::<OnDepFailure>())
+}
+
+/// A tag, by the rule the HTTP API applies to `tags` and the table's `tasks_tags_check`.
+fn parse_tag(text: &str) -> Result<String, String> {
+    crate::queue::enqueue::check_tag(text).map_err(|err| err.to_string())?;
+    Ok(text.to_string())
+}
+
+/// A metadata term, `KEY=VALUE` (split at the first `=`).
+fn parse_meta(text: &str) -> Result<(String, String), String> {
+    crate::queue::enqueue::parse_meta_term(text, '=').map_err(|err| err.to_string())
 }
 
 /// A concurrency key, by the rule the HTTP API applies to `concurrency_key`.

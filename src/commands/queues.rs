@@ -101,13 +101,19 @@ pub(super) async fn retry_failed(
 
 /// Print the latest tasks `args` select, newest first.
 pub(super) async fn list(config: &Config, args: &ListArgs) -> Result<ExitCode, CommandError> {
-    let client = session(config).await?;
+    // The terms are checked before a connection is opened, as the HTTP API checks them.
+    let usage = |err: queue::enqueue::BadInput| CommandError::Usage(err.to_string());
+    queue::enqueue::check_tags(&args.tags).map_err(usage)?;
+    let metadata = queue::enqueue::Metadata::from_pairs(&args.meta).map_err(usage)?;
     let filter = queue::ListFilter {
         queue: args.queue.clone(),
         status: args.status,
         limit: args.limit,
-        after: None,
+        after: args.after,
+        tags: args.tags.clone(),
+        metadata,
     };
+    let client = session(config).await?;
     let tasks = checked(&client, queue::list(&client, &filter)).await?;
     if args.json {
         for task in &tasks {
@@ -260,6 +266,15 @@ fn no_tasks(args: &ListArgs) -> String {
     if let Some(queue) = &args.queue {
         text.push_str(&format!(" in queue {}", printable(queue)));
     }
+    if !args.tags.is_empty() {
+        text.push_str(&format!(" tagged {}", args.tags.join(", ")));
+    }
+    for (key, value) in &args.meta {
+        text.push_str(&format!(" with {}={}", printable(key), printable(value)));
+    }
+    if let Some(after) = args.after {
+        text.push_str(&format!(" before task {after}"));
+    }
     text
 }
 
@@ -337,13 +352,23 @@ mod tests {
         let mut args = ListArgs {
             queue: None,
             status: None,
+            tags: Vec::new(),
+            meta: Vec::new(),
             limit: 20,
+            after: None,
             json: false,
         };
         assert_eq!(no_tasks(&args), "no tasks");
         args.status = Some(TaskStatus::Failed);
         args.queue = Some("mail\u{1b}".to_string());
         assert_eq!(no_tasks(&args), "no tasks FAILED in queue mail\\u{1b}");
+        args.tags = vec!["a".into(), "b".into()];
+        args.meta = vec![("k".into(), "v\n".into())];
+        args.after = Some(42);
+        assert_eq!(
+            no_tasks(&args),
+            "no tasks FAILED in queue mail\\u{1b} tagged a, b with k=v\\n before task 42"
+        );
     }
 
     #[test]

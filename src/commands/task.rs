@@ -26,6 +26,8 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         Some(_) => String::new(),
         None => read_payload(args)?,
     };
+    let metadata = queue::enqueue::Metadata::from_pairs(&args.meta)
+        .map_err(|err| CommandError::Usage(err.to_string()))?;
     // The payload is moved, not copied.
     let task = queue::NewTask {
         queue: args.queue.clone(),
@@ -37,6 +39,8 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         concurrency_key: args.concurrency_key.clone(),
         depends_on: args.after.clone(),
         on_dep_failure: args.on_dep_failure,
+        tags: args.tags.clone(),
+        metadata,
     };
     // The arguments were checked by the parser; the payload is known only now. Refused as
     // the HTTP API refuses it, before a connection is opened.
@@ -67,11 +71,15 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
 
 /// An enqueue's failure as the database's refusal of the task's parents, when it is one: a
 /// parent that does not exist is an unknown task id (exit 3, in the database's words), one
-/// not enqueued before the task a usage error (exit 2).
+/// not enqueued before the task a usage error (exit 2). A refusal of its tags or metadata
+/// (checked before, so the database's checks are a backstop) is a usage error too.
 fn parents_refused(err: CommandError) -> CommandError {
     let CommandError::Db(db) = &err else {
         return err;
     };
+    if let Some(refused) = queue::enqueue::tags_refusal(db) {
+        return CommandError::Usage(refused);
+    }
     match queue::enqueue::refusal(db) {
         Some(queue::enqueue::ParentRefusal::Unknown(message)) => {
             CommandError::NoSuchParent(message)
@@ -307,6 +315,19 @@ pub fn describe_task(task: &Task) -> String {
         text.push_str(&format!(
             "  concurrency key: {}\n",
             super::queues::printable(key)
+        ));
+    }
+    if let Some(tags) = task.tags.as_deref().filter(|tags| !tags.is_empty()) {
+        // Each tag is letters, digits and `_.:-` (the table's check); escaped all the same.
+        text.push_str(&format!(
+            "  tags: {}\n",
+            super::queues::printable(&tags.join(", "))
+        ));
+    }
+    if let Some(metadata) = &task.metadata {
+        text.push_str(&format!(
+            "  metadata: {}\n",
+            super::queues::printable(metadata.as_str())
         ));
     }
     if let Some(parents) = task.depends_on.as_deref().filter(|ids| !ids.is_empty()) {

@@ -74,6 +74,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(35, "0035_schedule_and_limit_mends"),
     migration!(36, "0036_task_state"),
     migration!(37, "0037_dependencies"),
+    migration!(38, "0038_tags"),
 ];
 
 /// The schema version this binary was built for.

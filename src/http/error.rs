@@ -6,7 +6,8 @@
 //! (inputs are validated first, so it is a bug). Either way the body names no detail; the
 //! log has it. The one refusal only the database can make of valid input, a task's parents
 //! that do not exist or were not enqueued before it, is 422 with its words
-//! ([`ApiError::BadParents`]).
+//! ([`ApiError::BadParents`]); so are tags and metadata the table would refuse
+//! ([`ApiError::BadTags`]), checked before the insert.
 
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -53,6 +54,10 @@ pub(crate) enum ApiError {
     /// words), or one not enqueued before the task. Nothing was inserted.
     #[error(transparent)]
     BadParents(crate::queue::enqueue::ParentRefusal),
+    /// Tags or metadata the table would refuse (`tasks_tags_check`, `tasks_metadata_check`):
+    /// checked before the insert, or, as a backstop, refused by it. Nothing was inserted.
+    #[error("{0}")]
+    BadTags(String),
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
     UnsupportedMediaType,
     #[error("request body over {max} bytes")]
@@ -71,17 +76,25 @@ pub(crate) enum ApiError {
     Db(#[from] DbError),
 }
 
-/// A task's field the queue layer refuses: 400 with its words, as the CLI prints them.
+/// A task's field the queue layer refuses: 400 with its words, as the CLI prints them; 422
+/// for its tags or metadata.
 impl From<crate::queue::enqueue::BadInput> for ApiError {
     fn from(err: crate::queue::enqueue::BadInput) -> Self {
-        ApiError::BadRequest(err.to_string())
+        if err.is_tags_or_metadata() {
+            ApiError::BadTags(err.to_string())
+        } else {
+            ApiError::BadRequest(err.to_string())
+        }
     }
 }
 
 impl ApiError {
     /// An enqueue's failure: [`ApiError::BadParents`] when the database refused the task's
-    /// parents, else the database error it is.
+    /// parents, [`ApiError::BadTags`] its tags or metadata, else the database error it is.
     pub(super) fn enqueue(err: DbError) -> ApiError {
+        if let Some(refused) = crate::queue::enqueue::tags_refusal(&err) {
+            return ApiError::BadTags(refused);
+        }
         match crate::queue::enqueue::refusal(&err) {
             Some(refused) => ApiError::BadParents(refused),
             None => ApiError::Db(err),
@@ -97,7 +110,7 @@ impl ApiError {
             | ApiError::NoSuchQueue
             | ApiError::NoSuchSchedule => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
-            ApiError::KeyConflict { .. } | ApiError::BadParents(_) => {
+            ApiError::KeyConflict { .. } | ApiError::BadParents(_) | ApiError::BadTags(_) => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,

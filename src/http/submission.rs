@@ -3,8 +3,9 @@
 //! applies (`queue::enqueue`), each error naming its field (docs/http.md, "Submitting a task").
 //!
 //! - `text/plain`: the body is the payload; `queue`, `priority`, `run_at`, `max_attempts`,
-//!   `concurrency_key`, `depends_on` (ids separated by commas) and `on_dep_failure` come from
-//!   the query (`?queue=thumbs&priority=5&depends_on=12,13`).
+//!   `concurrency_key`, `depends_on` (ids separated by commas), `on_dep_failure`, `tags`
+//!   (separated by commas) and `metadata` (a JSON object's text) come from the query
+//!   (`?queue=thumbs&priority=5&depends_on=12,13&tags=a,b`).
 //! - `application/json`: `{"payload": ..., "queue": ..., ...}`. The payload is a string (the
 //!   text itself) or an object or an array, stored as its JSON text with the whitespace
 //!   between tokens taken out ([`compact`]): the keys in the order sent and each number as
@@ -42,6 +43,10 @@ pub(super) struct Submission {
     depends_on: Option<Value>,
     /// `cancel`, `run` or `wait`, or null for the default (`cancel`).
     on_dep_failure: Option<Value>,
+    /// A list of tags, or null for none.
+    tags: Option<Value>,
+    /// A JSON object's text as sent (its numbers as written), or `null`.
+    metadata: Option<Box<RawValue>>,
 }
 
 /// The JSON body. The payload is borrowed from the body as sent, so that a large one is
@@ -66,6 +71,11 @@ struct JsonBody<'a> {
     depends_on: Option<Value>,
     #[serde(default)]
     on_dep_failure: Option<Value>,
+    #[serde(default)]
+    tags: Option<Value>,
+    /// Borrowed as sent: read by the rules of `tasks_metadata_check`, then stored as written.
+    #[serde(default, borrow)]
+    metadata: Option<&'a RawValue>,
 }
 
 /// The task fields of a `POST /tasks` query, each as text. `wait` is read by `wait.rs`.
@@ -78,11 +88,13 @@ struct QueryParams {
     concurrency_key: Option<String>,
     depends_on: Option<String>,
     on_dep_failure: Option<String>,
+    tags: Option<String>,
+    metadata: Option<String>,
 }
 
 /// The parameters a query may hold, as a refusal names them.
 const PARAMETERS: &str = "wait, queue, priority, run_at, max_attempts, concurrency_key, \
-                          depends_on and on_dep_failure";
+                          depends_on, on_dep_failure, tags and metadata";
 
 impl QueryParams {
     /// The parameters of `query` (percent-decoded, `+` a space, as a form's): 400 for one
@@ -101,6 +113,8 @@ impl QueryParams {
                 "concurrency_key" => &mut params.concurrency_key,
                 "depends_on" => &mut params.depends_on,
                 "on_dep_failure" => &mut params.on_dep_failure,
+                "tags" => &mut params.tags,
+                "metadata" => &mut params.metadata,
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown query parameter {other:?}: POST /tasks takes {PARAMETERS}"
@@ -126,6 +140,8 @@ impl QueryParams {
             ("concurrency_key", self.concurrency_key.is_some()),
             ("depends_on", self.depends_on.is_some()),
             ("on_dep_failure", self.on_dep_failure.is_some()),
+            ("tags", self.tags.is_some()),
+            ("metadata", self.metadata.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -163,6 +179,8 @@ impl Submission {
                     concurrency_key: body.concurrency_key,
                     depends_on: body.depends_on,
                     on_dep_failure: body.on_dep_failure,
+                    tags: body.tags,
+                    metadata: body.metadata.map(RawValue::to_owned),
                 })
             }
             Some("text/plain") => {
@@ -185,6 +203,20 @@ impl Submission {
                         .transpose()?
                         .map(Value::from),
                     on_dep_failure: params.on_dep_failure.map(Value::String),
+                    // Read into a list here, as depends_on is.
+                    tags: params
+                        .tags
+                        .map(|text| queue::enqueue::parse_tags(&text))
+                        .transpose()?
+                        .map(Value::from),
+                    // Not JSON at all is refused as metadata that is not an object.
+                    metadata: params
+                        .metadata
+                        .map(|text| {
+                            RawValue::from_string(text)
+                                .map_err(|_| ApiError::from(BadInput::MetadataType))
+                        })
+                        .transpose()?,
                 })
             }
             _ => Err(ApiError::UnsupportedMediaType),
@@ -234,6 +266,14 @@ impl Submission {
             Some(Value::String(policy)) => Some(policy.parse::<queue::OnDepFailure>()?),
             Some(_) => return Err(BadInput::OnDepFailure.into()),
         };
+        let tags = match &self.tags {
+            None => Vec::new(),
+            Some(value) => queue::enqueue::tags_from_json(value)?,
+        };
+        let metadata = match &self.metadata {
+            None => None,
+            Some(raw) => queue::enqueue::Metadata::from_json(raw)?,
+        };
         let task = queue::NewTask {
             queue: self
                 .queue
@@ -246,6 +286,8 @@ impl Submission {
             concurrency_key,
             depends_on,
             on_dep_failure,
+            tags,
+            metadata,
         };
         task.check()?;
         Ok(task)
@@ -494,5 +536,45 @@ mod tests {
             let err = text(query, "x").unwrap_err().to_string();
             assert!(err.contains(says), "{query}: {err}");
         }
+    }
+
+    #[test]
+    fn tags_and_metadata_come_from_the_body_or_the_query_and_a_bad_one_is_422() {
+        let task = json(r#"{"payload": "x", "tags": ["a", "b"], "metadata": {"n": 1.50}}"#)
+            .unwrap()
+            .task(None)
+            .unwrap();
+        assert_eq!(task.tags, ["a", "b"]);
+        assert_eq!(task.metadata.unwrap().as_str(), r#"{"n": 1.50}"#);
+        let task = json(r#"{"payload": "x", "tags": null, "metadata": null}"#)
+            .unwrap()
+            .task(None)
+            .unwrap();
+        assert!(task.tags.is_empty() && task.metadata.is_none());
+        let task = text("tags=a,b&metadata=%7B%22k%22%3A%22v%22%7D", "x").unwrap();
+        assert_eq!(task.tags, ["a", "b"]);
+        assert_eq!(task.metadata.unwrap().as_str(), r#"{"k":"v"}"#);
+        for body in [
+            r#"{"payload": "x", "tags": ["a b"]}"#,
+            r#"{"payload": "x", "tags": "a"}"#,
+            r#"{"payload": "x", "metadata": []}"#,
+        ] {
+            let err = json(body).unwrap().task(None).unwrap_err();
+            assert!(matches!(err, ApiError::BadTags(_)), "{body}: {err:?}");
+        }
+        for query in ["tags=a,", "metadata=x"] {
+            let err = text(query, "x").unwrap_err();
+            assert!(matches!(err, ApiError::BadTags(_)), "{query}: {err:?}");
+        }
+        let err = Submission::read(
+            &headers("application/json"),
+            Some("tags=a"),
+            br#"{"payload": "x"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("tags is given in the query"),
+            "{err}"
+        );
     }
 }

@@ -12,9 +12,10 @@
 //! the same words; the tables' constraints (`tasks_queue_name`, `paused_queues_queue_name` in
 //! sql/schema.sql) hold the queue-name rule for every other writer. A task's parents have a
 //! file of their own (`enqueue/parents.rs`): what the database alone can refuse of them is
-//! sorted there too.
+//! sorted there too; so have its tags and metadata (`enqueue/tags.rs`, schema 38).
 
 mod parents;
+mod tags;
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
@@ -24,6 +25,10 @@ use crate::db::DbError;
 
 pub use parents::{
     check_depends_on, parse_depends_on, refusal, OnDepFailure, ParentRefusal, MAX_PARENTS,
+};
+pub use tags::{
+    check_tag, check_tags, jsonb_text, parse_meta_term, parse_tags, tags_from_json, tags_refusal,
+    Metadata, MAX_METADATA_BYTES, MAX_TAGS, MAX_TAG_LEN,
 };
 
 /// The longest queue name, in bytes of UTF-8. A pause and a resume NOTIFY the name (a
@@ -73,6 +78,45 @@ pub enum BadInput {
     TooManyParents(usize),
     #[error("on_dep_failure must be cancel, run or wait")]
     OnDepFailure,
+    #[error(
+        "tag {0:?} is not a letter or digit followed by at most 62 letters, digits and _ . : -"
+    )]
+    Tag(String),
+    #[error("{0} tags; the limit is {MAX_TAGS}")]
+    TooManyTags(usize),
+    #[error("tags must be a list of strings")]
+    TagsType,
+    #[error("metadata must be a JSON object")]
+    MetadataType,
+    #[error("metadata holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot hold")]
+    MetadataNul,
+    #[error("metadata is {0} bytes as the database prints it (metadata::text); the limit is {MAX_METADATA_BYTES}")]
+    MetadataTooLarge(usize),
+    #[error("metadata nests objects and arrays deeper than 128 levels")]
+    MetadataDepth,
+    #[error("meta {term:?} is not KEY{separator}VALUE with a KEY")]
+    MetaTerm { term: String, separator: char },
+    #[error("metadata key {0:?} is given twice")]
+    MetaKeyTwice(String),
+}
+
+impl BadInput {
+    /// Whether it is about a task's tags or metadata, which the HTTP API refuses with 422
+    /// (a body it could read, with values the table would refuse).
+    pub fn is_tags_or_metadata(&self) -> bool {
+        matches!(
+            self,
+            BadInput::Tag(_)
+                | BadInput::TooManyTags(_)
+                | BadInput::TagsType
+                | BadInput::MetadataType
+                | BadInput::MetadataNul
+                | BadInput::MetadataTooLarge(_)
+                | BadInput::MetadataDepth
+                | BadInput::MetaTerm { .. }
+                | BadInput::MetaKeyTwice(_)
+        )
+    }
 }
 
 /// A queue name: not empty nor only white space, at most [`MAX_QUEUE_NAME`] bytes, no NUL.
@@ -216,6 +260,10 @@ pub struct NewTask {
     /// What a parent's failure does to it; `None` is the column's meaning when unset,
     /// [`OnDepFailure::Cancel`].
     pub on_dep_failure: Option<OnDepFailure>,
+    /// Labels to find it by (schema 38), at most [`MAX_TAGS`]; empty for none (a null).
+    pub tags: Vec<String>,
+    /// A JSON object to find it by (schema 38), checked when it was made.
+    pub metadata: Option<Metadata>,
 }
 
 impl NewTask {
@@ -230,11 +278,14 @@ impl NewTask {
             concurrency_key: None,
             depends_on: Vec::new(),
             on_dep_failure: None,
+            tags: Vec::new(),
+            metadata: None,
         }
     }
 
-    /// Check the queue name, the payload, the keys and the number of parents: what the CLI
-    /// and the HTTP API do before they call [`enqueue`].
+    /// Check the queue name, the payload, the keys, the number of parents and the tags (the
+    /// metadata was checked when it was made): what the CLI and the HTTP API do before they
+    /// call [`enqueue`].
     ///
     /// # Errors
     ///
@@ -249,6 +300,7 @@ impl NewTask {
             check_concurrency_key(key)?;
         }
         check_depends_on(&self.depends_on)?;
+        check_tags(&self.tags)?;
         Ok(())
     }
 }
@@ -277,13 +329,14 @@ impl Enqueued {
 /// (`pgtaskd.tasks` in sql/schema.sql). The read of a taken key is a second part of the same statement, which
 /// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
 /// again, with a fresh snapshot. A parent that does not exist, or is not older than the task,
-/// fails the insert ([`refusal`] sorts it).
+/// fails the insert ([`refusal`] sorts it). Tags and metadata are nulls unless given
+/// (`$11`, `$12`, the metadata's JSON text).
 pub(super) const ENQUEUE: &str = "
 WITH inserted AS (
     INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key,
-                               concurrency_key, depends_on, on_dep_failure)
+                               concurrency_key, depends_on, on_dep_failure, tags, metadata)
     VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
-            $6, $7, $8, $9, $10)
+            $6, $7, $8, $9, $10, $11, $12::jsonb)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
@@ -324,6 +377,8 @@ pub(super) async fn enqueue_with(
     // No parents is a null, as a producer's own INSERT leaves it.
     let depends_on = (!task.depends_on.is_empty()).then_some(&task.depends_on);
     let on_dep_failure = task.on_dep_failure.map(OnDepFailure::as_str);
+    let tags = (!task.tags.is_empty()).then_some(&task.tags);
+    let metadata = task.metadata.as_ref().map(Metadata::as_str);
     for _ in 0..KEY_ROUNDS {
         let rows = client
             .query_typed(
@@ -339,6 +394,8 @@ pub(super) async fn enqueue_with(
                     (&task.concurrency_key, Type::TEXT),
                     (&depends_on, Type::INT8_ARRAY),
                     (&on_dep_failure, Type::TEXT),
+                    (&tags, Type::TEXT_ARRAY),
+                    (&metadata, Type::TEXT),
                 ],
             )
             .await?;
@@ -432,6 +489,12 @@ mod tests {
         task.depends_on = vec![1; MAX_PARENTS + 1];
         assert_eq!(task.check(), Err(BadInput::TooManyParents(MAX_PARENTS + 1)));
         task.depends_on.truncate(MAX_PARENTS);
+        assert_eq!(task.check(), Ok(()));
+        task.tags = vec!["ok".into(), "not ok".into()];
+        assert_eq!(task.check(), Err(BadInput::Tag("not ok".into())));
+        task.tags = (0..17).map(|i| i.to_string()).collect();
+        assert_eq!(task.check(), Err(BadInput::TooManyTags(17)));
+        task.tags.truncate(16);
         assert_eq!(task.check(), Ok(()));
     }
 }

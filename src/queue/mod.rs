@@ -69,5 +69,5 @@ pub use retry::{
 pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,
 };
-pub use task::{get, get_many, Task, TaskStatus};
+pub use task::{get, get_many, JsonText, Task, TaskStatus};
 pub use vacuum::{vacuum_health, Horizon, HorizonKind, VacuumHealth};

@@ -130,6 +130,38 @@ pub struct Task<P = String> {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Its labels (schema 38), as the producer wrote them; `None` for none. Last, with the
+    /// metadata, so that the streamed answer's search for the payload's and the output's
+    /// places (`http/streamed.rs`) meets them first.
+    pub tags: Option<Vec<String>>,
+    /// Its metadata (schema 38), a JSON object as the database prints it; `None` for none.
+    pub metadata: Option<JsonText>,
+}
+
+/// JSON text as the database printed it, written as it is into a task's JSON (a `jsonb`
+/// column read as text: numbers are never rounded through a float).
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct JsonText(Box<serde_json::value::RawValue>);
+
+impl JsonText {
+    /// The text of a `jsonb` column; `None` for a null, or (never from the database) text
+    /// that is not JSON.
+    fn read(text: Option<String>) -> Option<JsonText> {
+        serde_json::value::RawValue::from_string(text?)
+            .ok()
+            .map(JsonText)
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
 }
 
 /// One failed attempt of a task, as `pgtaskd.task_view.errors` keeps it: a failure its
@@ -176,7 +208,8 @@ macro_rules! columns {
             $output,
             ", traceparent, concurrency_key, depends_on, on_dep_failure, lease_owner, \
             lease_expires_at, \
-            created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors"
+            created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors, \
+            tags, metadata::text AS metadata"
         )
     };
 }
@@ -215,6 +248,8 @@ impl<'a, P: FromSql<'a>> Task<P> {
             created_at: row.get("created_at"),
             started_at: row.get("started_at"),
             finished_at: row.get("finished_at"),
+            tags: row.get("tags"),
+            metadata: JsonText::read(row.get("metadata")),
         }
     }
 }

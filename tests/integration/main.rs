@@ -64,6 +64,7 @@ mod signals;
 mod snooze;
 mod state_upgrade;
 mod systemd;
+mod tags;
 mod task_keys;
 mod task_state;
 mod tls;

@@ -8,12 +8,14 @@
 //! reads the chart's labels and the page's width at 800 px; `retry_failed` tests `POST
 //! /queues/{queue}/retry-failed`, its SQL function and its CLI form; `million` pages the list
 //! of a table of 1,000,000 finished rows; `task_refresh` watches a task's page follow its task
-//! from QUEUED to SUCCEEDED and stop reading it then.
+//! from QUEUED to SUCCEEDED and stop reading it then; `tags` filters the list by tags and
+//! metadata and reads them on a task's page.
 
 mod browser;
 mod console;
 mod million;
 mod retry_failed;
+mod tags;
 mod task_refresh;
 
 use std::path::{Path, PathBuf};
