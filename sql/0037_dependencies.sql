@@ -176,11 +176,31 @@ BEGIN
         END IF;
     END IF;
     -- The other children, locked in id order: a settle of a child waits for the one before
-    -- it, and each statement below sees what that one committed.
-    PERFORM 1 FROM pgtaskd.task_state AS c
-      WHERE c.id = ANY (locked) AND c.status = 'WAITING'
-      ORDER BY c.id
-        FOR UPDATE;
+    -- it, and each statement below sees what that one committed. Where a parent failed, a
+    -- cancel may cascade: every waiting task below these children is locked too, in the same
+    -- order and the same statement, so that two cascades through one graph take their locks
+    -- in one order and never deadlock.
+    IF EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
+                 JOIN pgtaskd.task_state AS p ON p.id = d.parent
+                WHERE d.child = ANY (locked)
+                  AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
+                  AND p.status IN ('FAILED', 'CANCELED')) THEN
+        PERFORM 1 FROM pgtaskd.task_state AS c
+          WHERE c.id = ANY (ARRAY(
+                    WITH RECURSIVE below (id) AS (
+                        SELECT x.id FROM unnest(locked) AS x(id)
+                        UNION
+                        SELECT d.child FROM pgtaskd.task_deps AS d JOIN below AS b ON d.parent = b.id)
+                    SELECT below.id FROM below))
+            AND c.status = 'WAITING'
+          ORDER BY c.id
+            FOR UPDATE;
+    ELSE
+        PERFORM 1 FROM pgtaskd.task_state AS c
+          WHERE c.id = ANY (locked) AND c.status = 'WAITING'
+          ORDER BY c.id
+            FOR UPDATE;
+    END IF;
     WITH ended AS MATERIALIZED (
         -- Each edge of these children to a parent that has ended, with the child's policy.
         SELECT d.child, d.parent, p.status AS outcome,

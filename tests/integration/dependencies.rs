@@ -679,3 +679,70 @@ async fn a_graph_is_inserted_parents_first_and_a_cycle_inserts_nothing() {
     assert_eq!(status(&client, ids["root"]).await, "QUEUED");
     assert!(problems(&client).await.is_empty());
 }
+
+/// Two parents failing at once, whose cancels cascade through one graph from both sides
+/// (A, B; X after B; Y after A and X; Z after B and Y): the cascades lock the tasks below in
+/// one order, so neither deadlocks, and every task below ends CANCELED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cascades_through_one_graph_never_deadlock() {
+    const TRIALS: usize = 150;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let sessions = [db.client().await, db.client().await];
+    let sessions: Vec<Arc<Client>> = sessions.into_iter().map(Arc::new).collect();
+    for trial in 0..TRIALS {
+        let a = insert(&client, "a", &[], None).await;
+        let b = insert(&client, "b", &[], None).await;
+        let x = insert(&client, "x", &[b], None).await;
+        let y = insert(&client, "y", &[a, x], None).await;
+        let z = insert(&client, "z", &[b, y], None).await;
+        let claimed: HashMap<i64, i64> = claim(&client, 2).await.into_iter().collect();
+        assert_eq!(claimed.len(), 2, "trial {trial}: the two roots");
+        let barrier = Arc::new(Barrier::new(2));
+        let ends: Vec<_> = [(a, 0), (b, 1)]
+            .into_iter()
+            .map(|(id, side)| {
+                let session = sessions[side].clone();
+                let barrier = barrier.clone();
+                let token = claimed[&id];
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    // Without waiting for a row held elsewhere, as a batch finishes.
+                    session
+                        .query_one(
+                            "SELECT written FROM pgtaskd.finish(ARRAY[$1::bigint], ARRAY[$2::bigint], \
+                             ARRAY['FAILED'], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[0::bigint], \
+                             ARRAY['bad'], ARRAY[NULL::text], ARRAY[NULL::float8], false)",
+                            &[&token, &id],
+                        )
+                        .await
+                        .map(|row| row.get::<_, Option<String>>(0))
+                })
+            })
+            .collect();
+        for end in ends {
+            let written = within(WAIT, "a root's failure", end)
+                .await
+                .unwrap()
+                .unwrap_or_else(|err| panic!("trial {trial}: {err:?}"));
+            assert_eq!(written.as_deref(), Some("FAILED"), "trial {trial}");
+        }
+        for id in [x, y, z] {
+            assert_eq!(
+                status(&client, id).await,
+                "CANCELED",
+                "trial {trial}: task {id}"
+            );
+        }
+    }
+    let deadlocks: i64 = client
+        .query_one(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(deadlocks, 0);
+    assert!(problems(&client).await.is_empty());
+}
