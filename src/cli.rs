@@ -110,6 +110,17 @@ pub enum Command {
     Migrate,
     /// Insert one task and print its id
     Enqueue(EnqueueArgs),
+    /// Insert a graph of tasks that wait for one another, from a JSON file (- for standard
+    /// input), in one transaction: parents first, a cycle refused and nothing inserted; print
+    /// each task's ref and id (docs/dependencies.md)
+    Graph {
+        /// The graph: a JSON array of tasks, each {"ref", "payload", "after": [refs or ids], ...}
+        #[arg(value_hint = ValueHint::FilePath)]
+        file: String,
+        /// Print one JSON array of {"ref", "id"}
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a task row
     Status {
         /// Task id

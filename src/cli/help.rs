@@ -9,7 +9,9 @@ pub const SUBCOMMAND_GROUPS: &[(&str, &[&str])] = &[
     ("Daemon", &["run", "migrate", "check-config", "probe"]),
     (
         "Tasks",
-        &["enqueue", "status", "wait", "cancel", "retry", "list"],
+        &[
+            "enqueue", "graph", "status", "wait", "cancel", "retry", "list",
+        ],
     ),
     (
         "Queues",

@@ -9,7 +9,7 @@
 //! This module owns [`dispatch`], which `main` calls with the parsed command line and the
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
-//! `task.rs` (`enqueue`, `status`, `cancel`), `wait.rs` (`wait`, and `enqueue --wait`),
+//! `task.rs` (`enqueue`, `status`, `cancel`), `graph.rs` (`graph`), `wait.rs` (`wait`, and `enqueue --wait`),
 //! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `queue_settings.rs` (`queue set`,
 //! `queue show`), `daemons.rs` (`daemons`), `schedules.rs` (`schedule`),
 //! `analyze.rs`, `bench.rs`, `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
@@ -30,6 +30,7 @@ mod analyze;
 mod bench;
 mod daemons;
 mod generate;
+mod graph;
 mod probe;
 mod queue_settings;
 mod queues;
@@ -198,6 +199,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::Run { migrate, .. } => service::run(&config, migrate).await,
         Command::Migrate => service::migrate(&config).await,
         Command::Enqueue(args) => task::enqueue(&config, &args).await,
+        Command::Graph { file, json } => graph::graph(&config, &file, json).await,
         Command::Wait(args) => wait::wait(&config, &args).await,
         Command::Status { id, json } => task::status(&config, id, json).await,
         Command::Cancel { id } => task::cancel(&config, id).await,

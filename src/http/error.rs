@@ -58,6 +58,10 @@ pub(crate) enum ApiError {
     /// checked before the insert, or, as a backstop, refused by it. Nothing was inserted.
     #[error("{0}")]
     BadTags(String),
+    /// A graph `pgtaskd.enqueue_graph` refused, in its words (a cycle, named): nothing was
+    /// inserted.
+    #[error("{0}")]
+    BadGraph(String),
     #[error("send the text as text/plain, or JSON {{\"payload\": ...}} as application/json")]
     UnsupportedMediaType,
     #[error("request body over {max} bytes")]
@@ -110,9 +114,10 @@ impl ApiError {
             | ApiError::NoSuchQueue
             | ApiError::NoSuchSchedule => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
-            ApiError::KeyConflict { .. } | ApiError::BadParents(_) | ApiError::BadTags(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ApiError::KeyConflict { .. }
+            | ApiError::BadParents(_)
+            | ApiError::BadTags(_)
+            | ApiError::BadGraph(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel`, `POST /tasks/{id}/retry` | `tasks.rs` |
 //! | what a `POST /tasks` asks for: its body (text or JSON, a JSON payload's text) and its query | `submission.rs` |
+//! | `POST /graphs`, tasks that wait for one another, in one transaction | `graphs.rs` |
 //! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume`, `POST /queues/{queue}/retry-failed` | `queues.rs` |
 //! | `GET` and `PUT /queues/{queue}/settings`, a queue's limits and defaults | `settings.rs` |
@@ -32,6 +33,7 @@ mod completions;
 mod connections;
 mod error;
 mod extract;
+mod graphs;
 mod list;
 mod ops;
 mod queues;
@@ -148,6 +150,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
     Router::new()
         .route("/tasks", post(tasks::submit).get(list::list))
         .route("/tasks/{id}", get(tasks::read))
+        .route("/graphs", post(graphs::submit))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
         .route("/tasks/{id}/retry", post(tasks::retry))
         .route("/queues/{queue}/pause", post(queues::pause))

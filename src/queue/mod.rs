@@ -6,6 +6,7 @@
 //! | file | owns |
 //! | --- | --- |
 //! | [`mod@enqueue`] | inserting a task, with the tasks it waits for |
+//! | [`mod@graph`] | inserting a graph of tasks named by refs, parents first, in one transaction |
 //! | [`mod@enqueue_file`] | inserting a task whose payload is a file, streamed, never held whole |
 //! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task (a WAITING task is never claimed) |
 //! | [`mod@finish`] | RUNNING -> SUCCEEDED / FAILED / CANCELED, fenced by the claim token; release back to QUEUED |
@@ -31,6 +32,7 @@ pub mod daemons;
 pub mod enqueue;
 pub mod enqueue_file;
 pub mod finish;
+pub mod graph;
 pub mod heartbeat;
 pub mod idle;
 pub mod list;

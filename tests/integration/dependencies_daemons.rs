@@ -210,3 +210,63 @@ async fn daemons_killed_in_turn_through_random_graphs_run_every_task_after_its_p
         daemon.stop_cleanly().await;
     }
 }
+
+/// `pgtaskd graph FILE`: the refs and ids printed parents first; a cycle is exit 2 naming it,
+/// an `after` naming a task that does not exist exit 3, and neither inserts anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_graph_command_inserts_parents_first_and_refuses_a_cycle() {
+    let scratch = Scratch::new();
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let write = |name: &str, text: &str| {
+        let path = scratch.path(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let cycle = write(
+        "cycle.json",
+        r#"[{"ref": "a", "payload": "1", "after": ["b"]}, {"ref": "b", "payload": "2", "after": ["a"]}]"#,
+    );
+    let (status, _, stderr) =
+        crate::support::daemon::pgtaskd(Some(&db.url), &["graph", &cycle]).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cycle: a -> b -> a"), "{stderr}");
+    let unknown = write(
+        "unknown.json",
+        r#"[{"ref": "a", "payload": "1", "after": [999]}]"#,
+    );
+    let (status, _, stderr) =
+        crate::support::daemon::pgtaskd(Some(&db.url), &["graph", &unknown]).await;
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("task depends on task 999, which does not exist"),
+        "{stderr}"
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+
+    let good = write(
+        "good.json",
+        r#"[{"ref": "c", "payload": "3", "after": ["a", "b"]}, {"ref": "b", "payload": "2", "after": ["a"]}, {"ref": "a", "payload": "1"}]"#,
+    );
+    let (status, stdout, stderr) =
+        crate::support::daemon::pgtaskd(Some(&db.url), &["graph", &good]).await;
+    assert!(status.success(), "{stderr}");
+    let lines: Vec<(String, i64)> = stdout
+        .lines()
+        .map(|line| {
+            let (name, id) = line.split_once('\t').unwrap();
+            (name.to_string(), id.parse().unwrap())
+        })
+        .collect();
+    let names: Vec<&str> = lines.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"], "parents first");
+    let waiting = count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'WAITING'",
+    )
+    .await;
+    assert_eq!(waiting, 2);
+}

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::support::daemon::tempfile_path::TempPath;
 use crate::support::{
-    enqueue, eventually, expected_counts, free_port, within, Cluster, GatedAnalyzer,
+    count, enqueue, eventually, expected_counts, free_port, within, Cluster, GatedAnalyzer,
     InProcessDaemon, TestDb, WAIT,
 };
 
@@ -463,6 +463,55 @@ async fn with_the_database_stopped_task_routes_answer_503_never_404() {
     assert_eq!(
         (status, task["status"].as_str()),
         (StatusCode::OK, Some("SUCCEEDED"))
+    );
+    daemon.stop().await;
+}
+
+/// `POST /graphs`: a graph inserted parents first, run in order by the daemon; a cycle is
+/// 422 naming it, a body that is not JSON 400, and neither inserts anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graph_posted_over_http_runs_in_order_and_a_cycle_is_refused() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    let (status, _, body) = api
+        .post(
+            "/graphs",
+            r#"[{"ref": "a", "payload": "one", "after": ["b"]}, {"ref": "b", "payload": "two", "after": ["a"]}]"#,
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"], "cycle: a -> b -> a");
+    let (status, _, body) = api.post("/graphs", "[{", true).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
+        0
+    );
+
+    let (status, _, body) = api
+        .post(
+            "/graphs",
+            r#"[{"ref": "report", "payload": "three words here", "after": ["fetch"]},
+                {"ref": "fetch", "payload": "one two"}]"#,
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let tasks = body["tasks"].as_array().unwrap();
+    assert_eq!(tasks[0]["ref"], "fetch", "parents first: {body}");
+    assert_eq!(tasks[1]["ref"], "report");
+    let (fetch, report) = (
+        tasks[0]["id"].as_i64().unwrap(),
+        tasks[1]["id"].as_i64().unwrap(),
+    );
+    let done = wait_task(&api, report, "SUCCEEDED").await;
+    assert_eq!(done["words"], 3);
+    let (_, parent) = api.get(&format!("/tasks/{fetch}")).await;
+    assert!(
+        parent["finished_at"].as_str() <= done["started_at"].as_str(),
+        "the child started after its parent ended: {parent} {done}"
     );
     daemon.stop().await;
 }
