@@ -1797,6 +1797,15 @@ BEGIN
     IF end_parents.ended IS NULL OR cardinality(end_parents.ended) = 0 THEN
         RETURN;
     END IF;
+    -- Each statement here must see what committed before it: a snapshot held from the
+    -- transaction's start would miss a task inserted since with these as parents, or a parent's
+    -- end, and leave a task waiting for ever.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a task ends only in a READ COMMITTED transaction (this one is %): the tasks waiting on it are decided from what has committed',
+            pg_catalog.current_setting('transaction_isolation')
+            USING ERRCODE = '0A000',
+                  HINT = 'Cancel it in a transaction of its own, or SET TRANSACTION ISOLATION LEVEL READ COMMITTED first.';
+    END IF;
     SELECT array_agg(DISTINCT d.child) INTO children
       FROM pgtaskd.task_deps AS d
      WHERE d.parent = ANY (end_parents.ended);

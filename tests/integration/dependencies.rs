@@ -746,3 +746,58 @@ async fn two_cascades_through_one_graph_never_deadlock() {
     assert_eq!(deadlocks, 0);
     assert!(problems(&client).await.is_empty());
 }
+
+/// A task ends only in a READ COMMITTED transaction: one that held its snapshot from before a
+/// sibling parent's end would decide the child from edges that are gone and leave it
+/// WAITING for ever. A cancel in a REPEATABLE READ transaction is refused, nothing changes.
+#[tokio::test]
+async fn a_task_is_not_ended_from_a_snapshot_older_than_its_siblings_ends() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let operator = db.client().await;
+    let a = insert(&client, "a", &[], None).await;
+    // Claimed first: a stays QUEUED, untouched.
+    let b: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, priority) VALUES ('b', 5) RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let c = insert(&client, "c", &[a, b], Some("run")).await;
+    // The operator's transaction takes its snapshot; then b ends.
+    operator
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    let claimed = claim(&client, 1).await;
+    assert_eq!(claimed[0].0, b);
+    finish(&client, b, claimed[0].1, "SUCCEEDED").await;
+    let refused = operator
+        .query_one("SELECT pgtaskd.cancel($1)", &[&a])
+        .await
+        .unwrap_err();
+    let refused = refused.as_db_error().unwrap();
+    assert_eq!(refused.code().code(), "0A000", "{}", refused.message());
+    assert!(
+        refused.message().contains("READ COMMITTED"),
+        "{}",
+        refused.message()
+    );
+    operator.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(status(&client, a).await, "QUEUED", "nothing changed");
+    // The same cancel in a transaction of its own decides c from what committed.
+    let now: Option<String> = operator
+        .query_one("SELECT pgtaskd.cancel($1)", &[&a])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(now.as_deref(), Some("CANCELED"));
+    assert_eq!(
+        status(&client, c).await,
+        "QUEUED",
+        "run: every parent ended"
+    );
+    assert!(problems(&client).await.is_empty());
+}
