@@ -142,7 +142,9 @@ BEGIN
             SELECT c.id
               FROM pgtaskd.task_state AS c
               JOIN pgtaskd.tasks AS t ON t.id = c.id
-             WHERE c.id = ANY (settle_waiting.children) AND c.status = 'WAITING'
+             -- `coalesce(status, '')`: found by primary key, never by a scan of the partial
+             -- index of every WAITING task.
+             WHERE c.id = ANY (settle_waiting.children) AND coalesce(c.status, '') = 'WAITING'
                -- No end here cancels it.
                AND NOT (coalesce(t.on_dep_failure, 'cancel') = 'cancel' AND EXISTS (
                         SELECT 1 FROM pgtaskd.task_deps AS d
@@ -192,12 +194,12 @@ BEGIN
                         UNION
                         SELECT d.child FROM pgtaskd.task_deps AS d JOIN below AS b ON d.parent = b.id)
                     SELECT below.id FROM below))
-            AND c.status = 'WAITING'
+            AND coalesce(c.status, '') = 'WAITING'
           ORDER BY c.id
             FOR UPDATE;
     ELSE
         PERFORM 1 FROM pgtaskd.task_state AS c
-          WHERE c.id = ANY (locked) AND c.status = 'WAITING'
+          WHERE c.id = ANY (locked) AND coalesce(c.status, '') = 'WAITING'
           ORDER BY c.id
             FOR UPDATE;
     END IF;
@@ -209,9 +211,9 @@ BEGIN
           JOIN pgtaskd.task_state AS c ON c.id = d.child
           JOIN pgtaskd.task_state AS p ON p.id = d.parent
           JOIN pgtaskd.tasks AS t ON t.id = d.child
-         WHERE d.child = ANY (locked)
+         WHERE d.child = ANY (locked) AND c.id = ANY (locked)
            AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
-           AND c.status = 'WAITING'
+           AND coalesce(c.status, '') = 'WAITING'
            AND p.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
     ), resolved AS (
         DELETE FROM pgtaskd.task_deps AS d
@@ -232,7 +234,7 @@ BEGIN
                error = format('parent task %s %s', f.parent, lower(f.outcome)),
                finished_at = now()
           FROM failing AS f
-         WHERE s.id = f.child AND s.status = 'WAITING'
+         WHERE s.id = f.child AND s.id = ANY (locked) AND coalesce(s.status, '') = 'WAITING'
         RETURNING s.id
     )
     SELECT array_agg(n.id ORDER BY n.id) INTO canceled FROM canceled_now AS n;
@@ -247,7 +249,7 @@ BEGIN
     WITH queued AS (
         UPDATE pgtaskd.task_state AS s
            SET status = 'QUEUED', run_at = greatest(s.run_at, now())
-         WHERE s.id = ANY (locked) AND s.status = 'WAITING'
+         WHERE s.id = ANY (locked) AND coalesce(s.status, '') = 'WAITING'
            AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
         RETURNING s.id
     )
@@ -320,14 +322,14 @@ BEGIN
     SELECT DISTINCT t.id, x.parent
       FROM pgtaskd.tasks AS t
      CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
-      JOIN pgtaskd.task_state AS s ON s.id = t.id AND s.status = 'QUEUED'
+      JOIN pgtaskd.task_state AS s ON s.id = t.id AND coalesce(s.status, '') = 'QUEUED'
       JOIN pgtaskd.task_state AS p ON p.id = x.parent AND p.status <> 'SUCCEEDED'
-     WHERE t.id = ANY (wait_again.ids)
+     WHERE t.id = ANY (wait_again.ids) AND s.id = ANY (wait_again.ids)
         ON CONFLICT DO NOTHING;
     WITH waits AS (
         UPDATE pgtaskd.task_state AS s
            SET status = 'WAITING'
-         WHERE s.id = ANY (wait_again.ids) AND s.status = 'QUEUED'
+         WHERE s.id = ANY (wait_again.ids) AND coalesce(s.status, '') = 'QUEUED'
            AND EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
         RETURNING s.id
     )
@@ -704,8 +706,10 @@ BEGIN
            -- Written so that it cannot steer the lookup to the partial index of RUNNING rows.
            AND coalesce(t.status, '') = 'RUNNING'
            AND t.claim_token = f.token
-           -- Only a recorded cancel request ends a task CANCELED.
+           -- Only a recorded cancel request ends a task CANCELED; an outcome is one of four
+           -- (version 37: WAITING is a status, never an outcome).
            AND (f.status <> 'CANCELED' OR t.cancel_requested)
+           AND f.status IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'SNOOZED')
         RETURNING t.id, t.status, t.queue
     ), freed AS (
         -- The tasks that stopped running free their slots of a running limit (version 33).

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Barrier;
 use tokio_postgres::Client;
@@ -800,4 +801,53 @@ async fn a_task_is_not_ended_from_a_snapshot_older_than_its_siblings_ends() {
         "run: every parent ended"
     );
     assert!(problems(&client).await.is_empty());
+}
+
+/// Many tasks waiting elsewhere cost a parent's end and a child's insert nothing: each settle
+/// reads the children it decides by their keys, never every WAITING task (before, 5,000
+/// children inserted in one transaction took some 25 s at the commit, each reading all the
+/// others, and each finish read every WAITING row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_waiting_elsewhere_cost_a_settle_nothing() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let held: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, queue) VALUES ('held', 'elsewhere') RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    within(
+        Duration::from_secs(30),
+        "5,000 children inserted in one statement and committed",
+        client.execute(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) \
+             SELECT 'waits ' || n, ARRAY[$1::bigint] FROM generate_series(1, 5000) AS n",
+            &[&held],
+        ),
+    )
+    .await
+    .unwrap();
+    client.batch_execute("ANALYZE").await.unwrap();
+    let a = insert(&client, "a", &[], None).await;
+    let b = insert(&client, "b", &[a], None).await;
+    let claimed = claim(&client, 1).await;
+    assert_eq!(claimed[0].0, a);
+    let touched = crate::support::blocks_touched(
+        &client,
+        &format!(
+            "pgtaskd.finish(ARRAY[{}::bigint], ARRAY[{a}::bigint], ARRAY['SUCCEEDED'], \
+             ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[NULL::text], \
+             ARRAY[NULL::text], ARRAY[NULL::float8], true)",
+            claimed[0].1
+        ),
+    )
+    .await;
+    assert_eq!(status(&client, b).await, "QUEUED");
+    assert!(
+        touched < 400,
+        "a finish that released one child touched {touched} blocks beside 5,000 WAITING tasks"
+    );
 }
