@@ -130,15 +130,17 @@ DECLARE
     locked   bigint[] := settle_waiting.children;
 BEGIN
     IF settle_waiting.parents IS NOT NULL THEN
-        -- Most ends are not the last of their child's: a child with another parent QUEUED,
-        -- held here (FOR SHARE, passing over one another transaction holds) so that it
-        -- cannot be claimed or canceled before this commit, is not released now, and that
-        -- parent's end will see these edges gone. Such a child loses its edges to these
-        -- parents without being locked, so that the parents of one child do not wait for one
-        -- another's commits ("Released in the parent's commit"). A settle never locks a
-        -- QUEUED row, so this hold waits for no one and makes no settle wait. The parent
-        -- held is the newest, the last a claim would take.
-        WITH fast AS MATERIALIZED (
+        -- Most ends are not the last of their child's: a child with another parent QUEUED
+        -- or RUNNING, held here (FOR SHARE, passing over one another transaction holds) so
+        -- that it cannot end before this commit, is not released now, and that parent's end
+        -- will see these edges gone. Every end of such a row locks it first (a claim, a
+        -- finish batch, a rescue pass over it, and the claim is then settled alone; a cancel
+        -- and a release wait). Such a child loses its edges to these parents without being
+        -- locked, so that the parents of one child do not wait for one another's commits
+        -- ("Released in the parent's commit"). A settle never locks a QUEUED or RUNNING
+        -- row, so this hold waits for no one and makes no settle wait. The parent held is
+        -- the newest, the last a claim would take.
+        WITH candidates AS MATERIALIZED (
             SELECT c.id
               FROM pgtaskd.task_state AS c
               JOIN pgtaskd.tasks AS t ON t.id = c.id
@@ -151,14 +153,23 @@ BEGIN
                           JOIN pgtaskd.task_state AS p ON p.id = d.parent
                          WHERE d.child = c.id AND d.parent = ANY (settle_waiting.parents)
                            AND p.status IN ('FAILED', 'CANCELED')))
-               AND EXISTS (SELECT 1
+        ), fast AS MATERIALIZED (
+            -- Only then a parent is held: never for a child decided below anyway.
+            SELECT c.id
+              FROM candidates AS c
+             WHERE EXISTS (SELECT 1
                              FROM (SELECT p.id
-                                     FROM pgtaskd.task_deps AS d
-                                     JOIN pgtaskd.task_state AS p ON p.id = d.parent
-                                    WHERE d.child = c.id
-                                      AND NOT (d.parent = ANY (settle_waiting.parents))
-                                      AND p.status = 'QUEUED'
-                                    ORDER BY d.parent DESC
+                                     -- The child's edges, newest parent first (`OFFSET 0`:
+                                     -- read from the edges' key, never from the newest
+                                     -- task of all backwards).
+                                     FROM (SELECT d.parent
+                                             FROM pgtaskd.task_deps AS d
+                                            WHERE d.child = c.id
+                                              AND NOT (d.parent = ANY (settle_waiting.parents))
+                                            ORDER BY d.parent DESC
+                                           OFFSET 0) AS x
+                                     JOIN pgtaskd.task_state AS p ON p.id = x.parent
+                                    WHERE coalesce(p.status, '') IN ('QUEUED', 'RUNNING')
                                     LIMIT 1
                                       FOR SHARE OF p SKIP LOCKED) AS h)
         ), resolved AS (
@@ -211,7 +222,7 @@ BEGIN
           JOIN pgtaskd.task_state AS c ON c.id = d.child
           JOIN pgtaskd.task_state AS p ON p.id = d.parent
           JOIN pgtaskd.tasks AS t ON t.id = d.child
-         WHERE d.child = ANY (locked) AND c.id = ANY (locked)
+         WHERE d.child = ANY (locked)
            AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
            AND coalesce(c.status, '') = 'WAITING'
            AND p.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
@@ -234,7 +245,7 @@ BEGIN
                error = format('parent task %s %s', f.parent, lower(f.outcome)),
                finished_at = now()
           FROM failing AS f
-         WHERE s.id = f.child AND s.id = ANY (locked) AND coalesce(s.status, '') = 'WAITING'
+         WHERE s.id = f.child AND coalesce(s.status, '') = 'WAITING'
         RETURNING s.id
     )
     SELECT array_agg(n.id ORDER BY n.id) INTO canceled FROM canceled_now AS n;
@@ -324,7 +335,7 @@ BEGIN
      CROSS JOIN LATERAL unnest(t.depends_on) AS x(parent)
       JOIN pgtaskd.task_state AS s ON s.id = t.id AND coalesce(s.status, '') = 'QUEUED'
       JOIN pgtaskd.task_state AS p ON p.id = x.parent AND p.status <> 'SUCCEEDED'
-     WHERE t.id = ANY (wait_again.ids) AND s.id = ANY (wait_again.ids)
+     WHERE t.id = ANY (wait_again.ids)
         ON CONFLICT DO NOTHING;
     WITH waits AS (
         UPDATE pgtaskd.task_state AS s
