@@ -13,7 +13,7 @@ use crate::support::{within, TestDb, WAIT};
 
 /// Records every change of a task out of WAITING, and whether it was released while one of
 /// its parents had not SUCCEEDED (seen by the releasing transaction itself).
-const RELEASE_AUDIT: &str = "
+pub(crate) const RELEASE_AUDIT: &str = "
 CREATE TABLE public.releases (
     seq        bigserial PRIMARY KEY,
     id         bigint NOT NULL,
@@ -37,12 +37,12 @@ CREATE TRIGGER audit_release AFTER UPDATE ON pgtaskd.task_state
     FOR EACH ROW EXECUTE FUNCTION public.audit_release();
 ";
 
-async fn install_release_audit(client: &Client) {
+pub(crate) async fn install_release_audit(client: &Client) {
     client.batch_execute(RELEASE_AUDIT).await.unwrap();
 }
 
 /// Claim every due task of the default queue (up to `max`): (id, claim token) pairs.
-async fn claim(client: &Client, max: i64) -> Vec<(i64, i64)> {
+pub(crate) async fn claim(client: &Client, max: i64) -> Vec<(i64, i64)> {
     client
         .query(
             "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['default'], $1, 'test', 600000, \
@@ -57,7 +57,7 @@ async fn claim(client: &Client, max: i64) -> Vec<(i64, i64)> {
 }
 
 /// Finish claim `token` of task `id` with `status` (an error for FAILED); the status written.
-async fn finish(client: &Client, id: i64, token: i64, status: &str) -> Option<String> {
+pub(crate) async fn finish(client: &Client, id: i64, token: i64, status: &str) -> Option<String> {
     let error = (status == "FAILED").then_some("it broke");
     client
         .query_one(
@@ -71,7 +71,7 @@ async fn finish(client: &Client, id: i64, token: i64, status: &str) -> Option<St
         .get(0)
 }
 
-async fn status(client: &Client, id: i64) -> String {
+pub(crate) async fn status(client: &Client, id: i64) -> String {
     client
         .query_one("SELECT status FROM pgtaskd.task_view WHERE id = $1", &[&id])
         .await
@@ -79,7 +79,12 @@ async fn status(client: &Client, id: i64) -> String {
         .get(0)
 }
 
-async fn insert(client: &Client, payload: &str, parents: &[i64], policy: Option<&str>) -> i64 {
+pub(crate) async fn insert(
+    client: &Client,
+    payload: &str,
+    parents: &[i64],
+    policy: Option<&str>,
+) -> i64 {
     let parents: Option<Vec<i64>> = (!parents.is_empty()).then(|| parents.to_vec());
     client
         .query_one(
@@ -92,7 +97,7 @@ async fn insert(client: &Client, payload: &str, parents: &[i64], policy: Option<
         .get(0)
 }
 
-async fn problems(client: &Client) -> Vec<String> {
+pub(crate) async fn problems(client: &Client) -> Vec<String> {
     client
         .query(
             "SELECT task_id || ': ' || problem FROM pgtaskd.check_deps()",
@@ -104,7 +109,6 @@ async fn problems(client: &Client) -> Vec<String> {
         .map(|row| row.get(0))
         .collect()
 }
-
 #[tokio::test]
 async fn a_child_is_queued_in_the_commit_of_its_last_parents_end() {
     let db = TestDb::new().await;
@@ -273,177 +277,6 @@ async fn a_parents_end_waits_for_the_other_parents_commit_and_then_releases_the_
     assert!(problems(&second).await.is_empty());
 }
 
-/// The policies by the parent's end: what the child is once its parent ended, and once the
-/// parent was then retried and succeeded (the last column of the table in
-/// docs/dependencies.md).
-#[tokio::test]
-async fn each_policy_does_what_its_table_says_for_each_end_of_the_parent() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    install_release_audit(&client).await;
-    // (policy, parent's end, child after the end, child after a retry that succeeds)
-    let table: &[(&str, &str, &str, &str)] = &[
-        ("cancel", "SUCCEEDED", "QUEUED", "QUEUED"),
-        ("cancel", "FAILED", "CANCELED", "CANCELED"),
-        ("cancel", "CANCELED", "CANCELED", "CANCELED"),
-        ("run", "SUCCEEDED", "QUEUED", "QUEUED"),
-        ("run", "FAILED", "QUEUED", "QUEUED"),
-        ("run", "CANCELED", "QUEUED", "QUEUED"),
-        ("wait", "SUCCEEDED", "QUEUED", "QUEUED"),
-        ("wait", "FAILED", "WAITING", "QUEUED"),
-        ("wait", "CANCELED", "WAITING", "QUEUED"),
-    ];
-    for &(policy, end, after_end, after_retry) in table {
-        client
-            .batch_execute("TRUNCATE pgtaskd.tasks; TRUNCATE public.releases")
-            .await
-            .unwrap();
-        let parent = insert(&client, "parent", &[], None).await;
-        let child = insert(&client, "child", &[parent], Some(policy)).await;
-        let case = format!("{policy} / {end}");
-        if end == "CANCELED" {
-            let row = client
-                .query_one("SELECT pgtaskd.cancel($1)", &[&parent])
-                .await
-                .unwrap();
-            assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some("CANCELED"));
-        } else {
-            let claimed = claim(&client, 1).await;
-            assert_eq!(
-                claimed,
-                vec![(parent, claimed[0].1)],
-                "{case}: the parent alone"
-            );
-            assert_eq!(
-                finish(&client, parent, claimed[0].1, end).await.as_deref(),
-                Some(end),
-                "{case}"
-            );
-        }
-        assert_eq!(
-            status(&client, child).await,
-            after_end,
-            "{case}: after the end"
-        );
-        if after_end == "CANCELED" {
-            let error: String = client
-                .query_one(
-                    "SELECT error FROM pgtaskd.task_view WHERE id = $1",
-                    &[&child],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert_eq!(
-                error,
-                format!("parent task {parent} {}", end.to_lowercase()),
-                "{case}: the error names the parent"
-            );
-        }
-        assert!(problems(&client).await.is_empty(), "{case}");
-
-        // The parent retried (a plain retry) and succeeding.
-        if end != "SUCCEEDED" {
-            let row = client
-                .query_one("SELECT pgtaskd.retry($1)", &[&parent])
-                .await
-                .unwrap();
-            assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some(end));
-            // The child, if QUEUED (run), is claimed with its parent; leave it be.
-            let claimed = claim(&client, 2).await;
-            let token = claimed
-                .iter()
-                .find(|(id, _)| *id == parent)
-                .map(|(_, token)| *token)
-                .expect("the retried parent is claimed");
-            finish(&client, parent, token, "SUCCEEDED").await;
-            let want = if after_retry == "QUEUED" && policy == "run" {
-                // Released at the parent's first end and claimed just now.
-                "RUNNING"
-            } else {
-                after_retry
-            };
-            assert_eq!(
-                status(&client, child).await,
-                want,
-                "{case}: after the retry"
-            );
-        }
-        let releases: i64 = client
-            .query_one(
-                "SELECT count(*) FROM public.releases WHERE id = $1 AND new_status = 'QUEUED'",
-                &[&child],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        let expected = i64::from(after_retry == "QUEUED");
-        assert_eq!(releases, expected, "{case}: released at most once");
-        assert!(problems(&client).await.is_empty(), "{case}");
-    }
-}
-
-/// A failure five levels up cancels the whole chain below it in its own commit, each task
-/// naming its parent; `retry_with_dependents` brings them all back to wait again.
-#[tokio::test]
-async fn a_failure_cancels_five_levels_of_dependents_in_its_commit_and_a_retry_brings_them_back() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    let reader = db.client().await;
-    let mut chain = vec![insert(&client, "root", &[], None).await];
-    for level in 1..=5 {
-        let parent = *chain.last().unwrap();
-        chain.push(insert(&client, &format!("level {level}"), &[parent], None).await);
-    }
-    let claimed = claim(&client, 10).await;
-    assert_eq!(claimed.len(), 1);
-    client.batch_execute("BEGIN").await.unwrap();
-    finish(&client, chain[0], claimed[0].1, "FAILED").await;
-    for &id in &chain[1..] {
-        assert_eq!(
-            status(&reader, id).await,
-            "WAITING",
-            "not before the commit"
-        );
-    }
-    client.batch_execute("COMMIT").await.unwrap();
-    for pair in chain.windows(2) {
-        let row = reader
-            .query_one(
-                "SELECT status, error FROM pgtaskd.task_view WHERE id = $1",
-                &[&pair[1]],
-            )
-            .await
-            .unwrap();
-        let (status, error): (String, String) = (row.get(0), row.get(1));
-        assert_eq!(status, "CANCELED");
-        let cause = if pair[0] == chain[0] {
-            "failed"
-        } else {
-            "canceled"
-        };
-        assert_eq!(error, format!("parent task {} {cause}", pair[0]));
-    }
-    assert!(problems(&client).await.is_empty());
-
-    let back: Vec<i64> = client
-        .query(
-            "SELECT retried_id FROM pgtaskd.retry_with_dependents($1)",
-            &[&chain[0]],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert_eq!(back, chain, "the root and every dependent, in order");
-    assert_eq!(status(&client, chain[0]).await, "QUEUED");
-    for &id in &chain[1..] {
-        assert_eq!(status(&client, id).await, "WAITING");
-    }
-    assert!(problems(&client).await.is_empty());
-}
-
 /// Children inserted by producers while their parents end in another session: none is left
 /// WAITING once its parents ended, none is released before them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,177 +340,6 @@ async fn children_inserted_while_their_parents_end_are_never_stranded_nor_early(
     assert_eq!(waiting, 0, "no child stranded");
     assert_eq!(queued, children);
     assert_eq!(early, 0, "no child released before its parents");
-    assert!(problems(&client).await.is_empty());
-}
-
-#[tokio::test]
-async fn parents_are_checked_by_the_database_and_never_change() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    let parent = insert(&client, "parent", &[], None).await;
-    let gone = insert(&client, "gone", &[], None).await;
-    client
-        .execute("DELETE FROM pgtaskd.tasks WHERE id = $1", &[&gone])
-        .await
-        .unwrap();
-
-    let unknown = client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('x', ARRAY[$1::bigint])",
-            &[&gone],
-        )
-        .await
-        .unwrap_err();
-    let unknown = unknown.as_db_error().expect("a database error");
-    assert_eq!(unknown.code().code(), "23503");
-    assert_eq!(
-        unknown.message(),
-        format!("task depends on task {gone}, which does not exist")
-    );
-    // A parent id larger than any task's: it does not exist either, and is named.
-    let later = client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('x', ARRAY[$1::bigint + 100])",
-            &[&parent],
-        )
-        .await
-        .unwrap_err();
-    let later = later.as_db_error().unwrap();
-    assert_eq!(later.code().code(), "23503");
-    assert_eq!(
-        later.message(),
-        format!(
-            "task depends on task {}, which does not exist",
-            parent + 100
-        )
-    );
-    // A parent that exists but is not older (an id chosen by the owner): no cycle can be
-    // written.
-    let newer = client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (id, payload, depends_on) OVERRIDING SYSTEM VALUE \
-             VALUES ($1::bigint - 1, 'x', ARRAY[$1::bigint])",
-            &[&parent],
-        )
-        .await
-        .unwrap_err();
-    let newer = newer.as_db_error().unwrap();
-    assert_eq!(newer.code().code(), "23514");
-    assert_eq!(newer.constraint(), Some("tasks_depends_on_earlier"));
-    let child = insert(&client, "child", &[parent], None).await;
-    let changed = client
-        .execute(
-            "UPDATE pgtaskd.tasks SET depends_on = NULL WHERE id = $1",
-            &[&child],
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        changed
-            .as_db_error()
-            .unwrap()
-            .message()
-            .contains("parents of a task do not change"),
-        "{changed:?}"
-    );
-    let deleted = client
-        .execute("DELETE FROM pgtaskd.tasks WHERE id = $1", &[&parent])
-        .await
-        .unwrap_err();
-    assert_eq!(
-        deleted.as_db_error().unwrap().message(),
-        format!("task {parent} cannot be deleted: task {child} waits for it")
-    );
-    assert_eq!(status(&client, child).await, "WAITING");
-}
-
-/// Retention passes over a finished parent that a task still waits for (under 'wait').
-#[tokio::test]
-async fn retention_keeps_a_parent_that_a_task_still_waits_for() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    let parent = insert(&client, "parent", &[], None).await;
-    let child = insert(&client, "child", &[parent], Some("wait")).await;
-    let other = insert(&client, "other", &[], None).await;
-    for (id, token) in claim(&client, 10).await {
-        finish(&client, id, token, "FAILED").await;
-    }
-    assert_eq!(status(&client, child).await, "WAITING");
-    let deleted: i64 = client
-        .query_one("SELECT deleted FROM pgtaskd.prune(0, 100, NULL)", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(deleted, 1, "the other finished task only");
-    let left: Vec<i64> = client
-        .query("SELECT id FROM pgtaskd.tasks ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    assert_eq!(left, vec![parent, child]);
-    assert!(!left.contains(&other));
-}
-
-#[tokio::test]
-async fn a_graph_is_inserted_parents_first_and_a_cycle_inserts_nothing() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    let cycle = client
-        .query(
-            "SELECT * FROM pgtaskd.enqueue_graph($1::text::jsonb)",
-            &[&r#"[{"ref": "a", "payload": "1", "after": ["c"]},
-                  {"ref": "b", "payload": "2", "after": ["a"]},
-                  {"ref": "c", "payload": "3", "after": ["b"]},
-                  {"ref": "d", "payload": "4"}]"#],
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(
-        cycle.as_db_error().unwrap().message(),
-        "cycle: a -> c -> b -> a"
-    );
-    let count: i64 = client
-        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(count, 0, "nothing inserted");
-
-    let existing = insert(&client, "existing", &[], None).await;
-    let graph = format!(
-        r#"[{{"ref": "report", "payload": "r", "after": ["left", "right"]}},
-            {{"ref": "left", "payload": "l", "after": ["root"]}},
-            {{"ref": "right", "payload": "r", "after": ["root", {existing}], "on_dep_failure": "run"}},
-            {{"ref": "root", "payload": "x", "queue": "graphs"}}]"#
-    );
-    let ids: HashMap<String, i64> = client
-        .query(
-            "SELECT ref, task_id FROM pgtaskd.enqueue_graph($1::text::jsonb)",
-            &[&graph],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    assert_eq!(ids.len(), 4);
-    assert!(ids["root"] < ids["left"] && ids["left"] < ids["report"]);
-    assert!(ids["right"] < ids["report"]);
-    let row = client
-        .query_one(
-            "SELECT depends_on, on_dep_failure, status FROM pgtaskd.task_view WHERE id = $1",
-            &[&ids["right"]],
-        )
-        .await
-        .unwrap();
-    let (parents, policy, state): (Vec<i64>, Option<String>, String) =
-        (row.get(0), row.get(1), row.get(2));
-    assert_eq!(parents, vec![ids["root"], existing]);
-    assert_eq!(policy.as_deref(), Some("run"));
-    assert_eq!(state, "WAITING");
-    assert_eq!(status(&client, ids["root"]).await, "QUEUED");
     assert!(problems(&client).await.is_empty());
 }
 

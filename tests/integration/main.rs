@@ -19,6 +19,7 @@ mod daemons;
 mod database_defaults;
 mod dependencies;
 mod dependencies_daemons;
+mod dependencies_rules;
 mod doc_links;
 mod end_to_end;
 mod enqueue_file;
