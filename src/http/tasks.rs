@@ -257,16 +257,49 @@ pub(super) async fn cancel(
 }
 
 /// `POST /tasks/{id}/retry`: what `pgtaskd retry` does (`pgtaskd.retry`): a FAILED or CANCELED
-/// task back to QUEUED as if new. 200 with the status it had, 404, 409 for a task that is
-/// WAITING, QUEUED, RUNNING or SUCCEEDED (nothing changed).
+/// task back to QUEUED as if new (WAITING when it waits again for parents). With
+/// `?with_dependents=true`, as `pgtaskd retry --with-dependents` (`pgtaskd.retry_with_dependents`):
+/// also the tasks its end canceled, and theirs, named in `dependents`. 200 with the status it
+/// has now and the one it had, 404, 409 for a task that is WAITING, QUEUED, RUNNING or
+/// SUCCEEDED (nothing changed); 400 for another query.
 pub(super) async fn retry(
     TaskId(id): TaskId,
+    RawQuery(query): RawQuery,
     Db(session): Db,
 ) -> Result<impl IntoResponse, ApiError> {
-    match session.bounded(queue::retry(&session, id)).await? {
-        RetryOutcome::Requeued(was) => Ok(Json(
-            serde_json::json!({ "id": id, "status": TaskStatus::Queued, "previous_status": was }),
-        )),
+    let with_dependents = match query.as_deref() {
+        None | Some("") | Some("with_dependents=false") => false,
+        Some("with_dependents=true") => true,
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "the only query of a retry is with_dependents=true or with_dependents=false".into(),
+            ))
+        }
+    };
+    let (outcome, dependents) = if with_dependents {
+        session
+            .bounded(queue::retry_with_dependents(&session, id))
+            .await?
+    } else {
+        (
+            session.bounded(queue::retry(&session, id)).await?,
+            Vec::new(),
+        )
+    };
+    match outcome {
+        RetryOutcome::Requeued(was) => {
+            // The status it has now: QUEUED, or WAITING (or CANCELED again) for a task with
+            // parents.
+            let now = session
+                .bounded(queue::get(&session, id))
+                .await?
+                .map_or(TaskStatus::Queued, |task| task.status);
+            let mut answer = serde_json::json!({ "id": id, "status": now, "previous_status": was });
+            if with_dependents {
+                answer["dependents"] = serde_json::json!(dependents);
+            }
+            Ok(Json(answer))
+        }
         RetryOutcome::Refused(status) => Err(ApiError::NotRetryable(status)),
         RetryOutcome::NotFound => Err(ApiError::NoSuchTask),
     }

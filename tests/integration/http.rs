@@ -515,3 +515,69 @@ async fn a_graph_posted_over_http_runs_in_order_and_a_cycle_is_refused() {
     );
     daemon.stop().await;
 }
+
+/// `POST /tasks/{id}/retry?with_dependents=true`: the failed root back, and the tasks its
+/// failure canceled named and waiting again; the answer says the status each retry left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_dependents_over_http_brings_back_what_the_failure_canceled() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::failing("it broke"), "").await;
+    let (status, _, body) = api
+        .post(
+            "/graphs",
+            r#"[{"ref": "root", "payload": "r", "max_attempts": 1},
+                {"ref": "a", "payload": "a", "after": ["root"]},
+                {"ref": "b", "payload": "b", "after": ["a"]}]"#,
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let ids: Vec<i64> = body["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_i64().unwrap())
+        .collect();
+    wait_task(&api, ids[2], "CANCELED").await;
+    // Paused, so that the answer is read before any daemon claims the root again.
+    let (status, _, body) = api.post("/queues/default/pause", "", false).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, body) = api
+        .post(
+            &format!("/tasks/{}/retry?with_dependents=nonsense", ids[0]),
+            "",
+            false,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, body) = api
+        .post(
+            &format!("/tasks/{}/retry?with_dependents=true", ids[0]),
+            "",
+            false,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "QUEUED", "{body}");
+    assert_eq!(body["previous_status"], "FAILED", "{body}");
+    assert_eq!(
+        body["dependents"],
+        serde_json::json!([ids[1], ids[2]]),
+        "{body}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'WAITING'"
+        )
+        .await,
+        2
+    );
+    // A dependent that waits again is not retried on its own: 409, nothing changed.
+    let (status, _, body) = api
+        .post(&format!("/tasks/{}/retry", ids[1]), "", false)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "it is WAITING now: {body}");
+    daemon.stop().await;
+}
