@@ -43,30 +43,23 @@ pub(super) async fn retry(
     with_dependents: bool,
 ) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;
-    let (outcome, dependents) = if with_dependents {
-        checked(&client, queue::retry_with_dependents(&client, id)).await?
-    } else {
-        (
-            checked(&client, queue::retry(&client, id)).await?,
-            Vec::new(),
-        )
-    };
-    match outcome {
-        RetryOutcome::Requeued(was) => {
-            let now = checked(&client, queue::get(&client, id))
-                .await?
-                .map_or(TaskStatus::Queued, |task| task.status);
+    match checked(&client, queue::retry(&client, id, with_dependents)).await? {
+        RetryOutcome::Requeued {
+            was,
+            now,
+            dependents,
+        } => {
             println!("{now} (was {was})");
+            if with_dependents {
+                let ids: Vec<String> = dependents.iter().map(i64::to_string).collect();
+                match ids.len() {
+                    0 => println!("no dependent was canceled by it"),
+                    n => println!("{n} dependents back, waiting again: {}", ids.join(", ")),
+                }
+            }
         }
         RetryOutcome::Refused(status) => return Err(CommandError::NotRetryable { id, status }),
         RetryOutcome::NotFound => return Err(CommandError::NotFound(id)),
-    }
-    if with_dependents {
-        let ids: Vec<String> = dependents.iter().map(i64::to_string).collect();
-        match ids.len() {
-            0 => println!("no dependent was canceled by it"),
-            n => println!("{n} dependents back, waiting again: {}", ids.join(", ")),
-        }
     }
     Ok(ExitCode::SUCCESS)
 }

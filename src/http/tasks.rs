@@ -276,24 +276,15 @@ pub(super) async fn retry(
             ))
         }
     };
-    let (outcome, dependents) = if with_dependents {
-        session
-            .bounded(queue::retry_with_dependents(&session, id))
-            .await?
-    } else {
-        (
-            session.bounded(queue::retry(&session, id)).await?,
-            Vec::new(),
-        )
-    };
-    match outcome {
-        RetryOutcome::Requeued(was) => {
-            // The status it has now: QUEUED, or WAITING (or CANCELED again) for a task with
-            // parents.
-            let now = session
-                .bounded(queue::get(&session, id))
-                .await?
-                .map_or(TaskStatus::Queued, |task| task.status);
+    match session
+        .bounded(queue::retry(&session, id, with_dependents))
+        .await?
+    {
+        RetryOutcome::Requeued {
+            was,
+            now,
+            dependents,
+        } => {
             let mut answer = serde_json::json!({ "id": id, "status": now, "previous_status": was });
             if with_dependents {
                 answer["dependents"] = serde_json::json!(dependents);

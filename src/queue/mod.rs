@@ -65,8 +65,7 @@ pub use pause::{pause, paused_since, resume};
 pub use prune::prune;
 pub use rescue::{notify_tasks, rescue, Rescued};
 pub use retry::{
-    failed_count, queue_known, retry, retry_failed, retry_with_dependents, RetriedBatch,
-    RetryOutcome, RETRY_FAILED_BATCH,
+    failed_count, queue_known, retry, retry_failed, RetriedBatch, RetryOutcome, RETRY_FAILED_BATCH,
 };
 pub use stats::{
     backlog, finished_per_minute, stats, Backlog, Daemon, Finished, QueueStats, Stats,

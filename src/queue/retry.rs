@@ -1,6 +1,7 @@
 //! Retrying a FAILED or CANCELED task through `pgtaskd.retry(id)`: back to QUEUED as if new
-//! (`attempt` 0, no error, no results, no cancel request, due now), and the daemons woken.
-//! Called by `pgtaskd retry`.
+//! (`attempt` 0, no error, no results, no cancel request, due now), and the daemons woken; a
+//! task with parents waits again, and `pgtaskd.retry_with_dependents(id)` brings back the
+//! tasks its end canceled too. Called by `pgtaskd retry` and `POST /tasks/{id}/retry`.
 //!
 //! The FAILED tasks of a whole queue go back the same way through
 //! `pgtaskd.retry_failed(queue, max_rows, after_id)` (schema 22), a batch per statement, each
@@ -14,62 +15,71 @@ use super::task::{status_column, TaskStatus};
 use crate::db::DbError;
 
 /// What a retry found and did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryOutcome {
-    /// The task was FAILED or CANCELED (the status it had) and is QUEUED again.
-    Requeued(TaskStatus),
+    /// The task was FAILED or CANCELED (`was`) and was put back: it is `now` QUEUED, or, for
+    /// a task with parents, WAITING again (or CANCELED again by its policy). With dependents,
+    /// `dependents` are the tasks brought back with it, each waiting again.
+    Requeued {
+        was: TaskStatus,
+        now: TaskStatus,
+        dependents: Vec<i64>,
+    },
     /// The task is WAITING, QUEUED, RUNNING or SUCCEEDED; nothing changed.
     Refused(TaskStatus),
     /// There is no such task.
     NotFound,
 }
 
-/// Put task `id` back to QUEUED when it FAILED or was CANCELED.
+/// Put task `id` back to QUEUED when it FAILED or was CANCELED (`pgtaskd.retry`), and with
+/// `with_dependents` every task its end canceled (a dependent under `on_dep_failure`
+/// 'cancel', docs/dependencies.md), and theirs (`pgtaskd.retry_with_dependents`); then read
+/// the status the retry left. Called by `pgtaskd retry` and `POST /tasks/{id}/retry`.
 ///
 /// # Errors
 ///
 /// Database failures, among them a role without EXECUTE on the function.
-pub async fn retry(client: &Client, id: i64) -> Result<RetryOutcome, DbError> {
-    let row = client
-        .query_typed_one("SELECT pgtaskd.retry($1)", &[(&id, Type::INT8)])
-        .await?;
-    let previous: Option<&str> = row.get(0);
-    Ok(match previous.map(status_column) {
+pub async fn retry(
+    client: &Client,
+    id: i64,
+    with_dependents: bool,
+) -> Result<RetryOutcome, DbError> {
+    let (previous, dependents): (Option<String>, Vec<i64>) = if with_dependents {
+        let rows = client
+            .query_typed(
+                "SELECT retried_id, previous FROM pgtaskd.retry_with_dependents($1)",
+                &[(&id, Type::INT8)],
+            )
+            .await?;
+        let previous = rows.first().and_then(|row| row.get(1));
+        (
+            previous,
+            rows.iter().skip(1).map(|row| row.get(0)).collect(),
+        )
+    } else {
+        let row = client
+            .query_typed_one("SELECT pgtaskd.retry($1)", &[(&id, Type::INT8)])
+            .await?;
+        (row.get(0), Vec::new())
+    };
+    Ok(match previous.as_deref().map(status_column) {
         None => RetryOutcome::NotFound,
-        Some(status @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
-            RetryOutcome::Requeued(status)
+        Some(was @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
+            let now = client
+                .query_typed_opt(
+                    "SELECT status FROM pgtaskd.task_view WHERE id = $1",
+                    &[(&id, Type::INT8)],
+                )
+                .await?
+                .map_or(TaskStatus::Queued, |row| status_column(row.get(0)));
+            RetryOutcome::Requeued {
+                was,
+                now,
+                dependents,
+            }
         }
         Some(status) => RetryOutcome::Refused(status),
     })
-}
-
-/// Retry task `id` as [`retry`] does, and with it every task its end canceled (a dependent
-/// under `on_dep_failure` 'cancel', docs/dependencies.md), and theirs, through
-/// `pgtaskd.retry_with_dependents`: the outcome for `id` and the dependents brought back.
-///
-/// # Errors
-///
-/// Database failures, among them a role without EXECUTE on the function.
-pub async fn retry_with_dependents(
-    client: &Client,
-    id: i64,
-) -> Result<(RetryOutcome, Vec<i64>), DbError> {
-    let rows = client
-        .query_typed(
-            "SELECT retried_id, previous FROM pgtaskd.retry_with_dependents($1)",
-            &[(&id, Type::INT8)],
-        )
-        .await?;
-    let mut rows = rows.iter();
-    let previous: Option<&str> = rows.next().and_then(|row| row.get(1));
-    let outcome = match previous.map(status_column) {
-        None => RetryOutcome::NotFound,
-        Some(status @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
-            RetryOutcome::Requeued(status)
-        }
-        Some(status) => RetryOutcome::Refused(status),
-    };
-    Ok((outcome, rows.map(|row| row.get(0)).collect()))
 }
 
 /// The FAILED tasks of one queue a call of `pgtaskd.retry_failed` retries at most: one
