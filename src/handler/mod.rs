@@ -43,6 +43,11 @@ pub struct Job {
     pub parents: Option<String>,
     /// How many parents the task has (0 without), all of them whatever `parents` lists.
     pub parent_count: i32,
+    /// The batch the task is a member of, or whose callback it is (docs/dependencies.md,
+    /// "Batches").
+    pub batch: Option<i64>,
+    /// For a batch's callback: its members by outcome, `succeeded=N,failed=N,canceled=N`.
+    pub batch_counts: Option<String>,
 }
 
 /// What came of one run of a handler.

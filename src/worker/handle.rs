@@ -45,6 +45,8 @@ impl Worker {
             traceparent: told.traceparent,
             parents: told.parents,
             parent_count: told.parent_count,
+            batch: told.batch,
+            batch_counts: told.batch_counts,
         };
         tracing::debug!(
             id,

@@ -29,6 +29,8 @@ fn job(traceparent: Option<&str>) -> Job {
         traceparent: traceparent.map(str::to_string),
         parents: None,
         parent_count: 0,
+        batch: None,
+        batch_counts: None,
     }
 }
 
