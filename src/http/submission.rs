@@ -288,6 +288,7 @@ impl Submission {
             on_dep_failure,
             tags,
             metadata,
+            batch_id: None,
         };
         task.check()?;
         Ok(task)
