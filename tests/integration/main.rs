@@ -5,6 +5,7 @@
 mod support;
 
 mod analyze;
+mod batches_cli;
 mod bench;
 mod bench_soak;
 mod cancel;
