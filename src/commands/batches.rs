@@ -104,3 +104,56 @@ fn describe(batch: &Batch) -> String {
     // No text a producer wrote: ids, states, counts and times only.
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::batches::{BatchState, MemberCounts};
+
+    #[test]
+    fn status_names_the_state_the_callback_the_members_and_the_counts_at_the_end() {
+        let at = chrono::DateTime::parse_from_rfc3339("2026-12-07T05:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let mut batch = Batch {
+            id: 7,
+            state: BatchState::Open,
+            on: CallbackOn::Success,
+            callback_id: 12,
+            callback_status: Some(TaskStatus::Waiting),
+            opened_at: at,
+            sealed_at: None,
+            ended_at: None,
+            members: MemberCounts {
+                queued: 2,
+                succeeded: 1,
+                ..MemberCounts::default()
+            },
+            succeeded: None,
+            failed: None,
+            canceled: None,
+        };
+        assert_eq!(
+            describe(&batch),
+            "batch 7: open\n  callback: task 12 WAITING  runs on: success\n  \
+             members: 3 (QUEUED 2, SUCCEEDED 1)\n  opened: 2026-12-07T05:00:00+00:00\n"
+        );
+        batch.state = BatchState::Ended;
+        batch.callback_status = Some(TaskStatus::Canceled);
+        batch.members = MemberCounts::default();
+        (batch.sealed_at, batch.ended_at) = (Some(at), Some(at));
+        (batch.succeeded, batch.failed, batch.canceled) = (Some(2), Some(1), Some(0));
+        let text = describe(&batch);
+        assert!(text.starts_with("batch 7: ended\n"), "{text}");
+        assert!(text.contains("task 12 CANCELED"), "{text}");
+        assert!(text.contains("  members: 0\n"), "{text}");
+        assert!(
+            text.contains("  at its end: 2 succeeded, 1 failed, 0 canceled\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  sealed: 2026-12-07T05:00:00+00:00  ended: "),
+            "{text}"
+        );
+    }
+}

@@ -214,8 +214,8 @@ pub enum Sealed {
 
 /// Seal batch `id` (`pgtaskd.seal_batch`): no member can join it any more, and it ends once
 /// its last member has ended, at once if they all have. Sealing a sealed batch changes
-/// nothing. The statement runs in a transaction of its own, READ COMMITTED, as the function
-/// requires.
+/// nothing. The statement is a transaction of its own, at the session's default isolation:
+/// the function refuses any but READ COMMITTED (0A000).
 ///
 /// # Errors
 ///
@@ -225,17 +225,13 @@ pub async fn seal(client: &Client, id: i64) -> Result<Sealed, DbError> {
         .query_typed("SELECT pgtaskd.seal_batch($1)", &[(&id, Type::INT8)])
         .await;
     match answer {
-        Ok(rows) => {
-            let state: String = rows
-                .first()
-                .map(|row| row.get(0))
-                .unwrap_or_else(|| "sealed".into());
-            Ok(Sealed::Now(if state == "ended" {
-                BatchState::Ended
-            } else {
-                BatchState::Sealed
-            }))
-        }
+        // The function answers one row: 'sealed' or 'ended'.
+        Ok(rows) => Ok(Sealed::Now(
+            match rows.first().map(|row| row.get::<_, &str>(0)) {
+                Some("ended") => BatchState::Ended,
+                _ => BatchState::Sealed,
+            },
+        )),
         Err(err) => {
             let err = DbError::from(err);
             if err.code() == Some(&SqlState::NO_DATA_FOUND) {
