@@ -2196,10 +2196,14 @@ DECLARE
     open_ids bigint[];
     b        bigint;
 BEGIN
-    SELECT array_agg(DISTINCT s.batch_id) INTO open_ids
+    -- Read by primary key (the filter, not the condition, names `batch_id`: the index of
+    -- members would read every member of every batch).
+    SELECT array_agg(DISTINCT s.batch_id)
+               FILTER (WHERE s.batch_id IS NOT NULL
+                         AND s.status IN ('SUCCEEDED', 'FAILED', 'CANCELED'))
+      INTO open_ids
       FROM pgtaskd.task_state AS s
-     WHERE s.id = ANY (end_batches.ended) AND s.batch_id IS NOT NULL
-       AND coalesce(s.status, '') IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+     WHERE s.id = ANY (end_batches.ended);
     IF open_ids IS NULL THEN
         RETURN;
     END IF;
