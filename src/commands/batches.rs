@@ -33,11 +33,21 @@ async fn open(
     on: CallbackOn,
     payload: &str,
 ) -> Result<ExitCode, CommandError> {
+    // `-` is standard input, as for `enqueue`.
+    let payload = if payload == "-" {
+        super::task::read_bounded(std::io::stdin().lock(), "standard input")?
+    } else {
+        payload.to_owned()
+    };
     // Refused as `enqueue` refuses such a payload, before a connection is opened.
-    crate::queue::enqueue::check_payload(payload)
+    crate::queue::enqueue::check_payload(&payload)
         .map_err(|err| CommandError::Usage(err.to_string()))?;
     let client = session(config).await?;
-    let opened = checked(&client, batches::open(&client, callback_queue, on, payload)).await?;
+    let opened = checked(
+        &client,
+        batches::open(&client, callback_queue, on, &payload),
+    )
+    .await?;
     println!("{}", opened.id);
     Ok(ExitCode::SUCCESS)
 }

@@ -110,7 +110,7 @@ pub enum CommandError {
     NotSucceeded { failed: usize, tasks: usize },
     #[error("timed out: {pending} of {tasks} tasks are not finished yet")]
     TimedOut { pending: usize, tasks: usize },
-    #[error("idempotency key {key:?} already names task {id}, whose payload is another")]
+    #[error("idempotency key {key:?} already names task {id}, whose payload or batch is another")]
     KeyConflict { key: String, id: i64 },
     /// `pgtaskd probe`: 78 configuration, 69 no answer, 1 an answer that is not 200.
     #[error(transparent)]

@@ -215,7 +215,7 @@ const MAX_READ_PAYLOAD: usize = 1 << 30;
 /// Read `reader` to its end as a payload, checked as it comes: a NUL byte (which no payload
 /// holds) stops the read at once, and so does a read past [`MAX_READ_PAYLOAD`], so that
 /// `/dev/zero` or an endless pipe is refused instead of filling the memory.
-fn read_bounded(mut reader: impl Read, what: &str) -> Result<String, CommandError> {
+pub(super) fn read_bounded(mut reader: impl Read, what: &str) -> Result<String, CommandError> {
     let failed = |source: std::io::Error| CommandError::Input {
         what: what.to_string(),
         source,

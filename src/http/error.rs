@@ -51,7 +51,7 @@ pub(crate) enum ApiError {
     AlreadyFinished(TaskStatus),
     #[error("task is {0}: only a FAILED or CANCELED task can be retried")]
     NotRetryable(TaskStatus),
-    #[error("the Idempotency-Key is already used by task {id}, with another payload")]
+    #[error("the Idempotency-Key is already used by task {id}, with another payload or batch")]
     KeyConflict { id: i64 },
     /// The database refused the task's `depends_on`: a parent that does not exist (its
     /// words), or one not enqueued before the task. Nothing was inserted.

@@ -318,7 +318,8 @@ pub enum Enqueued {
     Created(i64),
     /// The idempotency key was taken by this task, with the same payload: a repeat.
     Existing(i64),
-    /// The idempotency key was taken by this task, with another payload: nothing inserted.
+    /// The idempotency key was taken by this task, with another payload or batch: nothing
+    /// inserted.
     KeyConflict(i64),
 }
 
@@ -350,7 +351,7 @@ WITH inserted AS (
 )
 SELECT id, true, true FROM inserted
 UNION ALL
-SELECT t.id, false, t.payload = $2
+SELECT t.id, false, t.payload = $2 AND t.batch_id IS NOT DISTINCT FROM $13
   FROM pgtaskd.tasks AS t
  WHERE $7 IS NOT NULL AND t.queue = $1 AND t.idempotency_key = $7
    AND NOT EXISTS (SELECT FROM inserted)";

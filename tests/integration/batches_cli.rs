@@ -457,3 +457,78 @@ async fn with_the_database_refusing_sessions_the_batch_routes_answer_503_never_4
     );
     served.stop().await;
 }
+
+/// An idempotency key already held by a task of another batch is a conflict, not a repeat:
+/// the second batch would otherwise end without the member its producer meant to add. A
+/// batch opened with `-` reads its payload from standard input.
+#[tokio::test]
+async fn a_key_held_in_another_batch_is_a_conflict() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut batches = Vec::new();
+    for _ in 0..2 {
+        let (code, stdout, stderr) = run(&db, &["batch", "open", "--on", "finish", "report"]).await;
+        assert_eq!(code, Some(0), "{stderr}");
+        batches.push(stdout.trim().to_owned());
+    }
+    let enqueue = |batch: String| {
+        let db = &db;
+        async move {
+            run(
+                db,
+                &[
+                    "enqueue", "--queue", UNSERVED, "--key", "k-1", "--batch", &batch, "same",
+                ],
+            )
+            .await
+        }
+    };
+    let (code, first, stderr) = enqueue(batches[0].clone()).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, again, _) = enqueue(batches[0].clone()).await;
+    assert_eq!((code, again.clone()), (Some(0), first.clone()), "a repeat");
+    let (code, _, stderr) = enqueue(batches[1].clone()).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("payload or batch is another"), "{stderr}");
+    let members = count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM pgtaskd.task_view WHERE batch_id = {}",
+            batches[1]
+        ),
+    )
+    .await;
+    assert_eq!(members, 0);
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgtaskd"))
+        .args(["batch", "open", "--on", "finish", "-"])
+        .env_remove("PGTASKD_CONFIG")
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"from stdin").await.unwrap();
+    }
+    let output = within(WAIT, "batch open -", child.wait_with_output())
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let batch = String::from_utf8(output.stdout).unwrap();
+    let payload: String = client
+        .query_one(
+            &format!(
+                "SELECT payload FROM pgtaskd.task_view AS t JOIN pgtaskd.batches AS b \
+                  ON b.callback = t.id WHERE b.id = {}",
+                batch.trim()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(payload, "from stdin");
+}
