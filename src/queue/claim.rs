@@ -110,6 +110,9 @@ pub struct Told {
     pub parents: Option<String>,
     /// How many parents it has (0 without).
     pub parent_count: i32,
+    /// The progress earlier attempts left (schema 39), JSON text of an object; `None` when
+    /// none was written.
+    pub progress: Option<String>,
 }
 
 /// How much one claim may take.
@@ -256,6 +259,7 @@ pub async fn claim_after(
             traceparent: row.get(10),
             parents: row.get(11),
             parent_count: row.get::<_, Option<i32>>(12).unwrap_or(0),
+            progress: None,
         };
         batch.last = Some(Position {
             priority: row.get(5),
