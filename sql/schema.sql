@@ -71,6 +71,8 @@ CREATE TABLE pgtaskd.tasks (
     -- Labels and data to find the task by (schema 38).
     tags             text[],
     metadata         jsonb,
+    -- The batch this task is a member of (schema 39, docs/dependencies.md, "Batches").
+    batch_id         bigint,
 
     CONSTRAINT tasks_max_attempts_check CHECK (max_attempts >= 1)
 ) WITH (
@@ -171,6 +173,12 @@ CREATE TABLE pgtaskd.task_state (
     concurrency_key  text,
     -- The parent whose failure canceled this task (schema 37), for `retry --with-dependents`.
     canceled_by      bigint,
+    -- The batch this task is a member of, and the batch whose callback it is (schema 39).
+    batch_id         bigint,
+    callback_of      bigint,
+    -- The handler's latest progress, kept for the next attempt (schema 39).
+    progress         jsonb,
+    progress_at      timestamptz,
 
     -- The CHECK constraints make a row whose status, counts, error and lease disagree
     -- impossible, whoever writes it ("Results with status", "Cancel is a request").
@@ -192,17 +200,24 @@ CREATE TABLE pgtaskd.task_state (
 );
 
 -- An error on every FAILED row, none on SUCCEEDED or CANCELED rows (but those a parent's
--- failure canceled, which name it: schema 37), the last failed attempt's (or none) on QUEUED
--- and RUNNING rows; an output on SUCCEEDED rows only. NOT VALID as schema 19 added them to
--- the task rows, whose state schema 36 moved here, and schema 37 changed the first.
+-- failure canceled, which name it: schema 37, and batch callbacks canceled by their batch's
+-- failures: schema 39), the last failed attempt's (or none) on QUEUED and RUNNING rows; an
+-- output on SUCCEEDED rows only. NOT VALID as schema 19 added them to the task rows, whose
+-- state schema 36 moved here, and schemas 37 and 39 changed the first.
 ALTER TABLE pgtaskd.task_state
     ADD CONSTRAINT tasks_error_when_failed
         CHECK ((status OPERATOR(pg_catalog.<>) 'FAILED' OR error IS NOT NULL)
                AND (error IS NULL OR status OPERATOR(pg_catalog.=) ANY (ARRAY['FAILED', 'QUEUED', 'RUNNING'])
-                    OR (status OPERATOR(pg_catalog.=) 'CANCELED' AND canceled_by IS NOT NULL)))
+                    OR (status OPERATOR(pg_catalog.=) 'CANCELED'
+                        AND (canceled_by IS NOT NULL OR callback_of IS NOT NULL))))
         NOT VALID,
     ADD CONSTRAINT tasks_output_only_when_succeeded
         CHECK (status OPERATOR(pg_catalog.=) 'SUCCEEDED' OR output IS NULL) NOT VALID;
+-- Progress is a JSON object of at most 4 KiB (schema 39). NOT VALID as schema 39 added it.
+ALTER TABLE pgtaskd.task_state
+    ADD CONSTRAINT tasks_progress_check
+        CHECK (pg_catalog.jsonb_typeof(progress) OPERATOR(pg_catalog.=) 'object'
+               AND pg_catalog.octet_length(progress::text) OPERATOR(pg_catalog.<=) 4096) NOT VALID;
 
 COMMENT ON TABLE pgtaskd.task_state IS
     'pgtaskd: the state of each task, written by the daemon''s functions only; read it through pgtaskd.task_view';
@@ -234,6 +249,33 @@ CREATE TABLE pgtaskd.task_deps (
 CREATE INDEX task_deps_parent_idx ON pgtaskd.task_deps (parent);
 COMMENT ON TABLE pgtaskd.task_deps IS
     'pgtaskd: what each WAITING task still waits for; written and deleted by pgtaskd''s triggers and functions only';
+
+-- Batches (schema 39, docs/dependencies.md, "Batches"): a callback task that runs once, after
+-- the batch is sealed and its last member has ended. Members are tasks with `batch_id`; no
+-- row is written per member beyond the member itself. `ended_at` and the counts are written
+-- once, in the transaction that ends the last member (or seals a batch whose members have all
+-- ended).
+CREATE TABLE pgtaskd.batches (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The callback task: WAITING until the batch ends.
+    callback    bigint      NOT NULL,
+    -- 'success': the callback runs only if every member SUCCEEDED, else it is CANCELED;
+    -- 'finish': it runs whatever they did.
+    callback_on text        NOT NULL,
+    opened_at   timestamptz NOT NULL DEFAULT now(),
+    sealed_at   timestamptz,
+    ended_at    timestamptz,
+    -- The members by outcome, counted at the end.
+    succeeded   bigint,
+    failed      bigint,
+    canceled    bigint,
+
+    CONSTRAINT batches_callback_on CHECK (callback_on IN ('success', 'finish')),
+    CONSTRAINT batches_ended_when_sealed CHECK (ended_at IS NULL OR sealed_at IS NOT NULL)
+);
+CREATE UNIQUE INDEX batches_callback_idx ON pgtaskd.batches (callback);
+COMMENT ON TABLE pgtaskd.batches IS
+    'pgtaskd: batches of tasks and their callbacks; written by pgtaskd.open_batch, pgtaskd.seal_batch and the ends of members only';
 
 -- The database's own random id, the first part of every task key ("What a handler is
 -- told", schema 30): one row, readable by everyone.
@@ -450,10 +492,10 @@ SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
        s.runs, s.errors, s.snoozes, s.concurrency_key, t.depends_on, t.on_dep_failure,
-       t.tags, t.metadata
+       t.tags, t.metadata, s.progress, s.progress_at, t.batch_id
   FROM pgtaskd.task_state AS s
  CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent,
-                            x.depends_on, x.on_dep_failure, x.tags, x.metadata
+                            x.depends_on, x.on_dep_failure, x.tags, x.metadata, x.batch_id
                        FROM pgtaskd.tasks AS x
                       WHERE x.id = s.id
                      OFFSET 0) AS t;
@@ -496,6 +538,9 @@ CREATE INDEX tasks_list_status_idx ON pgtaskd.task_state (status, id)
 CREATE INDEX tasks_waiting_idx ON pgtaskd.task_state (id) WHERE status = 'WAITING';
 CREATE INDEX tasks_canceled_by_idx ON pgtaskd.task_state (canceled_by)
     WHERE canceled_by IS NOT NULL;
+-- The members of each batch by status (schema 39): a member's end finds one still running,
+-- and the batch's end counts them.
+CREATE INDEX tasks_batch_idx ON pgtaskd.task_state (batch_id, status) WHERE batch_id IS NOT NULL;
 
 -- Queue and status together, so that a status absent from one queue is not estimated as if
 -- spread evenly (schema 19).
@@ -880,7 +925,8 @@ CREATE FUNCTION pgtaskd.claim(
 ) RETURNS TABLE (task_id bigint, task_attempt int, task_payload text, task_bytes bigint,
                  waited_s float8, task_priority int, task_claim bigint, task_run int,
                  task_key text, task_idempotency_key text, task_traceparent text,
-                 task_parents text, task_parent_count int)
+                 task_parents text, task_parent_count int, task_progress text,
+                 task_batch bigint, task_batch_counts text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
@@ -1087,7 +1133,17 @@ BEGIN
                   END AS parents,
                   CASE WHEN cardinality(p.depends_on) > 0 THEN
                       (SELECT count(DISTINCT u.parent)::int FROM unnest(p.depends_on) AS u(parent))
-                  ELSE 0 END AS parent_count
+                  ELSE 0 END AS parent_count,
+                  -- The progress earlier attempts left, its batch, and a callback's counts
+                  -- (version 39).
+                  t.progress::text AS progress,
+                  coalesce(t.batch_id, t.callback_of) AS batch,
+                  CASE WHEN t.callback_of IS NOT NULL THEN
+                      (SELECT format('succeeded=%s,failed=%s,canceled=%s',
+                                     b.succeeded, b.failed, b.canceled)
+                         FROM pgtaskd.batches AS b
+                        WHERE b.id = t.callback_of AND b.ended_at IS NOT NULL)
+                  END AS batch_counts
     ), starts AS (
         -- Each start of a rate-limited queue, for the next claims to count.
         INSERT INTO pgtaskd.queue_starts (queue, started_at)
@@ -1097,19 +1153,21 @@ BEGIN
     (SELECT claimed.id, claimed.attempt, claimed.payload, claimed.size, claimed.waited,
             claimed.priority::int, claimed.claim_token, claimed.runs, claimed.task_key,
             claimed.idempotency_key, claimed.traceparent, claimed.parents,
-            claimed.parent_count
+            claimed.parent_count, claimed.progress, claimed.batch, claimed.batch_counts
        FROM claimed
       ORDER BY claimed.priority DESC, claimed.id)
     UNION ALL
     (SELECT NULL::bigint, NULL::int, NULL::text, z.size, NULL::float8, NULL::int, NULL::bigint,
-            NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int
+            NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int,
+            NULL::text, NULL::bigint, NULL::text
        FROM sized AS z
       WHERE z.id NOT IN (SELECT picked.id FROM picked)
       ORDER BY z.n
       LIMIT 1)
     UNION ALL
     SELECT NULL::bigint, NULL::int, NULL::text, NULL::bigint, again_in, NULL::int, NULL::bigint,
-           NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int
+           NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int,
+            NULL::text, NULL::bigint, NULL::text
      WHERE again_in IS NOT NULL;
 END
 $$;
@@ -1597,6 +1655,10 @@ BEGIN
            AND k.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
            -- Never a parent a task still waits on (version 37): its dependents go first.
            AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.parent = k.id)
+           -- Never a member of a batch that has not ended (version 39): its end counts it.
+           AND (k.batch_id IS NULL
+                OR NOT EXISTS (SELECT 1 FROM pgtaskd.batches AS b
+                                WHERE b.id = k.batch_id AND b.ended_at IS NULL))
            -- A queue's own `retain` (version 33) over the daemon's setting.
            AND k.finished_at < now() - coalesce(
                    (SELECT s.retain FROM pgtaskd.queue_settings AS s
@@ -1827,6 +1889,8 @@ BEGIN
     IF children IS NOT NULL THEN
         PERFORM pgtaskd.settle_waiting(children, end_parents.ended);
     END IF;
+    -- The batches they were members of (version 39).
+    PERFORM pgtaskd.end_batches(end_parents.ended);
 END
 $$;
 
@@ -1873,6 +1937,14 @@ BEGIN
     IF waiting IS NOT NULL THEN
         PERFORM pgtaskd.settle_waiting(waiting, NULL);
     END IF;
+    -- A batch's callback brought back before its batch has ended waits for it again (version
+    -- 39): the batch's end releases it.
+    UPDATE pgtaskd.task_state AS s
+       SET status = 'WAITING'
+     WHERE s.id = ANY (wait_again.ids) AND coalesce(s.status, '') = 'QUEUED'
+       AND s.callback_of IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pgtaskd.batches AS b
+                    WHERE b.id = s.callback_of AND b.ended_at IS NULL);
 END
 $$;
 
@@ -1941,6 +2013,9 @@ AS $$
       FROM pgtaskd.task_state AS s
      WHERE s.status = 'WAITING'
        AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
+       -- A batch's callback waits for its batch, not for edges (version 39).
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.batches AS b
+                        WHERE b.id = s.callback_of AND b.ended_at IS NULL)
     UNION ALL
     -- An edge its parent's end should have taken.
     SELECT d.child, format('an edge to task %s, which is %s', d.parent, coalesce(p.status, 'gone'))
@@ -1975,6 +2050,259 @@ AS $$
        AND coalesce(t.on_dep_failure, 'cancel') <> 'run'
        AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
                         WHERE d.child = s.id AND d.parent = x.parent)
+    UNION ALL
+    -- A batch whose end was missed: sealed, every member ended, and not ended (version 39).
+    SELECT b.callback, format('batch %s is sealed and its members have ended, but it has not ended', b.id)
+      FROM pgtaskd.batches AS b
+     WHERE b.sealed_at IS NOT NULL AND b.ended_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS m
+                        WHERE m.batch_id = b.id AND m.status IN ('WAITING', 'QUEUED', 'RUNNING'))
+    UNION ALL
+    -- A callback left waiting by its batch's end, or let go before it.
+    SELECT s.id, format('the callback of batch %s is %s, but the batch %s', b.id, s.status,
+                        CASE WHEN b.ended_at IS NULL THEN 'has not ended' ELSE 'has ended' END)
+      FROM pgtaskd.batches AS b
+      JOIN pgtaskd.task_state AS s ON s.id = b.callback
+     WHERE (b.ended_at IS NOT NULL AND s.status = 'WAITING')
+        OR (b.ended_at IS NULL AND s.status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED'))
+    UNION ALL
+    -- A batch's counts that disagree with its members (those retention has not taken).
+    SELECT b.callback, format('batch %s counted %s succeeded, %s failed, %s canceled; its members are %s, %s, %s',
+                              b.id, b.succeeded, b.failed, b.canceled, m.succeeded, m.failed, m.canceled)
+      FROM pgtaskd.batches AS b
+     CROSS JOIN LATERAL (
+            SELECT count(*) FILTER (WHERE x.status = 'SUCCEEDED') AS succeeded,
+                   count(*) FILTER (WHERE x.status = 'FAILED') AS failed,
+                   count(*) FILTER (WHERE x.status = 'CANCELED') AS canceled
+              FROM pgtaskd.task_state AS x
+             WHERE x.batch_id = b.id) AS m
+     WHERE b.ended_at IS NOT NULL
+       AND (m.succeeded > b.succeeded OR m.failed > b.failed OR m.canceled > b.canceled)
+$$;
+
+-- Open a batch (version 39, docs/dependencies.md, "Batches"): its callback task, in queue
+-- `callback_queue` with `payload`, is WAITING until the batch is sealed and its last member
+-- has ended; it then runs if `callback_on` is 'finish', or is 'success' and every member
+-- SUCCEEDED, and is CANCELED otherwise. Answers the batch's id; members are inserted with it
+-- as `batch_id`.
+CREATE FUNCTION pgtaskd.open_batch(callback_queue text, callback_on text, payload text)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    callback_id bigint;
+    new_batch   bigint;
+BEGIN
+    IF open_batch.callback_on IS NULL OR open_batch.callback_on NOT IN ('success', 'finish') THEN
+        RAISE EXCEPTION 'a batch''s callback runs on success or on finish, not on %',
+            coalesce(open_batch.callback_on, 'null')
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO pgtaskd.tasks (queue, payload)
+    VALUES (coalesce(open_batch.callback_queue, 'default'), open_batch.payload)
+    RETURNING id INTO callback_id;
+    INSERT INTO pgtaskd.batches (callback, callback_on)
+    VALUES (callback_id, open_batch.callback_on)
+    RETURNING id INTO new_batch;
+    UPDATE pgtaskd.task_state AS s
+       SET status = 'WAITING', callback_of = new_batch
+     WHERE s.id = callback_id;
+    RETURN new_batch;
+END
+$$;
+
+-- Decide batch `batch_id`, whose row the caller holds locked: if it is sealed and has not
+-- ended, and no member is WAITING, QUEUED or RUNNING (read after the lock: every end
+-- committed before it is seen), it ends now: the members are counted by outcome, and its
+-- callback is QUEUED (a daemon is woken) or CANCELED naming the counts, once.
+CREATE FUNCTION pgtaskd.decide_batch(batch_id bigint) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    b         record;
+    succeeded bigint;
+    failed    bigint;
+    canceled  bigint;
+BEGIN
+    SELECT x.id, x.callback, x.callback_on, x.sealed_at, x.ended_at INTO b
+      FROM pgtaskd.batches AS x
+     WHERE x.id = decide_batch.batch_id;
+    IF NOT FOUND OR b.sealed_at IS NULL OR b.ended_at IS NOT NULL THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgtaskd.task_state AS m
+                WHERE m.batch_id = b.id AND m.status IN ('WAITING', 'QUEUED', 'RUNNING')) THEN
+        RETURN;
+    END IF;
+    SELECT count(*) FILTER (WHERE m.status = 'SUCCEEDED'),
+           count(*) FILTER (WHERE m.status = 'FAILED'),
+           count(*) FILTER (WHERE m.status = 'CANCELED')
+      INTO succeeded, failed, canceled
+      FROM pgtaskd.task_state AS m
+     WHERE m.batch_id = b.id;
+    UPDATE pgtaskd.batches AS x
+       SET ended_at = now(), succeeded = decide_batch.succeeded, failed = decide_batch.failed,
+           canceled = decide_batch.canceled
+     WHERE x.id = b.id;
+    IF b.callback_on = 'finish' OR (failed = 0 AND canceled = 0) THEN
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'QUEUED', run_at = greatest(s.run_at, now())
+         WHERE s.id = b.callback AND coalesce(s.status, '') = 'WAITING';
+        IF FOUND THEN
+            PERFORM pgtaskd.notify('pgtaskd_tasks', '');
+        END IF;
+    ELSE
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'CANCELED',
+               cancel_requested = true,
+               error = format('batch %s: %s of its %s members failed and %s were canceled',
+                              b.id, failed, succeeded + failed + canceled, canceled),
+               finished_at = now()
+         WHERE s.id = b.callback AND coalesce(s.status, '') = 'WAITING';
+        IF FOUND THEN
+            PERFORM pgtaskd.notify_done(ARRAY[b.callback]);
+            PERFORM pgtaskd.end_parents(ARRAY[b.callback]);
+        END IF;
+    END IF;
+END
+$$;
+
+-- The tasks `ended` ended in this transaction (called by `pgtaskd.end_parents`, so by every
+-- function that ends a task): decide each batch one of them was a member of. Most ends are
+-- not their batch's last: a batch with another member QUEUED or RUNNING, held here (FOR
+-- SHARE, passing over rows another transaction holds) so that it cannot end before this
+-- commit, is left to that member's end, which will see this one. Otherwise the batch's row is
+-- locked (FOR NO KEY UPDATE, in id order: producers adding members hold FOR KEY SHARE, which
+-- does not wait for it; a seal holds FOR UPDATE) and the batch is decided from what has
+-- committed (`pgtaskd.decide_batch`). No periodic pass ends a batch.
+CREATE FUNCTION pgtaskd.end_batches(ended bigint[]) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    open_ids bigint[];
+    b        bigint;
+BEGIN
+    SELECT array_agg(DISTINCT s.batch_id) INTO open_ids
+      FROM pgtaskd.task_state AS s
+     WHERE s.id = ANY (end_batches.ended) AND s.batch_id IS NOT NULL
+       AND coalesce(s.status, '') IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+    IF open_ids IS NULL THEN
+        RETURN;
+    END IF;
+    open_ids := ARRAY(
+        SELECT x.id FROM unnest(open_ids) AS x(id)
+         WHERE NOT EXISTS (SELECT 1
+                             FROM (SELECT m.id
+                                     FROM pgtaskd.task_state AS m
+                                    WHERE m.batch_id = x.id
+                                      AND m.status IN ('QUEUED', 'RUNNING')
+                                    LIMIT 1
+                                      FOR SHARE OF m SKIP LOCKED) AS h)
+         ORDER BY x.id);
+    IF cardinality(open_ids) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM pgtaskd.batches AS x
+      WHERE x.id = ANY (open_ids) AND x.ended_at IS NULL
+      ORDER BY x.id
+        FOR NO KEY UPDATE;
+    FOREACH b IN ARRAY open_ids LOOP
+        PERFORM pgtaskd.decide_batch(b);
+    END LOOP;
+END
+$$;
+
+-- Seal batch `batch_id`: no member can join it any more, and it ends once its last member
+-- has ended (at once if they all have). Waits for the producers still adding members (their
+-- FOR KEY SHARE), so that each member they commit is counted. Answers the batch's state after:
+-- 'sealed' or 'ended'. Sealing a sealed batch changes nothing.
+CREATE FUNCTION pgtaskd.seal_batch(batch_id bigint) RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    sealed timestamptz;
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a batch is sealed only in a READ COMMITTED transaction (this one is %): its end is decided from what has committed',
+            pg_catalog.current_setting('transaction_isolation')
+            USING ERRCODE = '0A000',
+                  HINT = 'Seal it in a transaction of its own, or SET TRANSACTION ISOLATION LEVEL READ COMMITTED first.';
+    END IF;
+    SELECT x.sealed_at INTO sealed
+      FROM pgtaskd.batches AS x
+     WHERE x.id = seal_batch.batch_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'batch % does not exist', seal_batch.batch_id
+            USING ERRCODE = 'P0002';
+    END IF;
+    IF sealed IS NULL THEN
+        UPDATE pgtaskd.batches AS x SET sealed_at = now() WHERE x.id = seal_batch.batch_id;
+    END IF;
+    PERFORM pgtaskd.decide_batch(seal_batch.batch_id);
+    RETURN (SELECT CASE WHEN x.ended_at IS NULL THEN 'sealed' ELSE 'ended' END
+              FROM pgtaskd.batches AS x
+             WHERE x.id = seal_batch.batch_id);
+END
+$$;
+
+-- Write handlers' progress (version 39, docs/handlers.md): for each task `ids[i]` still
+-- RUNNING under the claim `tokens[i]`, `progress[i]` (a JSON object of at most 4 KiB), passing
+-- over rows another transaction holds (a flush never waits; the next one tries again). Answers
+-- the ids written. A write from a claim that is no longer current changes nothing; progress is
+-- never cleared, so the next attempt reads what the last one wrote.
+CREATE FUNCTION pgtaskd.write_progress(ids bigint[], tokens bigint[], progress jsonb[])
+RETURNS TABLE (task_id bigint)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH input AS MATERIALIZED (
+        SELECT DISTINCT ON (u.id) u.id, u.token, u.progress
+          FROM unnest(write_progress.ids, write_progress.tokens, write_progress.progress)
+               AS u(id, token, progress)
+         ORDER BY u.id
+    ), held AS MATERIALIZED (
+        SELECT k.id FROM pgtaskd.task_state AS k
+         WHERE k.id = ANY (write_progress.ids)
+         ORDER BY k.id
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), written AS (
+        UPDATE pgtaskd.task_state AS t
+           SET progress = i.progress, progress_at = now()
+          FROM input AS i
+         WHERE t.id = ANY (ARRAY(SELECT held.id FROM held))
+           AND t.id = i.id
+           AND coalesce(t.status, '') = 'RUNNING'
+           AND t.claim_token = i.token
+           AND jsonb_typeof(i.progress) = 'object'
+           AND octet_length(i.progress::text) <= 4096
+        RETURNING t.id
+    )
+    SELECT written.id FROM written;
+END
 $$;
 
 -- Insert a whole graph of tasks in one transaction, named by local refs: `graph` is a JSON
@@ -2586,9 +2914,10 @@ DECLARE
     missing bigint;
 BEGIN
     INSERT INTO pgtaskd.task_state (id, queue, priority, run_at, max_attempts, concurrency_key,
-                                    status)
+                                    status, batch_id)
     SELECT n.id, n.queue, n.priority, n.run_at, n.max_attempts, n.concurrency_key,
-           CASE WHEN cardinality(n.depends_on) > 0 THEN 'WAITING' ELSE 'QUEUED' END
+           CASE WHEN cardinality(n.depends_on) > 0 THEN 'WAITING' ELSE 'QUEUED' END,
+           n.batch_id
       FROM new_tasks AS n
     -- A state row loaded before its task row (a data-only restore of both tables) is kept.
         ON CONFLICT (id) DO NOTHING;
@@ -2650,6 +2979,39 @@ CREATE TRIGGER tasks_parents_check BEFORE INSERT ON pgtaskd.tasks
     WHEN (pg_catalog.cardinality(NEW.depends_on) OPERATOR(pg_catalog.>) 0)
     EXECUTE FUNCTION pgtaskd.tasks_parents_check();
 
+-- Before each new member of a batch (version 39): the batch must exist and not be sealed.
+-- Its row is held FOR KEY SHARE until the producer's commit: a seal (FOR UPDATE) waits for
+-- it, so the member is counted; the ends of other members (FOR NO KEY UPDATE) do not.
+CREATE FUNCTION pgtaskd.tasks_batch_check() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    sealed timestamptz;
+BEGIN
+    SELECT b.sealed_at INTO sealed
+      FROM pgtaskd.batches AS b
+     WHERE b.id OPERATOR(pg_catalog.=) NEW.batch_id
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'batch % does not exist', NEW.batch_id
+            USING ERRCODE = '23503';
+    END IF;
+    IF sealed IS NOT NULL THEN
+        RAISE EXCEPTION 'batch % is sealed: no task can join it', NEW.batch_id
+            USING ERRCODE = '55000',
+                  HINT = 'Open another batch (pgtaskd.open_batch).';
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION pgtaskd.tasks_batch_check() FROM PUBLIC;
+CREATE TRIGGER tasks_batch_check BEFORE INSERT ON pgtaskd.tasks
+    FOR EACH ROW
+    WHEN (NEW.batch_id IS NOT NULL)
+    EXECUTE FUNCTION pgtaskd.tasks_batch_check();
+
 -- At the producer's commit, each new task with parents (version 37): its parents are held
 -- (FOR SHARE, in id order) until that commit, so that an end of one of them either committed
 -- before (and is decided here, as `pgtaskd.settle_waiting` decides it) or waits for this
@@ -2709,8 +3071,23 @@ BEGIN
             USING ERRCODE = '23503',
                   HINT = 'Cancel or delete the waiting task first.';
     END IF;
+    -- A member of a batch that has not ended stays (version 39): the batch's end counts it.
+    SELECT o.id, o.batch_id INTO held
+      FROM gone_tasks AS o
+      JOIN pgtaskd.batches AS b ON b.id OPERATOR(pg_catalog.=) o.batch_id
+     WHERE b.ended_at IS NULL
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'task % cannot be deleted: it is a member of batch %, which has not ended', held.id, held.batch_id
+            USING ERRCODE = '23503',
+                  HINT = 'Seal the batch and let its members end (or cancel them) first.';
+    END IF;
     DELETE FROM pgtaskd.task_deps AS d
      WHERE d.child OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o));
+    -- An ended batch goes with its callback.
+    DELETE FROM pgtaskd.batches AS b
+     WHERE b.callback OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o))
+       AND b.ended_at IS NOT NULL;
     DELETE FROM pgtaskd.task_state AS s
      WHERE s.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.id FROM gone_tasks AS o));
     RETURN NULL;
@@ -2727,7 +3104,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    TRUNCATE pgtaskd.task_state, pgtaskd.task_deps;
+    TRUNCATE pgtaskd.task_state, pgtaskd.task_deps, pgtaskd.batches;
     RETURN NULL;
 END
 $$;
@@ -2752,6 +3129,10 @@ BEGIN
         RAISE EXCEPTION 'the parents of a task do not change (task %)', OLD.id
             USING ERRCODE = '42501';
     END IF;
+    IF NEW.batch_id IS DISTINCT FROM OLD.batch_id THEN
+        RAISE EXCEPTION 'the batch of a task does not change (task %)', OLD.id
+            USING ERRCODE = '42501';
+    END IF;
     UPDATE pgtaskd.task_state AS s
        SET queue = NEW.queue,
            priority = NEW.priority,
@@ -2767,13 +3148,13 @@ $$;
 REVOKE ALL ON FUNCTION pgtaskd.tasks_state_copy() FROM PUBLIC;
 CREATE TRIGGER tasks_state_copy
     AFTER UPDATE OF id, queue, priority, run_at, max_attempts, concurrency_key, depends_on,
-                    on_dep_failure ON pgtaskd.tasks
+                    on_dep_failure, batch_id ON pgtaskd.tasks
     FOR EACH ROW
     WHEN ((OLD.id, OLD.queue, OLD.priority, OLD.run_at, OLD.max_attempts, OLD.concurrency_key,
-           OLD.depends_on, OLD.on_dep_failure)
+           OLD.depends_on, OLD.on_dep_failure, OLD.batch_id)
           IS DISTINCT FROM
           (NEW.id, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.concurrency_key,
-           NEW.depends_on, NEW.on_dep_failure))
+           NEW.depends_on, NEW.on_dep_failure, NEW.batch_id))
     EXECUTE FUNCTION pgtaskd.tasks_state_copy();
 
 -- Every write of a flag takes the turn first and sets the hint after.
@@ -2798,12 +3179,16 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_view TO %I',
                    role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata, batch_id) '
                    'ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue(text, text, int, timestamptz, int, text), '
                    'pgtaskd.cancel(bigint), pgtaskd.request_cancel(bigint) TO %I', role_name);
     -- Graphs of tasks (version 37).
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.enqueue_graph(jsonb) TO %I', role_name);
+    -- Batches: opened, sealed and read (version 39).
+    EXECUTE format('GRANT SELECT ON pgtaskd.batches TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.open_batch(text, text, text), '
+                   'pgtaskd.seal_batch(bigint) TO %I', role_name);
     -- Which daemons serve which queues (version 21).
     EXECUTE format('GRANT SELECT ON pgtaskd.daemons TO %I', role_name);
     -- The CLI's schema check (version 23).
@@ -2829,7 +3214,7 @@ BEGIN
     EXECUTE format('GRANT SELECT ON pgtaskd.tasks TO %I', role_name);
     EXECUTE format('GRANT SELECT, UPDATE ON pgtaskd.task_state TO %I', role_name);
     EXECUTE format('GRANT INSERT (queue, payload, priority, run_at, max_attempts, idempotency_key, '
-                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata) '
+                   'traceparent, concurrency_key, depends_on, on_dep_failure, tags, metadata, batch_id) '
                    'ON pgtaskd.tasks TO %I', role_name);
     -- The CLI and the HTTP API read tasks' state through the view (version 24).
     EXECUTE format('GRANT SELECT ON pgtaskd.task_view TO %I', role_name);
@@ -2885,6 +3270,11 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.end_parents(bigint[]), '
                    'pgtaskd.enqueue_graph(jsonb), pgtaskd.retry_with_dependents(bigint), '
                    'pgtaskd.check_deps() TO %I', role_name);
+    -- Batches, and the handlers' progress (version 39).
+    EXECUTE format('GRANT SELECT ON pgtaskd.batches TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.open_batch(text, text, text), '
+                   'pgtaskd.seal_batch(bigint), '
+                   'pgtaskd.write_progress(bigint[], bigint[], jsonb[]) TO %I', role_name);
 END
 $$;
 
@@ -2915,6 +3305,9 @@ BEGIN
     -- Retries with dependents and the dependencies' auditor (version 37).
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.retry_with_dependents(bigint), '
                    'pgtaskd.check_deps() TO %I', role_name);
+    -- Batches: read and sealed (version 39).
+    EXECUTE format('GRANT SELECT ON pgtaskd.batches TO %I', role_name);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgtaskd.seal_batch(bigint) TO %I', role_name);
 END
 $$;
 
@@ -2962,6 +3355,11 @@ REVOKE ALL ON FUNCTION pgtaskd.wait_again(bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.retry_with_dependents(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.check_deps() FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.enqueue_graph(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.open_batch(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.decide_batch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.end_batches(bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.seal_batch(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.write_progress(bigint[], bigint[], jsonb[]) FROM PUBLIC;
 GRANT SELECT ON pgtaskd.site TO PUBLIC;
 
 REVOKE ALL ON SEQUENCE pgtaskd.claim_tokens FROM PUBLIC;

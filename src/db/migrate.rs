@@ -75,6 +75,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(36, "0036_task_state"),
     migration!(37, "0037_dependencies"),
     migration!(38, "0038_tags"),
+    migration!(39, "0039_batches_and_progress"),
 ];
 
 /// The schema version this binary was built for.

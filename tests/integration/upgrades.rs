@@ -1048,7 +1048,8 @@ async fn schema_33_keeps_every_row_and_its_attempts_and_gives_the_old_roles_the_
         owner.query_one(
             "SELECT count(*) FROM before_33 AS b JOIN pgtaskd.task_view AS v USING (id)
               WHERE to_jsonb(v) - 'concurrency_key' - 'task_key' - 'depends_on'
-                        - 'on_dep_failure' - 'tags' - 'metadata' <> b.row
+                        - 'on_dep_failure' - 'tags' - 'metadata'
+                        - 'progress' - 'progress_at' - 'batch_id' <> b.row
                  OR v.concurrency_key IS NOT NULL",
             &[],
         ),
