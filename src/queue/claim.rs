@@ -173,7 +173,7 @@ pub struct ClaimBatch {
 const CLAIM_AFTER: &str =
     "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim, \
             task_run, task_key, task_idempotency_key, task_traceparent, task_parents, \
-            task_parent_count \
+            task_parent_count, task_progress \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
@@ -259,7 +259,7 @@ pub async fn claim_after(
             traceparent: row.get(10),
             parents: row.get(11),
             parent_count: row.get::<_, Option<i32>>(12).unwrap_or(0),
-            progress: None,
+            progress: row.get(13),
         };
         batch.last = Some(Position {
             priority: row.get(5),

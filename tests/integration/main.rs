@@ -52,6 +52,7 @@ mod notifications;
 mod outages;
 mod payload_limits;
 mod pgbouncer;
+mod progress;
 mod queue_settings;
 mod queues;
 mod retention;
