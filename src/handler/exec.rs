@@ -19,7 +19,7 @@
 //!    pipe ends the writing only). stdout is kept up to `max_output` bytes; stderr only its
 //!    last [`STDERR_TAIL`] bytes (a ring): memory stays bounded whatever the child writes.
 //!    The progress pipe is read in the same loop, its lines handed to a
-//!    [`Sink`](crate::progress::Sink) (which holds at most one line's bound): a child writing
+//!    [`Sink`] (which holds at most one line's bound): a child writing
 //!    progress faster than it is read waits on the pipe, never on the database.
 //! 3. **Stop**, when needed. `timeout` passing or `cancel` firing: SIGTERM to the group, then
 //!    SIGKILL to the group `kill_after` later if the child has not exited. stdout going over
