@@ -32,6 +32,7 @@ pub use check::{ascii_json, check, Refused};
 pub use line::{Line, Lines, MAX_LINE};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,9 @@ pub struct Progress {
     pending: Mutex<HashMap<i64, Latest>>,
     /// Held by a flush from its take to its answer: flushes take turns.
     turn: tokio::sync::Mutex<()>,
+    /// A periodic flush has taken what waited and not yet settled it: a task's latest may be
+    /// in its hands rather than in `pending`.
+    in_flight: AtomicBool,
     /// Claims the HTTP route found current: token -> (task, when checked).
     checked: Mutex<HashMap<i64, (i64, Instant)>>,
     dropped: Mutex<Dropped>,
@@ -96,6 +100,7 @@ impl Progress {
         Arc::new(Progress {
             pending: Mutex::new(HashMap::new()),
             turn: tokio::sync::Mutex::new(()),
+            in_flight: AtomicBool::new(false),
             checked: Mutex::new(HashMap::new()),
             dropped: Mutex::new(Dropped::default()),
             failures: Repeats::new(),
@@ -187,14 +192,21 @@ impl Progress {
     /// The database could not be asked: what was taken waits for the next flush.
     pub async fn flush(&self, pool: &Pool) -> Result<usize, DbError> {
         let _turn = self.turn.lock().await;
+        // Before the take: a `flush_task` that finds its task gone from `pending` knows to
+        // wait for this flush to settle it (written, or put back).
+        self.in_flight.store(true, Ordering::SeqCst);
         let batch: Vec<(i64, Latest)> =
             self.pending.lock().expect("not poisoned").drain().collect();
-        self.write(pool, batch).await
+        let written = self.write(pool, batch).await;
+        self.in_flight.store(false, Ordering::SeqCst);
+        written
     }
 
     /// Write task `id`'s latest under claim `token` now, if one waits: called before the
-    /// claim's finish, so that the last report of an attempt is kept for the next. Returns
-    /// whether a row was written.
+    /// claim's finish, so that the last report of an attempt is kept for the next. A flush
+    /// in flight that took it is waited for first: were the finish committed before that
+    /// flush's write, the write would find the claim ended (or its row locked, and pass it
+    /// over), and the report would be lost. Returns whether a row was written here.
     ///
     /// # Errors
     ///
@@ -203,7 +215,8 @@ impl Progress {
         let waits = |pending: &HashMap<i64, Latest>| {
             pending.get(&id).is_some_and(|latest| latest.token == token)
         };
-        if !waits(&self.pending.lock().expect("not poisoned")) {
+        let waiting = waits(&self.pending.lock().expect("not poisoned"));
+        if !waiting && !self.in_flight.load(Ordering::SeqCst) {
             return Ok(false);
         }
         let _turn = self.turn.lock().await;
