@@ -2126,10 +2126,10 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    b         record;
-    succeeded bigint;
-    failed    bigint;
-    canceled  bigint;
+    b           record;
+    n_succeeded bigint;
+    n_failed    bigint;
+    n_canceled  bigint;
 BEGIN
     SELECT x.id, x.callback, x.callback_on, x.sealed_at, x.ended_at INTO b
       FROM pgtaskd.batches AS x
@@ -2144,14 +2144,13 @@ BEGIN
     SELECT count(*) FILTER (WHERE m.status = 'SUCCEEDED'),
            count(*) FILTER (WHERE m.status = 'FAILED'),
            count(*) FILTER (WHERE m.status = 'CANCELED')
-      INTO succeeded, failed, canceled
+      INTO n_succeeded, n_failed, n_canceled
       FROM pgtaskd.task_state AS m
      WHERE m.batch_id = b.id;
     UPDATE pgtaskd.batches AS x
-       SET ended_at = now(), succeeded = decide_batch.succeeded, failed = decide_batch.failed,
-           canceled = decide_batch.canceled
+       SET ended_at = now(), succeeded = n_succeeded, failed = n_failed, canceled = n_canceled
      WHERE x.id = b.id;
-    IF b.callback_on = 'finish' OR (failed = 0 AND canceled = 0) THEN
+    IF b.callback_on = 'finish' OR (n_failed = 0 AND n_canceled = 0) THEN
         UPDATE pgtaskd.task_state AS s
            SET status = 'QUEUED', run_at = greatest(s.run_at, now())
          WHERE s.id = b.callback AND coalesce(s.status, '') = 'WAITING';
@@ -2163,7 +2162,7 @@ BEGIN
            SET status = 'CANCELED',
                cancel_requested = true,
                error = format('batch %s: %s of its %s members failed and %s were canceled',
-                              b.id, failed, succeeded + failed + canceled, canceled),
+                              b.id, n_failed, n_succeeded + n_failed + n_canceled, n_canceled),
                finished_at = now()
          WHERE s.id = b.callback AND coalesce(s.status, '') = 'WAITING';
         IF FOUND THEN

@@ -9,9 +9,11 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, ValueHint};
 
 use crate::queue::{OnDepFailure, RunAt, TaskStatus};
 
+mod batches;
 mod help;
 mod queue;
 
+pub use batches::BatchCommand;
 pub use help::SUBCOMMAND_GROUPS;
 pub use queue::{QueueCommand, QueueSetArgs};
 
@@ -49,9 +51,9 @@ Exit codes:
   0   success
   1   runtime failure (for wait: a task FAILED or was CANCELED)
   2   usage error
-  3   no such task
+  3   no such task (or batch)
   4   refused for the task's state: cancel of a finished task, retry of a task that is not
-      FAILED or CANCELED
+      FAILED or CANCELED; enqueue --batch of a sealed batch
   69  database unavailable
   75  wait timed out before every task finished
   78  configuration error: the file, the connection settings, settings the database refuses,
@@ -121,6 +123,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Batches of tasks with a callback that runs once, after the batch is sealed and its
+    /// last member has ended: open, seal, status (docs/dependencies.md)
+    #[command(subcommand)]
+    Batch(BatchCommand),
     /// Print a task row
     Status {
         /// Task id
@@ -535,6 +541,10 @@ pub struct EnqueueArgs {
     /// default), run it anyway, or wait for a retry of that task to succeed
     #[arg(long, value_name = "POLICY", requires = "after", value_parser = on_dep_failure_parser())]
     pub on_dep_failure: Option<OnDepFailure>,
+    /// Make the task a member of this batch (`pgtaskd batch open`), which must exist and not
+    /// be sealed
+    #[arg(long, value_name = "ID", value_hint = ValueHint::Other)]
+    pub batch: Option<i64>,
     /// Then wait until the task is finished, as `pgtaskd wait` does
     #[arg(long)]
     pub wait: bool,

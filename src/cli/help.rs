@@ -10,7 +10,7 @@ pub const SUBCOMMAND_GROUPS: &[(&str, &[&str])] = &[
     (
         "Tasks",
         &[
-            "enqueue", "graph", "status", "wait", "cancel", "retry", "list",
+            "enqueue", "graph", "batch", "status", "wait", "cancel", "retry", "list",
         ],
     ),
     (

@@ -1,7 +1,8 @@
 //! What each subcommand does, and the exit code it ends with (docs/design.md, "Command line").
 //!
 //! Every command returns a [`CommandError`] whose [`CommandError::exit_code`] is the contract:
-//! 3 no such task (a parent an enqueue names included), 4 already terminal, 69 database unavailable (never "not found"), 75 a wait
+//! 3 no such task (a parent an enqueue names included) or batch, 4 already terminal (or a
+//! sealed batch an enqueue names), 69 database unavailable (never "not found"), 75 a wait
 //! that timed out (EX_TEMPFAIL: try again later),
 //! 78 configuration error (bad settings, settings the database refuses, a schema that is
 //! missing or not this binary's), 1 anything else. Usage errors (2) are clap's.
@@ -9,7 +10,7 @@
 //! This module owns [`dispatch`], which `main` calls with the parsed command line and the
 //! loaded configuration, the exit codes as constants, and [`CommandError`] with its mapping to
 //! them. Each command's body lives beside it: `service.rs` (`run`, `migrate`, `check-config`),
-//! `task.rs` (`enqueue`, `status`, `cancel`), `graph.rs` (`graph`), `wait.rs` (`wait`, and `enqueue --wait`),
+//! `task.rs` (`enqueue`, `status`, `cancel`), `graph.rs` (`graph`), `batches.rs` (`batch`), `wait.rs` (`wait`, and `enqueue --wait`),
 //! `queues.rs` (`pause`, `resume`, `retry`, `list`, `stats`), `queue_settings.rs` (`queue set`,
 //! `queue show`), `daemons.rs` (`daemons`), `schedules.rs` (`schedule`),
 //! `analyze.rs`, `bench.rs`, `probe.rs` (`probe`), and `generate.rs` (`completions`, `man`).
@@ -23,10 +24,12 @@ use crate::config::Config;
 use crate::daemon::DaemonError;
 use crate::db::migrate::{self, SchemaError};
 use crate::db::{BadConnectionString, ConnectSettings, DbError};
+use crate::queue::batches::BatchRefusal;
 use crate::queue::TaskStatus;
 use tokio_postgres::error::SqlState;
 
 mod analyze;
+mod batches;
 mod bench;
 mod daemons;
 mod generate;
@@ -66,6 +69,12 @@ pub enum CommandError {
     NoSuchQueue(String),
     #[error("no such schedule: {0}")]
     NoSuchSchedule(String),
+    #[error("no such batch: {0}")]
+    NoSuchBatch(i64),
+    /// `enqueue --batch ID` of a batch that does not exist (3) or is sealed (4): the
+    /// database's words, which name it.
+    #[error(transparent)]
+    BatchRefused(crate::queue::batches::BatchRefusal),
     #[error("task {id} is already {status}; nothing changed")]
     Terminal { id: i64, status: TaskStatus },
     #[error(
@@ -118,9 +127,13 @@ impl CommandError {
             CommandError::NotFound(_)
             | CommandError::NoSuchParent(_)
             | CommandError::NoSuchQueue(_)
-            | CommandError::NoSuchSchedule(_) => EXIT_NOT_FOUND,
+            | CommandError::NoSuchSchedule(_)
+            | CommandError::NoSuchBatch(_)
+            | CommandError::BatchRefused(BatchRefusal::Unknown(_)) => EXIT_NOT_FOUND,
             CommandError::TimedOut { .. } => EXIT_TEMPFAIL,
-            CommandError::Terminal { .. } | CommandError::NotRetryable { .. } => EXIT_TERMINAL,
+            CommandError::Terminal { .. }
+            | CommandError::NotRetryable { .. }
+            | CommandError::BatchRefused(BatchRefusal::Sealed(_)) => EXIT_TERMINAL,
             CommandError::Db(err) | CommandError::Daemon(DaemonError::Db(err)) => db_exit_code(err),
             CommandError::Daemon(DaemonError::Unsettled(_)) => EXIT_UNAVAILABLE,
             CommandError::Probe(err) => err.exit_code(),
@@ -200,6 +213,7 @@ pub async fn dispatch(cli: Cli, config: Config) -> Result<ExitCode, CommandError
         Command::Migrate => service::migrate(&config).await,
         Command::Enqueue(args) => task::enqueue(&config, &args).await,
         Command::Graph { file, json } => graph::graph(&config, &file, json).await,
+        Command::Batch(command) => batches::batch(&config, &command).await,
         Command::Wait(args) => wait::wait(&config, &args).await,
         Command::Status { id, json } => task::status(&config, id, json).await,
         Command::Cancel { id } => task::cancel(&config, id).await,
@@ -317,6 +331,17 @@ mod tests {
             (
                 CommandError::NoSuchParent("task depends on task 7, which does not exist".into()),
                 EXIT_NOT_FOUND,
+            ),
+            (CommandError::NoSuchBatch(7), EXIT_NOT_FOUND),
+            (
+                CommandError::BatchRefused(BatchRefusal::Unknown("batch 7 does not exist".into())),
+                EXIT_NOT_FOUND,
+            ),
+            (
+                CommandError::BatchRefused(BatchRefusal::Sealed(
+                    "batch 7 is sealed: no task can join it".into(),
+                )),
+                EXIT_TERMINAL,
             ),
             (
                 CommandError::Terminal {

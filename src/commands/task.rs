@@ -41,6 +41,7 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         on_dep_failure: args.on_dep_failure,
         tags: args.tags.clone(),
         metadata,
+        batch_id: args.batch,
     };
     // The arguments were checked by the parser; the payload is known only now. Refused as
     // the HTTP API refuses it, before a connection is opened.
@@ -72,13 +73,17 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
 /// An enqueue's failure as the database's refusal of the task's parents, when it is one: a
 /// parent that does not exist is an unknown task id (exit 3, in the database's words), one
 /// not enqueued before the task a usage error (exit 2). A refusal of its tags or metadata
-/// (checked before, so the database's checks are a backstop) is a usage error too.
+/// (checked before, so the database's checks are a backstop) is a usage error too. A batch
+/// (`--batch`) that does not exist is exit 3, a sealed one exit 4, in the database's words.
 fn parents_refused(err: CommandError) -> CommandError {
     let CommandError::Db(db) = &err else {
         return err;
     };
     if let Some(refused) = queue::enqueue::tags_refusal(db) {
         return CommandError::Usage(refused);
+    }
+    if let Some(refused) = queue::batches::refusal(db) {
+        return CommandError::BatchRefused(refused);
     }
     match queue::enqueue::refusal(db) {
         Some(queue::enqueue::ParentRefusal::Unknown(message)) => {

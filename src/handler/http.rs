@@ -209,6 +209,18 @@ fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
             );
         }
     }
+    // A batch's id, and a callback's counts (`succeeded=N,failed=N,canceled=N`): always valid.
+    if let Some(batch) = job.batch {
+        headers.insert(
+            HeaderName::from_static("pgtaskd-batch"),
+            HeaderValue::from(batch),
+        );
+    }
+    if let Some(counts) = &job.batch_counts {
+        if let Ok(value) = HeaderValue::from_str(counts) {
+            headers.insert(HeaderName::from_static("pgtaskd-batch-counts"), value);
+        }
+    }
     // An earlier attempt's progress, the same JSON in ASCII (`\uXXXX` escapes), so that a
     // header can carry it whatever its characters.
     if let Some(progress) = &job.progress {
@@ -397,6 +409,8 @@ mod tests {
             parents: None,
             parent_count: 0,
             progress: None,
+            batch: None,
+            batch_counts: None,
         };
         let headers = headers(&job, b"x");
         assert_eq!(headers["pgtaskd-task-id"], "42");
@@ -425,11 +439,25 @@ mod tests {
         let child = Job {
             parents: Some("12=SUCCEEDED,13=CANCELED".into()),
             parent_count: 250,
+            batch: None,
+            batch_counts: None,
             ..job.clone()
         };
         let child = super::headers(&child, b"x");
         assert_eq!(child["pgtaskd-parents"], "12=SUCCEEDED,13=CANCELED");
         assert_eq!(child["pgtaskd-parent-count"], "250");
+        assert!(!child.contains_key("pgtaskd-batch"));
+        let callback = Job {
+            batch: Some(7),
+            batch_counts: Some("succeeded=9998,failed=2,canceled=0".into()),
+            ..job.clone()
+        };
+        let callback = super::headers(&callback, b"x");
+        assert_eq!(callback["pgtaskd-batch"], "7");
+        assert_eq!(
+            callback["pgtaskd-batch-counts"],
+            "succeeded=9998,failed=2,canceled=0"
+        );
         let keyed = Job {
             idempotency_key: Some("order-17".into()),
             ..job.clone()

@@ -46,6 +46,11 @@ pub struct Job {
     /// The progress an earlier attempt left (JSON text of an object, as the database prints
     /// it): the handler's checkpoint; `None` when none was written.
     pub progress: Option<String>,
+    /// The batch the task is a member of, or whose callback it is (docs/dependencies.md,
+    /// "Batches").
+    pub batch: Option<i64>,
+    /// For a batch's callback: its members by outcome, `succeeded=N,failed=N,canceled=N`.
+    pub batch_counts: Option<String>,
 }
 
 /// What came of one run of a handler.

@@ -7,7 +7,8 @@
 //! log has it. The one refusal only the database can make of valid input, a task's parents
 //! that do not exist or were not enqueued before it, is 422 with its words
 //! ([`ApiError::BadParents`]); so are tags and metadata the table would refuse
-//! ([`ApiError::BadTags`]), checked before the insert.
+//! ([`ApiError::BadTags`]), checked before the insert, and a batch that does not exist or is
+//! sealed ([`ApiError::BadBatch`]).
 
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -44,6 +45,8 @@ pub(crate) enum ApiError {
     NoSuchQueue,
     #[error("no such schedule")]
     NoSuchSchedule,
+    #[error("no such batch")]
+    NoSuchBatch,
     #[error("task is already {0}")]
     AlreadyFinished(TaskStatus),
     #[error("task is {0}: only a FAILED or CANCELED task can be retried")]
@@ -64,6 +67,10 @@ pub(crate) enum ApiError {
     /// checked before the insert, or, as a backstop, refused by it. Nothing was inserted.
     #[error("{0}")]
     BadTags(String),
+    /// The database refused the task's `batch_id`: a batch that does not exist or is sealed,
+    /// in its words, which name the batch. Nothing was inserted.
+    #[error(transparent)]
+    BadBatch(crate::queue::batches::BatchRefusal),
     /// A graph `pgtaskd.enqueue_graph` refused, in its words (a cycle, named): nothing was
     /// inserted.
     #[error("{0}")]
@@ -100,10 +107,14 @@ impl From<crate::queue::enqueue::BadInput> for ApiError {
 
 impl ApiError {
     /// An enqueue's failure: [`ApiError::BadParents`] when the database refused the task's
-    /// parents, [`ApiError::BadTags`] its tags or metadata, else the database error it is.
+    /// parents, [`ApiError::BadTags`] its tags or metadata, [`ApiError::BadBatch`] its batch,
+    /// else the database error it is.
     pub(super) fn enqueue(err: DbError) -> ApiError {
         if let Some(refused) = crate::queue::enqueue::tags_refusal(&err) {
             return ApiError::BadTags(refused);
+        }
+        if let Some(refused) = crate::queue::batches::refusal(&err) {
+            return ApiError::BadBatch(refused);
         }
         match crate::queue::enqueue::refusal(&err) {
             Some(refused) => ApiError::BadParents(refused),
@@ -118,13 +129,15 @@ impl ApiError {
             ApiError::NoSuchTask
             | ApiError::NoSuchRoute
             | ApiError::NoSuchQueue
-            | ApiError::NoSuchSchedule => StatusCode::NOT_FOUND,
+            | ApiError::NoSuchSchedule
+            | ApiError::NoSuchBatch => StatusCode::NOT_FOUND,
             ApiError::AlreadyFinished(_)
             | ApiError::NotRetryable(_)
             | ApiError::NotCurrentClaim(_) => StatusCode::CONFLICT,
             ApiError::KeyConflict { .. }
             | ApiError::BadParents(_)
             | ApiError::BadTags(_)
+            | ApiError::BadBatch(_)
             | ApiError::BadGraph(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -178,12 +191,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// After each request: a success of a route that reads the database (`/tasks`, `/queues`,
-/// `/stats`) ends an outage the log said, once.
+/// After each request: a success of a route that reads the database (`/tasks`, `/batches`,
+/// `/queues`, `/stats`) ends an outage the log said, once.
 pub(super) async fn database_answered(request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let reads_database =
-        path.starts_with("/tasks") || path.starts_with("/queues/") || path.starts_with("/stats");
+    let reads_database = path.starts_with("/tasks")
+        || path.starts_with("/batches")
+        || path.starts_with("/queues/")
+        || path.starts_with("/stats");
     let response = next.run(request).await;
     if reads_database && response.status().is_success() {
         log_recovery!(

@@ -6,6 +6,7 @@
 //! | what a `POST /tasks` asks for: its body (text or JSON, a JSON payload's text) and its query | `submission.rs` |
 //! | `POST /tasks/{id}/progress`, an `http` handler's progress report | `progress.rs` |
 //! | `POST /graphs`, tasks that wait for one another, in one transaction | `graphs.rs` |
+//! | `POST /batches`, `POST /batches/{id}/seal`, `GET /batches/{id}`: batches with a callback | `batches.rs` |
 //! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
 //! | `POST /queues/{queue}/pause`, `POST /queues/{queue}/resume`, `POST /queues/{queue}/retry-failed` | `queues.rs` |
 //! | `GET` and `PUT /queues/{queue}/settings`, a queue's limits and defaults | `settings.rs` |
@@ -29,6 +30,7 @@
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
+mod batches;
 mod budget;
 mod completions;
 mod connections;
@@ -155,6 +157,9 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/tasks", post(tasks::submit).get(list::list))
         .route("/tasks/{id}", get(tasks::read))
         .route("/graphs", post(graphs::submit))
+        .route("/batches", post(batches::open))
+        .route("/batches/{id}", get(batches::read))
+        .route("/batches/{id}/seal", post(batches::seal))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
         .route("/tasks/{id}/retry", post(tasks::retry))
         .route(

@@ -4,8 +4,8 @@
 //!
 //! - `text/plain`: the body is the payload; `queue`, `priority`, `run_at`, `max_attempts`,
 //!   `concurrency_key`, `depends_on` (ids separated by commas), `on_dep_failure`, `tags`
-//!   (separated by commas) and `metadata` (a JSON object's text) come from the query
-//!   (`?queue=thumbs&priority=5&depends_on=12,13&tags=a,b`).
+//!   (separated by commas), `metadata` (a JSON object's text) and `batch_id` come from the
+//!   query (`?queue=thumbs&priority=5&depends_on=12,13&tags=a,b&batch_id=7`).
 //! - `application/json`: `{"payload": ..., "queue": ..., ...}`. The payload is a string (the
 //!   text itself) or an object or an array, stored as its JSON text with the whitespace
 //!   between tokens taken out ([`compact`]): the keys in the order sent and each number as
@@ -47,6 +47,8 @@ pub(super) struct Submission {
     tags: Option<Value>,
     /// A JSON object's text as sent (its numbers as written), or `null`.
     metadata: Option<Box<RawValue>>,
+    /// The id of the batch it joins (schema 39), or null for none.
+    batch_id: Option<Value>,
 }
 
 /// The JSON body. The payload is borrowed from the body as sent, so that a large one is
@@ -76,6 +78,8 @@ struct JsonBody<'a> {
     /// Borrowed as sent: read by the rules of `tasks_metadata_check`, then stored as written.
     #[serde(default, borrow)]
     metadata: Option<&'a RawValue>,
+    #[serde(default)]
+    batch_id: Option<Value>,
 }
 
 /// The task fields of a `POST /tasks` query, each as text. `wait` is read by `wait.rs`.
@@ -90,11 +94,12 @@ struct QueryParams {
     on_dep_failure: Option<String>,
     tags: Option<String>,
     metadata: Option<String>,
+    batch_id: Option<String>,
 }
 
 /// The parameters a query may hold, as a refusal names them.
 const PARAMETERS: &str = "wait, queue, priority, run_at, max_attempts, concurrency_key, \
-                          depends_on, on_dep_failure, tags and metadata";
+                          depends_on, on_dep_failure, tags, metadata and batch_id";
 
 impl QueryParams {
     /// The parameters of `query` (percent-decoded, `+` a space, as a form's): 400 for one
@@ -115,6 +120,7 @@ impl QueryParams {
                 "on_dep_failure" => &mut params.on_dep_failure,
                 "tags" => &mut params.tags,
                 "metadata" => &mut params.metadata,
+                "batch_id" => &mut params.batch_id,
                 other => {
                     return Err(ApiError::BadRequest(format!(
                         "unknown query parameter {other:?}: POST /tasks takes {PARAMETERS}"
@@ -142,6 +148,7 @@ impl QueryParams {
             ("on_dep_failure", self.on_dep_failure.is_some()),
             ("tags", self.tags.is_some()),
             ("metadata", self.metadata.is_some()),
+            ("batch_id", self.batch_id.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -181,6 +188,7 @@ impl Submission {
                     on_dep_failure: body.on_dep_failure,
                     tags: body.tags,
                     metadata: body.metadata.map(RawValue::to_owned),
+                    batch_id: body.batch_id,
                 })
             }
             Some("text/plain") => {
@@ -217,6 +225,7 @@ impl Submission {
                                 .map_err(|_| ApiError::from(BadInput::MetadataType))
                         })
                         .transpose()?,
+                    batch_id: params.batch_id.map(number),
                 })
             }
             _ => Err(ApiError::UnsupportedMediaType),
@@ -274,6 +283,10 @@ impl Submission {
             None => None,
             Some(raw) => queue::enqueue::Metadata::from_json(raw)?,
         };
+        let batch_id = match self.batch_id.filter(|v| !v.is_null()) {
+            None => None,
+            Some(value) => Some(value.as_i64().ok_or(BadInput::BatchId)?),
+        };
         let task = queue::NewTask {
             queue: self
                 .queue
@@ -288,6 +301,7 @@ impl Submission {
             on_dep_failure,
             tags,
             metadata,
+            batch_id,
         };
         task.check()?;
         Ok(task)

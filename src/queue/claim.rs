@@ -113,6 +113,10 @@ pub struct Told {
     /// The progress earlier attempts left (schema 39), JSON text of an object; `None` when
     /// none was written.
     pub progress: Option<String>,
+    /// The batch the task is a member of, or whose callback it is (schema 39).
+    pub batch: Option<i64>,
+    /// For a batch's callback: its members by outcome, `succeeded=N,failed=N,canceled=N`.
+    pub batch_counts: Option<String>,
 }
 
 /// How much one claim may take.
@@ -173,7 +177,7 @@ pub struct ClaimBatch {
 const CLAIM_AFTER: &str =
     "SELECT task_id, task_attempt, task_payload, task_bytes, waited_s, task_priority, task_claim, \
             task_run, task_key, task_idempotency_key, task_traceparent, task_parents, \
-            task_parent_count, task_progress \
+            task_parent_count, task_progress, task_batch, task_batch_counts \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
@@ -260,6 +264,8 @@ pub async fn claim_after(
             parents: row.get(11),
             parent_count: row.get::<_, Option<i32>>(12).unwrap_or(0),
             progress: row.get(13),
+            batch: row.get(14),
+            batch_counts: row.get(15),
         };
         batch.last = Some(Position {
             priority: row.get(5),

@@ -78,6 +78,8 @@ pub enum BadInput {
     TooManyParents(usize),
     #[error("on_dep_failure must be cancel, run or wait")]
     OnDepFailure,
+    #[error("batch_id must be the id of a batch (an integer)")]
+    BatchId,
     #[error(
         "tag {0:?} is not a letter or digit followed by at most 62 letters, digits and _ . : -"
     )]
@@ -264,6 +266,9 @@ pub struct NewTask {
     pub tags: Vec<String>,
     /// A JSON object to find it by (schema 38), checked when it was made.
     pub metadata: Option<Metadata>,
+    /// The batch it is a member of (schema 39, [`super::batches`]): it must exist and not be
+    /// sealed, which only the insert can tell ([`super::batches::refusal`]).
+    pub batch_id: Option<i64>,
 }
 
 impl NewTask {
@@ -280,6 +285,7 @@ impl NewTask {
             on_dep_failure: None,
             tags: Vec::new(),
             metadata: None,
+            batch_id: None,
         }
     }
 
@@ -329,14 +335,16 @@ impl Enqueued {
 /// (`pgtaskd.tasks` in sql/schema.sql). The read of a taken key is a second part of the same statement, which
 /// cannot see a row committed by a concurrent enqueue it waited for: then [`enqueue`] asks
 /// again, with a fresh snapshot. A parent that does not exist, or is not older than the task,
-/// fails the insert ([`refusal`] sorts it). Tags and metadata are nulls unless given
-/// (`$11`, `$12`, the metadata's JSON text).
+/// fails the insert ([`refusal`] sorts it), as does a batch that does not exist or is sealed
+/// ([`super::batches::refusal`]). Tags, metadata and batch are nulls unless given (`$11`,
+/// `$12`, the metadata's JSON text, `$13`).
 pub(super) const ENQUEUE: &str = "
 WITH inserted AS (
     INSERT INTO pgtaskd.tasks (queue, payload, priority, run_at, max_attempts, idempotency_key,
-                               concurrency_key, depends_on, on_dep_failure, tags, metadata)
+                               concurrency_key, depends_on, on_dep_failure, tags, metadata,
+                               batch_id)
     VALUES ($1, $2, coalesce($3, 0), coalesce($4, now() + coalesce($5, 0) * interval '1 millisecond'),
-            $6, $7, $8, $9, $10, $11, $12::jsonb)
+            $6, $7, $8, $9, $10, $11, $12::jsonb, $13)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 )
@@ -357,7 +365,8 @@ const KEY_ROUNDS: usize = 5;
 /// # Errors
 ///
 /// Database failures; a parent that does not exist or is not older than the task among them,
-/// which [`refusal`] tells from the others.
+/// which [`refusal`] tells from the others, and a batch that does not exist or is sealed,
+/// which [`super::batches::refusal`] tells.
 pub async fn enqueue(client: &Client, task: &NewTask) -> Result<Enqueued, DbError> {
     enqueue_with(client, ENQUEUE, task).await
 }
@@ -396,6 +405,7 @@ pub(super) async fn enqueue_with(
                     (&on_dep_failure, Type::TEXT),
                     (&tags, Type::TEXT_ARRAY),
                     (&metadata, Type::TEXT),
+                    (&task.batch_id, Type::INT8),
                 ],
             )
             .await?;

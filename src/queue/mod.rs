@@ -6,6 +6,7 @@
 //! | file | owns |
 //! | --- | --- |
 //! | [`mod@enqueue`] | inserting a task, with the tasks it waits for |
+//! | [`mod@batches`] | batches: opening, sealing and reading one; what the database refuses of a member |
 //! | [`mod@graph`] | inserting a graph of tasks named by refs, parents first, in one transaction |
 //! | [`mod@enqueue_file`] | inserting a task whose payload is a file, streamed, never held whole |
 //! | [`mod@claim`] | QUEUED -> RUNNING, in batches, one winner per task (a WAITING task is never claimed) |
@@ -27,6 +28,7 @@
 //! | [`mod@wait`] | waiting until tasks end: LISTEN `pgtaskd_done`, read, re-read on each hint and poll tick |
 //! | [`mod@vacuum`] | the table's bloat and the oldest xmin horizon holding back its vacuum |
 
+pub mod batches;
 pub mod cancel;
 pub mod claim;
 pub mod daemons;

@@ -46,6 +46,8 @@ impl Worker {
             parents: told.parents,
             parent_count: told.parent_count,
             progress: told.progress,
+            batch: told.batch,
+            batch_counts: told.batch_counts,
         };
         tracing::debug!(
             id,

@@ -40,6 +40,8 @@ fn job() -> Job {
         parents: None,
         parent_count: 0,
         progress: None,
+        batch: None,
+        batch_counts: None,
     }
 }
 

@@ -30,6 +30,8 @@ fn job(traceparent: Option<&str>) -> Job {
         parents: None,
         parent_count: 0,
         progress: None,
+        batch: None,
+        batch_counts: None,
     }
 }
 

@@ -5,6 +5,9 @@
 mod support;
 
 mod analyze;
+mod batches;
+mod batches_cli;
+mod batches_daemons;
 mod bench;
 mod bench_soak;
 mod cancel;

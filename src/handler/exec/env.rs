@@ -43,8 +43,10 @@ pub fn is_removed(name: &OsStr) -> bool {
 /// claim's token) and, when the task has them, `PGTASKD_IDEMPOTENCY_KEY` (the producer's),
 /// `PGTASKD_SCHEDULE` and `PGTASKD_SCHEDULED_AT` (a schedule's fire), `PGTASKD_PARENTS` (the
 /// first 200 parents' `ID=STATUS`, separated by commas) and `PGTASKD_PARENT_COUNT` (a task
-/// with parents), `PGTASKD_PROGRESS` (the progress an earlier attempt left, JSON), and
-/// `TRACEPARENT`; `PGTASKD_PROGRESS_FD` when the run reads progress on `progress_fd`. With
+/// with parents), `PGTASKD_BATCH` (a batch's member or callback) and, for a callback,
+/// `PGTASKD_BATCH_SUCCEEDED`, `PGTASKD_BATCH_FAILED` and `PGTASKD_BATCH_CANCELED`,
+/// `PGTASKD_PROGRESS` (the progress an earlier attempt left, JSON), and `TRACEPARENT`;
+/// `PGTASKD_PROGRESS_FD` when the run reads progress on `progress_fd`. With
 /// `user` (the queue's `user`), `HOME`, `USER` and `LOGNAME` are the user's instead of the
 /// daemon's.
 pub fn child_env<I>(
@@ -90,10 +92,32 @@ where
     if let Some(fd) = progress_fd {
         set("PGTASKD_PROGRESS_FD", fd.to_string());
     }
+    if let Some(batch) = job.batch {
+        set("PGTASKD_BATCH", batch.to_string());
+    }
+    // A callback's counts, one variable per outcome.
+    for (outcome, count) in job
+        .batch_counts
+        .iter()
+        .flat_map(|counts| batch_counts(counts))
+    {
+        let name = match outcome {
+            "succeeded" => "PGTASKD_BATCH_SUCCEEDED",
+            "failed" => "PGTASKD_BATCH_FAILED",
+            "canceled" => "PGTASKD_BATCH_CANCELED",
+            _ => continue,
+        };
+        set(name, count.to_owned());
+    }
     if let Some(traceparent) = &job.traceparent {
         set("TRACEPARENT", traceparent.clone());
     }
     env
+}
+
+/// The `outcome=count` pairs of a callback's counts (`succeeded=3,failed=0,canceled=1`).
+fn batch_counts(counts: &str) -> impl Iterator<Item = (&str, &str)> {
+    counts.split(',').filter_map(|pair| pair.split_once('='))
 }
 
 #[cfg(test)]
@@ -113,6 +137,8 @@ mod tests {
             parents: None,
             parent_count: 0,
             progress: None,
+            batch: None,
+            batch_counts: None,
         }
     }
 
@@ -221,11 +247,17 @@ mod tests {
         let child = Job {
             parents: Some("12=SUCCEEDED,13=FAILED".into()),
             parent_count: 2,
+            batch: Some(7),
+            batch_counts: Some("succeeded=3,failed=1,canceled=0".to_owned()),
             ..job(None)
         };
         let env = child_env(Vec::new(), &child, None, None);
         assert_eq!(get(&env, "PGTASKD_PARENTS"), ["12=SUCCEEDED,13=FAILED"]);
         assert_eq!(get(&env, "PGTASKD_PARENT_COUNT"), ["2"]);
+        assert_eq!(get(&env, "PGTASKD_BATCH"), ["7"]);
+        assert_eq!(get(&env, "PGTASKD_BATCH_SUCCEEDED"), ["3"]);
+        assert_eq!(get(&env, "PGTASKD_BATCH_FAILED"), ["1"]);
+        assert_eq!(get(&env, "PGTASKD_BATCH_CANCELED"), ["0"]);
         assert!(get(&env, "PGTASKD_PROGRESS").is_empty());
         assert!(get(&env, "PGTASKD_PROGRESS_FD").is_empty());
         let resumed = Job {

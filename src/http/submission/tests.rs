@@ -219,3 +219,35 @@ fn tags_and_metadata_come_from_the_body_or_the_query_and_a_bad_one_is_422() {
         "{err}"
     );
 }
+
+#[test]
+fn a_batch_id_is_an_integer_from_the_body_or_the_query_and_null_is_none() {
+    let task = |body: &str| json(body).and_then(|submission| submission.task(None));
+    assert_eq!(
+        task(r#"{"payload": "p", "batch_id": 7}"#).unwrap().batch_id,
+        Some(7)
+    );
+    assert_eq!(
+        task(r#"{"payload": "p", "batch_id": null}"#)
+            .unwrap()
+            .batch_id,
+        None
+    );
+    assert_eq!(task(r#"{"payload": "p"}"#).unwrap().batch_id, None);
+    assert_eq!(text("batch_id=7", "p").unwrap().batch_id, Some(7));
+    for bad in [r#""7""#, "7.5", "[7]"] {
+        let err = task(&format!(r#"{{"payload": "p", "batch_id": {bad}}}"#)).unwrap_err();
+        assert!(matches!(&err, ApiError::BadRequest(_)), "{bad}: {err:?}");
+        assert!(err.to_string().contains("batch_id"), "{err}");
+    }
+    let err = text("batch_id=seven", "p").unwrap_err();
+    assert!(err.to_string().contains("batch_id"), "{err}");
+    // With a JSON body, the field is the body's.
+    let err = Submission::read(
+        &headers("application/json"),
+        Some("batch_id=7"),
+        br#"{"payload": "p"}"#,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("batch_id"), "{err}");
+}
