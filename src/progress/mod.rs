@@ -412,3 +412,86 @@ fn take(progress: &Progress, id: i64, token: i64, line: Line<'_>) {
         Err(refused) => progress.refused(id, &refused.to_string(), refused.as_str()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn latest(progress: &Progress, id: i64) -> Option<(i64, String, u8)> {
+        let pending = progress.pending.lock().unwrap();
+        pending.get(&id).map(|l| (l.token, l.json.clone(), l.tries))
+    }
+
+    #[test]
+    fn the_latest_report_of_a_task_replaces_the_one_before() {
+        let progress = Progress::new(Arc::new(Metrics::new()));
+        let mut sink = progress.sink(7, 70);
+        sink.push(b"{\"percent\": 1}\n{\"percent\": 2}\n{\"percent\"");
+        assert_eq!(
+            latest(&progress, 7),
+            Some((70, r#"{"percent": 2}"#.into(), 0))
+        );
+        sink.push(b": 3}");
+        sink.finish();
+        assert_eq!(
+            latest(&progress, 7),
+            Some((70, r#"{"percent": 3}"#.into(), 0))
+        );
+        sink.push(b"{\"percent\": 300}\nnot json\n");
+        assert_eq!(
+            latest(&progress, 7),
+            Some((70, r#"{"percent": 3}"#.into(), 0)),
+            "bad lines change nothing"
+        );
+        assert_eq!(progress.pending(), 1);
+    }
+
+    #[test]
+    fn at_most_max_pending_tasks_wait_and_a_waiting_one_is_still_replaced() {
+        let progress = Progress::new(Arc::new(Metrics::new()));
+        for id in 0..MAX_PENDING as i64 {
+            assert!(progress.record(id, 1, "{}".into()));
+        }
+        assert!(!progress.record(-1, 1, "{}".into()), "one task too many");
+        assert!(
+            progress.record(5, 2, r#"{"a": 1}"#.into()),
+            "a waiting task"
+        );
+        assert_eq!(progress.pending(), MAX_PENDING);
+        assert_eq!(latest(&progress, 5), Some((2, r#"{"a": 1}"#.into(), 0)));
+    }
+
+    #[test]
+    fn a_report_not_written_is_offered_again_twice_unless_a_newer_one_came() {
+        let progress = Progress::new(Arc::new(Metrics::new()));
+        let take = |progress: &Progress| -> Vec<(i64, Latest)> {
+            progress.pending.lock().unwrap().drain().collect()
+        };
+        progress.record(1, 10, r#"{"n": 1}"#.into());
+        progress.record(2, 20, r#"{"n": 2}"#.into());
+        progress.claim_current(1, 10);
+        assert!(progress.claim_checked(1, 10));
+        assert!(!progress.claim_checked(2, 10), "another task's claim");
+        // Task 2 written, task 1 not: offered again, its claim to be checked again.
+        let batch = take(&progress);
+        progress.missed(batch, &[2]);
+        assert_eq!(latest(&progress, 1), Some((10, r#"{"n": 1}"#.into(), 1)));
+        assert_eq!(latest(&progress, 2), None);
+        assert!(!progress.claim_checked(1, 10));
+        let batch = take(&progress);
+        progress.missed(batch, &[]);
+        assert_eq!(latest(&progress, 1).map(|l| l.2), Some(2));
+        let batch = take(&progress);
+        progress.missed(batch, &[]);
+        assert_eq!(latest(&progress, 1), None, "dropped after three flushes");
+        // A newer report that came meanwhile is kept, not the older one.
+        progress.record(3, 30, r#"{"n": "old"}"#.into());
+        let batch = take(&progress);
+        progress.record(3, 30, r#"{"n": "new"}"#.into());
+        progress.missed(batch, &[]);
+        assert_eq!(
+            latest(&progress, 3),
+            Some((30, r#"{"n": "new"}"#.into(), 0))
+        );
+    }
+}
