@@ -158,6 +158,9 @@ BEGIN
                 WHERE m.batch_id = b.id AND m.status IN ('WAITING', 'QUEUED', 'RUNNING')) THEN
         RETURN;
     END IF;
+    -- The callback's row first: a retry or a cancel of it in flight commits before it is read
+    -- below, and a retry that follows reads the batch ended.
+    PERFORM 1 FROM pgtaskd.task_state AS s WHERE s.id = b.callback FOR UPDATE;
     SELECT count(*) FILTER (WHERE m.status = 'SUCCEEDED'),
            count(*) FILTER (WHERE m.status = 'FAILED'),
            count(*) FILTER (WHERE m.status = 'CANCELED')
@@ -213,10 +216,14 @@ DECLARE
     open_ids bigint[];
     b        bigint;
 BEGIN
-    SELECT array_agg(DISTINCT s.batch_id) INTO open_ids
+    -- Read by primary key (the filter, not the condition, names `batch_id`: the index of
+    -- members would read every member of every batch).
+    SELECT array_agg(DISTINCT s.batch_id)
+               FILTER (WHERE s.batch_id IS NOT NULL
+                         AND s.status IN ('SUCCEEDED', 'FAILED', 'CANCELED'))
+      INTO open_ids
       FROM pgtaskd.task_state AS s
-     WHERE s.id = ANY (end_batches.ended) AND s.batch_id IS NOT NULL
-       AND coalesce(s.status, '') IN ('SUCCEEDED', 'FAILED', 'CANCELED');
+     WHERE s.id = ANY (end_batches.ended);
     IF open_ids IS NULL THEN
         RETURN;
     END IF;
@@ -321,6 +328,9 @@ BEGIN
 END
 $$;
 
+-- settle_waiting answers the tasks its cascade canceled, so that the batches are decided once.
+DROP FUNCTION pgtaskd.settle_waiting(bigint[], bigint[]);
+
 -- The tasks `ended` ended in this transaction: decide for each task waiting on one of them
 -- (`pgtaskd.settle_waiting`). Called by every function that ends a task, after its write: the
 -- finish (and so the parked results' write), the rescue, a cancel and a release.
@@ -332,7 +342,8 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    children bigint[];
+    children  bigint[];
+    all_ended bigint[];
 BEGIN
     IF end_parents.ended IS NULL OR cardinality(end_parents.ended) = 0 THEN
         RETURN;
@@ -350,10 +361,218 @@ BEGIN
       FROM pgtaskd.task_deps AS d
      WHERE d.parent = ANY (end_parents.ended);
     IF children IS NOT NULL THEN
-        PERFORM pgtaskd.settle_waiting(children, end_parents.ended);
+        -- With the tasks its cascade canceled (version 39).
+        all_ended := end_parents.ended || pgtaskd.settle_waiting(children, end_parents.ended);
     END IF;
-    -- The batches they were members of (version 39).
-    PERFORM pgtaskd.end_batches(end_parents.ended);
+    -- The batches they were members of, each row locked once, in id order (version 39).
+    PERFORM pgtaskd.end_batches(coalesce(all_ended, end_parents.ended));
+END
+$$;
+
+-- Decide what the ends of parents `parents` (null: of every parent that has ended) make of
+-- the WAITING tasks `children`, in the transaction that commits those ends: an edge to a
+-- parent that SUCCEEDED is gone; one to a parent that FAILED or was CANCELED is gone under
+-- `on_dep_failure` 'run', stays under 'wait' (until a retry of the parent ends it), and under
+-- 'cancel' (unset) cancels the child, naming the parent, and then its own dependents, all in
+-- this transaction. A child no edge holds any more is QUEUED and a daemon is woken. No
+-- periodic pass releases anything ("Released in the parent's commit").
+CREATE OR REPLACE FUNCTION pgtaskd.settle_waiting(children bigint[], parents bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Each row found by its key, whatever the statistics say: a child of 10,000 parents is
+-- decided by reading the edges it needs, never all of them.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_sort = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    canceled bigint[];
+    below    bigint[];
+    released bigint;
+    locked   bigint[] := settle_waiting.children;
+BEGIN
+    IF settle_waiting.parents IS NOT NULL THEN
+        -- Most ends are not the last of their child's: a child with another parent QUEUED
+        -- or RUNNING, held here (FOR SHARE, passing over one another transaction holds) so
+        -- that it cannot end before this commit, is not released now, and that parent's end
+        -- will see these edges gone. Every end of such a row locks it first (a claim, a
+        -- finish batch, a rescue pass over it, and the claim is then settled alone; a cancel
+        -- and a release wait). Such a child loses its edges to these parents without being
+        -- locked, so that the parents of one child do not wait for one another's commits
+        -- ("Released in the parent's commit"). A settle never locks a QUEUED or RUNNING
+        -- row, so this hold waits for no one and makes no settle wait. The parent held is
+        -- the newest, the last a claim would take.
+        WITH candidates AS MATERIALIZED (
+            SELECT c.id
+              FROM pgtaskd.task_state AS c
+              JOIN pgtaskd.tasks AS t ON t.id = c.id
+             -- `coalesce(status, '')`: found by primary key, never by a scan of the partial
+             -- index of every WAITING task.
+             WHERE c.id = ANY (settle_waiting.children) AND coalesce(c.status, '') = 'WAITING'
+               -- No end here cancels it.
+               AND NOT (coalesce(t.on_dep_failure, 'cancel') = 'cancel' AND EXISTS (
+                        SELECT 1 FROM pgtaskd.task_deps AS d
+                          JOIN pgtaskd.task_state AS p ON p.id = d.parent
+                         WHERE d.child = c.id AND d.parent = ANY (settle_waiting.parents)
+                           AND p.status IN ('FAILED', 'CANCELED')))
+        ), fast AS MATERIALIZED (
+            -- Only then a parent is held: never for a child decided below anyway.
+            SELECT c.id
+              FROM candidates AS c
+             WHERE EXISTS (SELECT 1
+                             FROM (SELECT p.id
+                                     -- The child's edges, newest parent first (`OFFSET 0`:
+                                     -- read from the edges' key, never from the newest
+                                     -- task of all backwards).
+                                     FROM (SELECT d.parent
+                                             FROM pgtaskd.task_deps AS d
+                                            WHERE d.child = c.id
+                                              AND NOT (d.parent = ANY (settle_waiting.parents))
+                                            ORDER BY d.parent DESC
+                                           OFFSET 0) AS x
+                                     JOIN pgtaskd.task_state AS p ON p.id = x.parent
+                                    WHERE coalesce(p.status, '') IN ('QUEUED', 'RUNNING')
+                                    LIMIT 1
+                                      FOR SHARE OF p SKIP LOCKED) AS h)
+        ), resolved AS (
+            DELETE FROM pgtaskd.task_deps AS d
+             USING pgtaskd.task_state AS p, pgtaskd.tasks AS t
+             WHERE d.child = ANY (ARRAY(SELECT f.id FROM fast AS f))
+               AND d.parent = ANY (settle_waiting.parents)
+               AND p.id = d.parent AND t.id = d.child
+               AND (p.status = 'SUCCEEDED'
+                    OR (p.status IN ('FAILED', 'CANCELED') AND t.on_dep_failure = 'run'))
+        )
+        SELECT ARRAY(SELECT x.id FROM unnest(settle_waiting.children) AS x(id)
+                      WHERE NOT (x.id = ANY (ARRAY(SELECT f.id FROM fast AS f))))
+          INTO locked;
+        IF cardinality(locked) = 0 THEN
+            RETURN '{}';
+        END IF;
+    END IF;
+    -- The other children, locked in id order: a settle of a child waits for the one before
+    -- it, and each statement below sees what that one committed. Where a parent failed, a
+    -- cancel may cascade: every waiting task below these children is locked too, in the same
+    -- order and the same statement, so that two cascades through one graph take their locks
+    -- in one order and never deadlock.
+    IF EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
+                 JOIN pgtaskd.task_state AS p ON p.id = d.parent
+                WHERE d.child = ANY (locked)
+                  AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
+                  AND p.status IN ('FAILED', 'CANCELED')) THEN
+        PERFORM 1 FROM pgtaskd.task_state AS c
+          WHERE c.id = ANY (ARRAY(
+                    WITH RECURSIVE below (id) AS (
+                        SELECT x.id FROM unnest(locked) AS x(id)
+                        UNION
+                        SELECT d.child FROM pgtaskd.task_deps AS d JOIN below AS b ON d.parent = b.id)
+                    SELECT below.id FROM below))
+            AND coalesce(c.status, '') = 'WAITING'
+          ORDER BY c.id
+            FOR UPDATE;
+    ELSE
+        PERFORM 1 FROM pgtaskd.task_state AS c
+          WHERE c.id = ANY (locked) AND coalesce(c.status, '') = 'WAITING'
+          ORDER BY c.id
+            FOR UPDATE;
+    END IF;
+    WITH ended AS MATERIALIZED (
+        -- Each edge of these children to a parent that has ended, with the child's policy.
+        SELECT d.child, d.parent, p.status AS outcome,
+               coalesce(t.on_dep_failure, 'cancel') AS policy
+          FROM pgtaskd.task_deps AS d
+          JOIN pgtaskd.task_state AS c ON c.id = d.child
+          JOIN pgtaskd.task_state AS p ON p.id = d.parent
+          JOIN pgtaskd.tasks AS t ON t.id = d.child
+         WHERE d.child = ANY (locked)
+           AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
+           AND coalesce(c.status, '') = 'WAITING'
+           AND p.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+    ), resolved AS (
+        DELETE FROM pgtaskd.task_deps AS d
+         USING ended AS e
+         WHERE d.child = e.child AND d.parent = e.parent
+           AND (e.outcome = 'SUCCEEDED' OR e.policy = 'run')
+    ), failing AS (
+        -- The first parent that failed, named in the error.
+        SELECT DISTINCT ON (e.child) e.child, e.parent, e.outcome
+          FROM ended AS e
+         WHERE e.outcome <> 'SUCCEEDED' AND e.policy = 'cancel'
+         ORDER BY e.child, e.parent
+    ), canceled_now AS (
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'CANCELED',
+               cancel_requested = true,
+               canceled_by = f.parent,
+               error = format('parent task %s %s', f.parent, lower(f.outcome)),
+               finished_at = now()
+          FROM failing AS f
+         WHERE s.id = f.child AND coalesce(s.status, '') = 'WAITING'
+        RETURNING s.id
+    )
+    SELECT array_agg(n.id ORDER BY n.id) INTO canceled FROM canceled_now AS n;
+    IF canceled IS NOT NULL THEN
+        -- A canceled task waits for nothing any more; its own dependents are decided next,
+        -- in this transaction (a cascade).
+        DELETE FROM pgtaskd.task_deps AS d WHERE d.child = ANY (canceled);
+        PERFORM pgtaskd.notify_done(canceled);
+        SELECT array_agg(DISTINCT d.child) INTO below
+          FROM pgtaskd.task_deps AS d
+         WHERE d.parent = ANY (canceled);
+        IF below IS NOT NULL THEN
+            canceled := canceled || pgtaskd.settle_waiting(below, canceled);
+        END IF;
+    END IF;
+    -- The children no edge holds: QUEUED, due from now at the earliest.
+    WITH queued AS (
+        UPDATE pgtaskd.task_state AS s
+           SET status = 'QUEUED', run_at = greatest(s.run_at, now())
+         WHERE s.id = ANY (locked) AND coalesce(s.status, '') = 'WAITING'
+           AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d WHERE d.child = s.id)
+        RETURNING s.id
+    )
+    SELECT count(*) INTO released FROM queued;
+    IF released > 0 THEN
+        PERFORM pgtaskd.notify('pgtaskd_tasks', '');
+    END IF;
+    -- Every task canceled here and below, for the caller's batches (version 39).
+    RETURN coalesce(canceled, '{}');
+END
+$$;
+
+-- At the producer's commit, each new task with parents (version 37): its parents are held
+-- (FOR SHARE, in id order) until that commit, so that an end of one of them either committed
+-- before (and is decided here, as `pgtaskd.settle_waiting` decides it) or waits for this
+-- commit and then finds the task's edges. A parent deleted meanwhile fails the commit.
+CREATE OR REPLACE FUNCTION pgtaskd.tasks_deps_settle() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    missing bigint;
+BEGIN
+    PERFORM 1 FROM pgtaskd.task_state AS p
+      WHERE p.id = ANY (ARRAY(SELECT d.parent FROM pgtaskd.task_deps AS d
+                               WHERE d.child = NEW.id))
+      ORDER BY p.id
+        FOR SHARE;
+    SELECT d.parent INTO missing
+      FROM pgtaskd.task_deps AS d
+     WHERE d.child = NEW.id
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+     LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'task depends on task %, which does not exist', missing
+            USING ERRCODE = '23503';
+    END IF;
+    PERFORM pgtaskd.end_batches(pgtaskd.settle_waiting(ARRAY[NEW.id], NULL));
+    RETURN NULL;
 END
 $$;
 
@@ -431,6 +650,16 @@ BEGIN
      LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'task % cannot be deleted: it is a member of batch %, which has not ended', held.id, held.batch_id
+            USING ERRCODE = '23503',
+                  HINT = 'Seal the batch and let its members end (or cancel them) first.';
+    END IF;
+    SELECT o.id, b.id AS batch_id INTO held
+      FROM gone_tasks AS o
+      JOIN pgtaskd.batches AS b ON b.callback OPERATOR(pg_catalog.=) o.id
+     WHERE b.ended_at IS NULL
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'task % cannot be deleted: it is the callback of batch %, which has not ended', held.id, held.batch_id
             USING ERRCODE = '23503',
                   HINT = 'Seal the batch and let its members end (or cancel them) first.';
     END IF;
@@ -526,6 +755,10 @@ BEGIN
            AND (k.batch_id IS NULL
                 OR NOT EXISTS (SELECT 1 FROM pgtaskd.batches AS b
                                 WHERE b.id = k.batch_id AND b.ended_at IS NULL))
+           -- Nor the callback of one (canceled by hand): the batch's end looks for it.
+           AND (k.callback_of IS NULL
+                OR NOT EXISTS (SELECT 1 FROM pgtaskd.batches AS b
+                                WHERE b.id = k.callback_of AND b.ended_at IS NULL))
            -- A queue's own `retain` (version 33) over the daemon's setting.
            AND k.finished_at < now() - coalesce(
                    (SELECT s.retain FROM pgtaskd.queue_settings AS s
@@ -620,18 +853,15 @@ AS $$
      WHERE (b.ended_at IS NOT NULL AND s.status = 'WAITING')
         OR (b.ended_at IS NULL AND s.status IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED'))
     UNION ALL
-    -- A batch's counts that disagree with its members (those retention has not taken).
-    SELECT b.callback, format('batch %s counted %s succeeded, %s failed, %s canceled; its members are %s, %s, %s',
-                              b.id, b.succeeded, b.failed, b.canceled, m.succeeded, m.failed, m.canceled)
+    -- A batch that ended without counting every member (members retried after the end
+    -- change their outcome, and retention takes some: neither adds one).
+    SELECT b.callback, format('batch %s counted %s members, but has %s',
+                              b.id, b.succeeded + b.failed + b.canceled, m.n)
       FROM pgtaskd.batches AS b
-     CROSS JOIN LATERAL (
-            SELECT count(*) FILTER (WHERE x.status = 'SUCCEEDED') AS succeeded,
-                   count(*) FILTER (WHERE x.status = 'FAILED') AS failed,
-                   count(*) FILTER (WHERE x.status = 'CANCELED') AS canceled
-              FROM pgtaskd.task_state AS x
-             WHERE x.batch_id = b.id) AS m
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgtaskd.task_state AS x
+                          WHERE x.batch_id = b.id) AS m
      WHERE b.ended_at IS NOT NULL
-       AND (m.succeeded > b.succeeded OR m.failed > b.failed OR m.canceled > b.canceled)
+       AND m.n > b.succeeded + b.failed + b.canceled
 $$;
 
 -- Tasks `ids` just put back to QUEUED by a retry: those with parents wait again for each
@@ -675,7 +905,8 @@ BEGIN
     )
     SELECT array_agg(w.id ORDER BY w.id) INTO waiting FROM waits AS w;
     IF waiting IS NOT NULL THEN
-        PERFORM pgtaskd.settle_waiting(waiting, NULL);
+        -- The batches of the tasks it canceled (version 39).
+        PERFORM pgtaskd.end_batches(pgtaskd.settle_waiting(waiting, NULL));
     END IF;
     -- A batch's callback brought back before its batch has ended waits for it again (version
     -- 39): the batch's end releases it.
@@ -838,9 +1069,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    sealed timestamptz;
+    batch record;
 BEGIN
-    SELECT b.sealed_at INTO sealed
+    SELECT b.sealed_at, b.callback INTO batch
       FROM pgtaskd.batches AS b
      WHERE b.id OPERATOR(pg_catalog.=) NEW.batch_id
        FOR KEY SHARE;
@@ -848,7 +1079,12 @@ BEGIN
         RAISE EXCEPTION 'batch % does not exist', NEW.batch_id
             USING ERRCODE = '23503';
     END IF;
-    IF sealed IS NOT NULL THEN
+    -- The callback waits for the member: the member cannot wait for it.
+    IF batch.callback OPERATOR(pg_catalog.=) ANY (NEW.depends_on) THEN
+        RAISE EXCEPTION 'a member of batch % cannot depend on its callback, task %', NEW.batch_id, batch.callback
+            USING ERRCODE = '23514';
+    END IF;
+    IF batch.sealed_at IS NOT NULL THEN
         RAISE EXCEPTION 'batch % is sealed: no task can join it', NEW.batch_id
             USING ERRCODE = '55000',
                   HINT = 'Open another batch (pgtaskd.open_batch).';
@@ -1169,6 +1405,7 @@ REVOKE ALL ON FUNCTION pgtaskd.decide_batch(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.end_batches(bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.seal_batch(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgtaskd.write_progress(bigint[], bigint[], jsonb[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtaskd.settle_waiting(bigint[], bigint[]) FROM PUBLIC;
 
 -- The roles granted before: producers and daemons insert members, open, seal and read
 -- batches; daemons write progress; operators read and seal batches.

@@ -503,3 +503,192 @@ async fn no_row_is_written_per_member() {
     assert_eq!(succeeded, Some(2_000));
     assert_eq!(status(&client, callback).await, "QUEUED");
 }
+
+/// A canceled callback retried while its batch ends: the batch's end waits for the retry's
+/// commit and releases the callback the retry made wait again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_retried_while_its_batch_ends_is_released() {
+    let db = TestDb::new().await;
+    let retrier = db.client().await;
+    let sealer = db.client().await;
+    let reader = db.client().await;
+    let (batch, callback) = open(&retrier, "finish").await;
+    let member = members(&retrier, batch, 1).await[0];
+    let claimed = claim(&retrier, 10).await;
+    finish(&retrier, member, claimed[0].1, "SUCCEEDED").await;
+    retrier
+        .query_one("SELECT pgtaskd.cancel($1)", &[&callback])
+        .await
+        .unwrap();
+    retrier.batch_execute("BEGIN").await.unwrap();
+    retrier
+        .query_one("SELECT pgtaskd.retry($1)", &[&callback])
+        .await
+        .unwrap();
+    assert_eq!(
+        status(&retrier, callback).await,
+        "WAITING",
+        "its batch is open"
+    );
+    let sealing = tokio::spawn(async move { seal(&sealer, batch).await });
+    within(WAIT, "the seal waiting for the retry", async {
+        loop {
+            let waiting: i64 = reader
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                      WHERE wait_event_type = 'Lock' AND query LIKE '%seal_batch%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    retrier.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(within(WAIT, "the seal", sealing).await.unwrap(), "ended");
+    assert_eq!(status(&reader, callback).await, "QUEUED");
+    assert!(problems(&reader).await.is_empty());
+}
+
+/// Two cancels at once, each cascading into a member of the other's batch: the batches' rows
+/// are locked once per end, in id order, so the two never deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cascades_into_each_others_batches_never_deadlock() {
+    const TRIALS: usize = 150;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let mut plan = Vec::new();
+    for _ in 0..TRIALS {
+        let (a, _) = open(&client, "finish").await;
+        let (b, _) = open(&client, "finish").await;
+        let insert = |payload: &'static str, batch: i64, parents: Option<Vec<i64>>| {
+            let client = &client;
+            async move {
+                client
+                    .query_one(
+                        "INSERT INTO pgtaskd.tasks (queue, payload, batch_id, depends_on) \
+                         VALUES ('elsewhere', $1, $2, $3) RETURNING id",
+                        &[&payload, &batch, &parents],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+            }
+        };
+        let x = insert("x", b, None).await;
+        let u = insert("u", a, None).await;
+        insert("y", a, Some(vec![x])).await;
+        insert("v", b, Some(vec![u])).await;
+        seal(&client, a).await;
+        seal(&client, b).await;
+        plan.push((x, u));
+    }
+    let plan = Arc::new(plan);
+    let barrier = Arc::new(Barrier::new(2));
+    let mut sessions = Vec::new();
+    for side in 0..2usize {
+        let session = db.client().await;
+        let (plan, barrier) = (plan.clone(), barrier.clone());
+        sessions.push(tokio::spawn(async move {
+            for &(x, u) in plan.iter() {
+                barrier.wait().await;
+                let id = if side == 0 { x } else { u };
+                session
+                    .query_one("SELECT pgtaskd.cancel($1)", &[&id])
+                    .await
+                    .unwrap_or_else(|err| panic!("cancel of {id}: {err:?}"));
+            }
+        }));
+    }
+    for session in sessions {
+        within(WAIT * 3, "the trials", session).await.unwrap();
+    }
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.batches WHERE ended_at IS NULL OR canceled <> 2",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "every batch ended with its two members canceled");
+    assert!(problems(&client).await.is_empty());
+}
+
+/// What the database refuses around a batch's callback, and what a retry after the end keeps.
+#[tokio::test]
+async fn a_callback_is_kept_and_its_counts_stand_after_the_end() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (batch, callback) = open(&client, "success").await;
+    let own = client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, batch_id, depends_on) VALUES ('loop', $1, $2)",
+            &[&batch, &vec![callback]],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(own.as_db_error().unwrap().code().code(), "23514", "{own:?}");
+    let deleted = client
+        .execute("DELETE FROM pgtaskd.tasks WHERE id = $1", &[&callback])
+        .await
+        .unwrap_err();
+    assert!(
+        deleted
+            .as_db_error()
+            .unwrap()
+            .message()
+            .contains("callback of batch"),
+        "{deleted:?}"
+    );
+
+    let ids = members(&client, batch, 2).await;
+    seal(&client, batch).await;
+    let claimed: HashMap<i64, i64> = claim(&client, 10).await.into_iter().collect();
+    finish(&client, ids[0], claimed[&ids[0]], "SUCCEEDED").await;
+    finish(&client, ids[1], claimed[&ids[1]], "FAILED").await;
+    assert_eq!(status(&client, callback).await, "CANCELED");
+    // The failed member retried after the end runs again; the batch does not end twice.
+    client
+        .query_one("SELECT pgtaskd.retry($1)", &[&ids[1]])
+        .await
+        .unwrap();
+    let claimed = claim(&client, 10).await;
+    finish(&client, ids[1], claimed[0].1, "SUCCEEDED").await;
+    assert_eq!(status(&client, callback).await, "CANCELED");
+    let counts = client
+        .query_one(
+            "SELECT succeeded, failed, canceled FROM pgtaskd.batches WHERE id = $1",
+            &[&batch],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (counts.get(0), counts.get(1), counts.get(2)),
+        (1i64, 1i64, 0i64),
+        "the counts of the end"
+    );
+    assert!(problems(&client).await.is_empty());
+    // Once ended, the callback and the members may go.
+    client
+        .execute(
+            "DELETE FROM pgtaskd.tasks WHERE id = $1 OR batch_id = $2",
+            &[&callback, &batch],
+        )
+        .await
+        .unwrap();
+    let rows: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.batches WHERE id = $1",
+            &[&batch],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "an ended batch goes with its callback");
+}
