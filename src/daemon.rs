@@ -32,6 +32,7 @@ use crate::health::{self, Health};
 use crate::http::{self, HttpError};
 use crate::maintenance;
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 use crate::shutdown::Shutdown;
 use crate::worker::Workers;
 use tokio_util::sync::CancellationToken;
@@ -140,6 +141,8 @@ pub async fn run(
         queues = ?config.worker.queues, "pgtaskd starting");
     let health = Arc::new(Health::new());
     let metrics = Arc::new(Metrics::serving(&config.worker.queues));
+    // The handlers' progress reports, from the exec lanes and the HTTP route.
+    let progress = Progress::new(Arc::clone(&metrics));
     let background = CancellationToken::new();
     let _stop_background = background.clone().drop_guard();
     tokio::spawn(health::watchdog(background.clone()));
@@ -171,6 +174,7 @@ pub async fn run(
             completions: completions.clone().expect("made when http.listen is set"),
             served: config.worker.queues.clone().into(),
             waiters: http::waiters(config.http.max_connections),
+            progress: Arc::clone(&progress),
         };
         let router = http::router(state, config.http.max_body);
         tokio::spawn(http::serve(
@@ -194,8 +198,11 @@ pub async fn run(
         return Ok(());
     }
 
-    let worker = Workers::new(config, &pool, &analyzer, &instance, &metrics)
+    let worker = Workers::new(config, &pool, &analyzer, &instance, &metrics, &progress)
         .map_err(DaemonError::HttpClient)?;
+    // Written once a second; once more when the last lane has stopped.
+    let flusher_stop = CancellationToken::new();
+    let flusher = tokio::spawn(Arc::clone(&progress).run(pool.clone(), flusher_stop.clone()));
     // Listed in `pgtaskd.daemons` before it is ready: every lane's queues, once.
     let presence = maintenance::presence::Presence::start(
         &pool,
@@ -253,6 +260,8 @@ pub async fn run(
     let unsettled = worker
         .shutdown(config.shutdown.grace, shutdown.hurrying())
         .await;
+    flusher_stop.cancel();
+    let _ = flusher.await;
     presence.stop().await;
     background.cancel();
     let _ = listener.await;

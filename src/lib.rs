@@ -16,6 +16,7 @@
 //! | [`schedule`] | schedules: cron and periodic rules, their instants, and the table that decides who fires each |
 //! | [`maintenance`] | the periodic services beside the worker: the rescuer of expired leases, the scheduler, retention, the daemon's own `VACUUM`, the vacuum-health watch |
 //! | [`worker`] | wake -> intake room -> claim -> permit -> analyze -> finish, and the two-phase stop; its [`worker::intake`] sizes the claims: the free workers, and more for fast tasks |
+//! | [`progress`] | what running handlers report of their work: checked lines, the latest per task in memory, written at most once a second per task, fenced by the claim |
 //! | [`analyzer`] | words, bytes and runes: pure, cancellable |
 //! | [`batch`] | `pgtaskd analyze`: the bounded executor over local files |
 //! | [`daemon`] | `pgtaskd run`: wiring and ordered shutdown |
@@ -49,6 +50,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod privileges;
 pub mod process;
+pub mod progress;
 pub mod queue;
 pub(crate) mod repeats;
 pub mod schedule;

@@ -335,6 +335,17 @@ pub fn describe_task(task: &Task) -> String {
             super::queues::printable(metadata.as_str())
         ));
     }
+    if let Some(progress) = &task.progress {
+        // The handler's last report, kept across attempts (docs/handlers.md, "Progress").
+        let at = task
+            .progress_at
+            .map(|at| format!("  (at {})", at.to_rfc3339()))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "  progress: {}{at}\n",
+            super::queues::printable(progress.as_str())
+        ));
+    }
     if let Some(parents) = task.depends_on.as_deref().filter(|ids| !ids.is_empty()) {
         text.push_str(&format!(
             "  after: {} (on a parent's failure: {})\n",

@@ -6,7 +6,9 @@
 //! 1. **Start** (`child.rs`). `command` is an argv: no shell, and the payload is never in it.
 //!    The child gets the daemon's environment minus its secrets and settings, plus
 //!    `PGTASKD_TASK_ID`, `PGTASKD_ATTEMPT`, `PGTASKD_QUEUE`, `PGTASKD_CLAIM`, `PGTASKD_PARENTS`
-//!    (a task with parents) and `TRACEPARENT` ([`child_env`]), and no descriptor but its three pipes. It runs as the queue's `user`
+//!    (a task with parents), `PGTASKD_PROGRESS` (an earlier attempt's progress),
+//!    `PGTASKD_PROGRESS_FD` and `TRACEPARENT` ([`child_env`]), and no descriptor but its three
+//!    pipes and, when its progress is read, the write end of a fourth as descriptor 3. It runs as the queue's `user`
 //!    and `group` when given (`HOME`, `USER` and `LOGNAME` then the user's). It leads a
 //!    process group of its own, and is SIGKILLed by the kernel if the daemon dies
 //!    (`PR_SET_PDEATHSIG`). A command that cannot be started is an
@@ -16,6 +18,9 @@
 //!    the last byte. A child that exits without reading it all is not an error (the broken
 //!    pipe ends the writing only). stdout is kept up to `max_output` bytes; stderr only its
 //!    last [`STDERR_TAIL`] bytes (a ring): memory stays bounded whatever the child writes.
+//!    The progress pipe is read in the same loop, its lines handed to a
+//!    [`Sink`] (which holds at most one line's bound): a child writing
+//!    progress faster than it is read waits on the pipe, never on the database.
 //! 3. **Stop**, when needed. `timeout` passing or `cancel` firing: SIGTERM to the group, then
 //!    SIGKILL to the group `kill_after` later if the child has not exited. stdout going over
 //!    `max_output`: SIGKILL to the group at once, nothing more is read.
@@ -57,6 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Failure, FailureKind, Job, Ran, Retry};
 use crate::privileges::RunAs;
+use crate::progress::Sink;
 pub use env::{child_env, is_removed};
 pub use output::STDERR_TAIL;
 use output::{read_now, StderrTail, Stdout};
@@ -91,6 +97,9 @@ pub fn snooze_delay(stdout: &[u8]) -> Option<Duration> {
 /// The most bytes written to stdin or read from stdout in one go.
 const CHUNK: usize = 64 * 1024;
 
+/// The most bytes read from the progress pipe in one go.
+const PROGRESS_CHUNK: usize = 16 * 1024;
+
 /// The most bytes read from one pipe after the child's exit: a pipe's largest buffer by
 /// default (`/proc/sys/fs/pipe-max-size`), so all the child wrote, but no endless reading of
 /// a process outside the group that keeps writing.
@@ -119,6 +128,20 @@ pub struct ExecSpec {
 /// inside `spawn_blocking` (the child's `PR_SET_PDEATHSIG` is tied to the thread that
 /// started it).
 pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &CancellationToken) -> Ran {
+    run_reporting(spec, job, payload, cancel, None).await
+}
+
+/// [`run`], with the child's progress reports read from the descriptor
+/// `PGTASKD_PROGRESS_FD` names and handed to `progress`, when given (without, the child has
+/// no such descriptor). What the pipe holds when the child exits is read too, and the last
+/// line without its newline counts.
+pub async fn run_reporting(
+    spec: &ExecSpec,
+    job: &Job,
+    payload: &[u8],
+    cancel: &CancellationToken,
+    progress: Option<&mut Sink>,
+) -> Ran {
     if cancel.is_cancelled() {
         return Ran::Canceled;
     }
@@ -128,7 +151,7 @@ pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &Cancellati
             "the exec command is empty".into(),
         ));
     };
-    let (mut child, mut group) = match child::spawn(spec, job) {
+    let (mut child, mut group) = match child::spawn(spec, job, progress.is_some()) {
         Ok(started) => started,
         Err(error) => {
             return Ran::Failed(later(
@@ -137,7 +160,7 @@ pub async fn run(spec: &ExecSpec, job: &Job, payload: &[u8], cancel: &Cancellati
             ))
         }
     };
-    let mut pipes = Pipes::new(&mut child, payload, spec.max_output);
+    let mut pipes = Pipes::new(&mut child, payload, spec.max_output, progress);
     let (status, stop) = supervise(spec, &mut child, &group, &mut pipes, cancel).await;
     group.kill_leftovers();
     pipes.drain();
@@ -227,11 +250,28 @@ struct Pipes<'a> {
     err: StderrTail,
     out_buf: Vec<u8>,
     err_buf: Vec<u8>,
+    /// The progress pipe and where its lines go.
+    progress: Option<pipe::Receiver>,
+    sink: Option<&'a mut Sink>,
+    progress_buf: Vec<u8>,
 }
 
 impl<'a> Pipes<'a> {
-    fn new(child: &mut Child, payload: &'a [u8], max_output: usize) -> Pipes<'a> {
+    fn new(
+        child: &mut Child,
+        payload: &'a [u8],
+        max_output: usize,
+        sink: Option<&'a mut Sink>,
+    ) -> Pipes<'a> {
+        let progress = child.progress.take().filter(|_| sink.is_some());
         Pipes {
+            progress_buf: if progress.is_some() {
+                vec![0; PROGRESS_CHUNK]
+            } else {
+                Vec::new()
+            },
+            progress,
+            sink,
             payload,
             // Nothing to write: closed at once, the child reads an end of file.
             stdin: child.stdin.take().filter(|_| !payload.is_empty()),
@@ -279,8 +319,28 @@ impl<'a> Pipes<'a> {
                     _ => self.stderr = None,
                 }
             }
+            read = read_some(&mut self.progress, &mut self.progress_buf) => {
+                match read {
+                    Ok(n) if n > 0 => {
+                        if let Some(sink) = self.sink.as_deref_mut() {
+                            sink.push(&self.progress_buf[..n]);
+                        }
+                    }
+                    // Closed by the child (or broken): its last line counts.
+                    _ => self.end_progress(),
+                }
+            }
         }
         true
+    }
+
+    /// The progress pipe is read no more: closed, and a last line without its newline
+    /// handed on.
+    fn end_progress(&mut self) {
+        self.progress = None;
+        if let Some(sink) = self.sink.as_deref_mut() {
+            sink.finish();
+        }
     }
 
     /// Once the child has exited and its group is killed: read what stdout and stderr hold
@@ -297,6 +357,21 @@ impl<'a> Pipes<'a> {
                     _ => break,
                 }
             }
+        }
+        if let Some(progress) = self.progress.take() {
+            let mut drained = 0;
+            while drained < DRAIN_MAX {
+                match read_now(&progress, &mut self.progress_buf) {
+                    Ok(n) if n > 0 => {
+                        if let Some(sink) = self.sink.as_deref_mut() {
+                            sink.push(&self.progress_buf[..n]);
+                        }
+                        drained += n;
+                    }
+                    _ => break,
+                }
+            }
+            self.end_progress();
         }
         if let Some(stderr) = self.stderr.take() {
             let mut drained = 0;

@@ -221,6 +221,19 @@ fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
             headers.insert(HeaderName::from_static("pgtaskd-batch-counts"), value);
         }
     }
+    // An earlier attempt's progress, the same JSON in ASCII (`\uXXXX` escapes), so that a
+    // header can carry it whatever its characters.
+    if let Some(progress) = &job.progress {
+        match HeaderValue::from_str(&crate::progress::ascii_json(progress)) {
+            Ok(value) => {
+                headers.insert(HeaderName::from_static("pgtaskd-progress"), value);
+            }
+            Err(_) => tracing::warn!(
+                task = job.id,
+                "the task's progress is not a valid header value; sent without it"
+            ),
+        }
+    }
     if let Some(traceparent) = &job.traceparent {
         match HeaderValue::from_str(traceparent) {
             Ok(value) => {
@@ -395,6 +408,7 @@ mod tests {
             traceparent: None,
             parents: None,
             parent_count: 0,
+            progress: None,
             batch: None,
             batch_counts: None,
         };
@@ -412,6 +426,16 @@ mod tests {
         assert!(!headers.contains_key("traceparent"));
         assert!(!headers.contains_key("pgtaskd-parents"));
         assert!(!headers.contains_key("pgtaskd-parent-count"));
+        assert!(!headers.contains_key("pgtaskd-progress"));
+        let resumed = Job {
+            progress: Some(r#"{"cursor": "é", "percent": 40}"#.into()),
+            ..job.clone()
+        };
+        let resumed = super::headers(&resumed, b"x");
+        assert_eq!(
+            resumed["pgtaskd-progress"],
+            r#"{"cursor": "\u00e9", "percent": 40}"#
+        );
         let child = Job {
             parents: Some("12=SUCCEEDED,13=CANCELED".into()),
             parent_count: 250,

@@ -43,6 +43,9 @@ pub struct Job {
     pub parents: Option<String>,
     /// How many parents the task has (0 without), all of them whatever `parents` lists.
     pub parent_count: i32,
+    /// The progress an earlier attempt left (JSON text of an object, as the database prints
+    /// it): the handler's checkpoint; `None` when none was written.
+    pub progress: Option<String>,
     /// The batch the task is a member of, or whose callback it is (docs/dependencies.md,
     /// "Batches").
     pub batch: Option<i64>,

@@ -51,6 +51,12 @@ pub(crate) enum ApiError {
     AlreadyFinished(TaskStatus),
     #[error("task is {0}: only a FAILED or CANCELED task can be retried")]
     NotRetryable(TaskStatus),
+    /// A progress report whose claim is not the current one of a RUNNING task.
+    #[error("the claim is not the current one of a RUNNING task (the task is {0})")]
+    NotCurrentClaim(TaskStatus),
+    /// A progress report that found the daemon holding too many reports for its next flush.
+    #[error("too many progress reports wait for the next write; retry later")]
+    ProgressFull,
     #[error("the Idempotency-Key is already used by task {id}, with another payload or batch")]
     KeyConflict { id: i64 },
     /// The database refused the task's `depends_on`: a parent that does not exist (its
@@ -125,7 +131,9 @@ impl ApiError {
             | ApiError::NoSuchQueue
             | ApiError::NoSuchSchedule
             | ApiError::NoSuchBatch => StatusCode::NOT_FOUND,
-            ApiError::AlreadyFinished(_) | ApiError::NotRetryable(_) => StatusCode::CONFLICT,
+            ApiError::AlreadyFinished(_)
+            | ApiError::NotRetryable(_)
+            | ApiError::NotCurrentClaim(_) => StatusCode::CONFLICT,
             ApiError::KeyConflict { .. }
             | ApiError::BadParents(_)
             | ApiError::BadTags(_)
@@ -135,7 +143,7 @@ impl ApiError {
             ApiError::BodyOver { .. } | ApiError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Timeout => StatusCode::REQUEST_TIMEOUT,
-            ApiError::ReadBudget => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ReadBudget | ApiError::ProgressFull => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Db(err) if err.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -158,7 +166,9 @@ impl IntoResponse for ApiError {
                 tracing::error!(error = %err, "HTTP request failed in the database");
                 serde_json::json!({ "error": "internal error" })
             }
-            ApiError::AlreadyFinished(status) | ApiError::NotRetryable(status) => {
+            ApiError::AlreadyFinished(status)
+            | ApiError::NotRetryable(status)
+            | ApiError::NotCurrentClaim(status) => {
                 serde_json::json!({ "error": self.to_string(), "status": status })
             }
             ApiError::KeyConflict { id } => {
@@ -167,7 +177,7 @@ impl IntoResponse for ApiError {
             other => serde_json::json!({ "error": other.to_string() }),
         };
         let mut response = (status, Json(body)).into_response();
-        if matches!(self, ApiError::ReadBudget) {
+        if matches!(self, ApiError::ReadBudget | ApiError::ProgressFull) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER));

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `POST /tasks`, `GET /tasks/{id}`, `POST /tasks/{id}/cancel`, `POST /tasks/{id}/retry` | `tasks.rs` |
 //! | what a `POST /tasks` asks for: its body (text or JSON, a JSON payload's text) and its query | `submission.rs` |
+//! | `POST /tasks/{id}/progress`, an `http` handler's progress report | `progress.rs` |
 //! | `POST /graphs`, tasks that wait for one another, in one transaction | `graphs.rs` |
 //! | `POST /batches`, `POST /batches/{id}/seal`, `GET /batches/{id}`: batches with a callback | `batches.rs` |
 //! | `?wait=30s` of `GET /tasks/{id}` and `POST /tasks`: its parameter and deadline; its waiters | `wait.rs`, `completions.rs` |
@@ -38,6 +39,7 @@ mod extract;
 mod graphs;
 mod list;
 mod ops;
+mod progress;
 mod queues;
 mod schedules;
 mod server;
@@ -89,6 +91,8 @@ pub struct AppState {
     pub served: Arc<[String]>,
     /// The requests that may wait at once ([`wait::waiters`]).
     pub waiters: Arc<tokio::sync::Semaphore>,
+    /// The handlers' progress reports, written by the daemon's flusher.
+    pub progress: Arc<crate::progress::Progress>,
 }
 
 /// Why the HTTP server could not start.
@@ -158,6 +162,10 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/batches/{id}/seal", post(batches::seal))
         .route("/tasks/{id}/cancel", post(tasks::cancel))
         .route("/tasks/{id}/retry", post(tasks::retry))
+        .route(
+            "/tasks/{id}/progress",
+            post(progress::report).layer(DefaultBodyLimit::max(crate::progress::MAX_LINE)),
+        )
         .route("/queues/{queue}/pause", post(queues::pause))
         .route("/queues/{queue}/resume", post(queues::resume))
         .route("/queues/{queue}/retry-failed", post(queues::retry_failed))

@@ -11,6 +11,7 @@
 //! | `completer` | unknown-commit resolutions | the completer, re-reading a row |
 //! | `maintenance` | lease rescues; the vacuum health of the task table | the rescuer; the vacuum-health watch, every `vacuum_health.check_interval` |
 //! | `handlers` | per queue: each handler run's duration, failed attempts by kind, retries, snoozes | the worker's lanes, as each run returns |
+//! | `progress` | progress reports taken, dropped by reason; flush statements and the rows they wrote | `src/progress/`, as reports come and flushes answer |
 //! | `scrape` | QUEUED and RUNNING tasks, the pool's sessions | the `GET /metrics` handler, at each scrape |
 //! | `queues` | per queue: QUEUED, due and RUNNING tasks, the oldest due task's age, paused; the queues left out | the `GET /metrics` handler, at each scrape |
 //!
@@ -26,6 +27,7 @@ mod completer;
 mod handlers;
 mod listener;
 mod maintenance;
+mod progress;
 mod queues;
 mod scrape;
 mod worker;
@@ -38,6 +40,7 @@ use completer::CompleterMetrics;
 use handlers::HandlerMetrics;
 use listener::ListenerMetrics;
 use maintenance::{RescuerMetrics, VacuumHealthMetrics};
+use progress::ProgressMetrics;
 use queues::QueueMetrics;
 pub use queues::QUEUE_SERIES;
 use scrape::ScrapeMetrics;
@@ -60,6 +63,7 @@ pub struct Metrics {
     queues: QueueMetrics,
     vacuum_health: VacuumHealthMetrics,
     handlers: HandlerMetrics,
+    progress: ProgressMetrics,
 }
 
 impl Default for Metrics {
@@ -86,6 +90,7 @@ impl Metrics {
         let queues = QueueMetrics::register(&mut registry, queues);
         let vacuum_health = VacuumHealthMetrics::register(&mut registry);
         let handlers = HandlerMetrics::register(&mut registry);
+        let progress = ProgressMetrics::register(&mut registry);
         Metrics {
             registry,
             worker,
@@ -96,6 +101,7 @@ impl Metrics {
             queues,
             vacuum_health,
             handlers,
+            progress,
         }
     }
 
@@ -134,6 +140,21 @@ impl Metrics {
     /// counted as finished nor as released.
     pub fn handler_snoozed(&self, queue: &str) {
         self.handlers.snoozed(queue);
+    }
+
+    /// A progress report was taken into memory.
+    pub fn progress_reported(&self) {
+        self.progress.reported();
+    }
+
+    /// A progress report was dropped, for `reason`.
+    pub fn progress_dropped(&self, reason: &'static str) {
+        self.progress.dropped(reason);
+    }
+
+    /// A flush statement wrote the progress of `rows` tasks.
+    pub fn progress_flushed(&self, rows: usize) {
+        self.progress.flushed(rows);
     }
 
     pub fn listener_reconnected(&self) {
@@ -224,6 +245,9 @@ mod tests {
         metrics.finished(TaskStatus::Failed, 0.01);
         metrics.finished(TaskStatus::Queued, 0.01);
         metrics.rescued(3);
+        metrics.progress_reported();
+        metrics.progress_flushed(2);
+        metrics.progress_dropped("percent");
         metrics.observe_table_and_pool((4, 7, 2), (3, 1));
         metrics.observe_queues(&[Backlog {
             queue: "gone".into(),
@@ -268,6 +292,10 @@ mod tests {
             "pgtaskd_queue_paused{queue=\"gone\"} 0",
             "pgtaskd_queue_unserved{queue=\"gone\"} 0",
             "pgtaskd_claim_to_finish_seconds_count 3",
+            "pgtaskd_progress_reports_total 1",
+            "pgtaskd_progress_flushes_total 1",
+            "pgtaskd_progress_writes_total 2",
+            "pgtaskd_progress_dropped_total{reason=\"percent\"} 1",
             "pgtaskd_enqueue_to_start_seconds_count 1",
         ] {
             assert!(

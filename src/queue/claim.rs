@@ -110,6 +110,9 @@ pub struct Told {
     pub parents: Option<String>,
     /// How many parents it has (0 without).
     pub parent_count: i32,
+    /// The progress earlier attempts left (schema 39), JSON text of an object; `None` when
+    /// none was written.
+    pub progress: Option<String>,
     /// The batch the task is a member of, or whose callback it is (schema 39).
     pub batch: Option<i64>,
     /// For a batch's callback: its members by outcome, `succeeded=N,failed=N,canceled=N`.
@@ -260,6 +263,7 @@ pub async fn claim_after(
             traceparent: row.get(10),
             parents: row.get(11),
             parent_count: row.get::<_, Option<i32>>(12).unwrap_or(0),
+            progress: row.get(13),
             batch: row.get(14),
             batch_counts: row.get(15),
         };

@@ -17,6 +17,7 @@
 //! | [`mod@prune`] | deleting old finished rows (retention) |
 //! | [`mod@daemons`] | each daemon's row in `pgtaskd.daemons`: its queues, version and heartbeat |
 //! | [`mod@idle`] | the daemon's idle flag, which the insert trigger reads before it notifies |
+//! | [`mod@progress`] | a handler's progress reports written, batched and fenced by their claims; the claim a report names |
 //! | [`mod@heartbeat`] | extending the leases of running tasks, reading their cancel requests |
 //! | [`mod@task`] | the row as clients see it, and reading it |
 //! | [`mod@pause`] | pausing and resuming a queue |
@@ -40,6 +41,7 @@ pub mod idle;
 pub mod list;
 pub mod park;
 pub mod pause;
+pub mod progress;
 pub mod prune;
 pub mod rescue;
 pub mod retry;

@@ -136,6 +136,11 @@ pub struct Task<P = String> {
     pub tags: Option<Vec<String>>,
     /// Its metadata (schema 38), a JSON object as the database prints it; `None` for none.
     pub metadata: Option<JsonText>,
+    /// The last progress its handler reported (schema 39), a JSON object as the database
+    /// prints it; kept when an attempt fails, for the next; `None` for none.
+    pub progress: Option<JsonText>,
+    /// When that progress was written, by the database's clock.
+    pub progress_at: Option<DateTime<Utc>>,
 }
 
 /// JSON text as the database printed it, written as it is into a task's JSON (a `jsonb`
@@ -209,7 +214,7 @@ macro_rules! columns {
             ", traceparent, concurrency_key, depends_on, on_dep_failure, lease_owner, \
             lease_expires_at, \
             created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors, \
-            tags, metadata::text AS metadata"
+            tags, metadata::text AS metadata, progress::text AS progress, progress_at"
         )
     };
 }
@@ -250,6 +255,8 @@ impl<'a, P: FromSql<'a>> Task<P> {
             finished_at: row.get("finished_at"),
             tags: row.get("tags"),
             metadata: JsonText::read(row.get("metadata")),
+            progress: JsonText::read(row.get("progress")),
+            progress_at: row.get("progress_at"),
         }
     }
 }

@@ -81,6 +81,12 @@ impl Worker {
             Some(lane) => self.handle(lane, claim, told, payload, &cancel).await,
         };
         held.analyzed();
+        if let Some(lane) = &inner.handler {
+            // The attempt's last progress is written before its end, so that the next
+            // attempt is told it (docs/handlers.md, "Progress"). A failure is said by the
+            // flusher's log; the finish goes on.
+            let _ = lane.progress.flush_task(&inner.pool, id, token).await;
+        }
         // The analyzer has returned: from here on, nothing else may stop this claim. Its
         // permit goes back as soon as the outcome is queued for a batch, so that the next
         // claims need not wait for this commit.

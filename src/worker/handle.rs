@@ -45,6 +45,7 @@ impl Worker {
             traceparent: told.traceparent,
             parents: told.parents,
             parent_count: told.parent_count,
+            progress: told.progress,
             batch: told.batch,
             batch_counts: told.batch_counts,
         };
@@ -61,7 +62,9 @@ impl Worker {
         let run = async {
             match (&queue.handler, &lane.http) {
                 (HandlerConfig::Exec(spec), _) => {
-                    exec::run(spec, &job, payload.as_str().as_bytes(), cancel).await
+                    let mut sink = lane.progress.sink(id, token);
+                    let payload = payload.as_str().as_bytes();
+                    exec::run_reporting(spec, &job, payload, cancel, Some(&mut sink)).await
                 }
                 (HandlerConfig::Http(spec), Some(client)) => {
                     client

@@ -21,6 +21,7 @@ use crate::config::{Config, HandlerConfig, QueueConfig};
 use crate::db::Pool;
 use crate::handler::http::HttpClient;
 use crate::metrics::Metrics;
+use crate::progress::Progress;
 
 /// What makes a lane more than the default one.
 #[derive(Default)]
@@ -35,10 +36,12 @@ pub struct Lane {
     pub withheld: Arc<Withheld>,
 }
 
-/// A queue's section, and the daemon's HTTP client for an `http` handler.
+/// A queue's section, the daemon's HTTP client for an `http` handler, and where its
+/// handlers' progress reports go.
 pub struct LaneHandler {
     pub queue: QueueConfig,
     pub http: Option<HttpClient>,
+    pub progress: Arc<Progress>,
 }
 
 /// Every lane of one daemon.
@@ -49,14 +52,16 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// The lanes `config` asks for, claiming for `instance`. Fails only when the HTTP client
-    /// an `http` handler needs cannot be built.
+    /// The lanes `config` asks for, claiming for `instance`, their handlers' progress
+    /// reports kept in `progress`. Fails only when the HTTP client an `http` handler needs
+    /// cannot be built.
     pub fn new(
         config: &Config,
         pool: &Pool,
         analyzer: &Arc<dyn Analyzer>,
         instance: &str,
         metrics: &Arc<Metrics>,
+        progress: &Arc<Progress>,
     ) -> Result<Workers, String> {
         let served = &config.worker.queues;
         let sections: Vec<&QueueConfig> = config
@@ -115,6 +120,7 @@ impl Workers {
                 HandlerConfig::Exec(_) | HandlerConfig::Http(_) => Some(LaneHandler {
                     queue: queue.clone(),
                     http: http.clone(),
+                    progress: Arc::clone(progress),
                 }),
             };
             tracing::info!(

@@ -39,6 +39,7 @@ fn job() -> Job {
         traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         parents: None,
         parent_count: 0,
+        progress: None,
         batch: None,
         batch_counts: None,
     }

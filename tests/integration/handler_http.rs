@@ -29,6 +29,7 @@ fn job(traceparent: Option<&str>) -> Job {
         traceparent: traceparent.map(str::to_string),
         parents: None,
         parent_count: 0,
+        progress: None,
         batch: None,
         batch_counts: None,
     }

@@ -235,7 +235,8 @@ async fn a_child_gets_no_descriptor_the_daemon_inherited() {
 
     let listed = run_task(&client, "fds").await;
     let fds: Vec<&str> = listed.split_whitespace().collect();
-    assert_eq!(fds, ["0", "1", "2"], "the child's descriptors");
+    // Its standard streams and its progress pipe (PGTASKD_PROGRESS_FD), nothing inherited.
+    assert_eq!(fds, ["0", "1", "2", "3"], "the child's descriptors");
     daemon.stop_cleanly().await;
 }
 

@@ -55,6 +55,7 @@ mod notifications;
 mod outages;
 mod payload_limits;
 mod pgbouncer;
+mod progress;
 mod queue_settings;
 mod queues;
 mod retention;

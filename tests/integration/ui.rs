@@ -14,6 +14,7 @@
 mod browser;
 mod console;
 mod million;
+mod progress;
 mod retry_failed;
 mod tags;
 mod task_refresh;

@@ -15,21 +15,23 @@ use super::spawn::{self, Child};
 use super::ExecSpec;
 use crate::handler::Job;
 
-/// Start `spec.command` for `job` with its three standard streams piped, in a new process
-/// group, as `spec.run_as` when given, with the environment [`child_env`] gives.
+/// Start `spec.command` for `job` with its three standard streams piped (and, with
+/// `progress`, the progress pipe as `PGTASKD_PROGRESS_FD`), in a new process group, as
+/// `spec.run_as` when given, with the environment [`child_env`] gives.
 ///
 /// # Errors
 ///
 /// The program cannot be started (missing, not executable...): the OS's error.
-pub fn spawn(spec: &ExecSpec, job: &Job) -> io::Result<(Child, Group)> {
+pub fn spawn(spec: &ExecSpec, job: &Job, progress: bool) -> io::Result<(Child, Group)> {
     let (program, args) = spec
         .command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
     let run_as = spec.run_as.as_ref();
     let user = run_as.and_then(|run_as| run_as.user.as_ref());
-    let env = child_env(std::env::vars_os(), job, user);
-    let child = spawn::spawn(program, args, &env, run_as)?;
+    let progress_fd = progress.then_some(spawn::PROGRESS_FD);
+    let env = child_env(std::env::vars_os(), job, user, progress_fd);
+    let child = spawn::spawn(program, args, &env, run_as, progress)?;
     let pgid = child.id();
     Ok((child, Group { pgid, live: true }))
 }

@@ -44,11 +44,17 @@ pub fn is_removed(name: &OsStr) -> bool {
 /// `PGTASKD_SCHEDULE` and `PGTASKD_SCHEDULED_AT` (a schedule's fire), `PGTASKD_PARENTS` (the
 /// first 200 parents' `ID=STATUS`, separated by commas) and `PGTASKD_PARENT_COUNT` (a task
 /// with parents), `PGTASKD_BATCH` (a batch's member or callback) and, for a callback,
-/// `PGTASKD_BATCH_SUCCEEDED`, `PGTASKD_BATCH_FAILED` and `PGTASKD_BATCH_CANCELED`, and
-/// `TRACEPARENT`. With
+/// `PGTASKD_BATCH_SUCCEEDED`, `PGTASKD_BATCH_FAILED` and `PGTASKD_BATCH_CANCELED`,
+/// `PGTASKD_PROGRESS` (the progress an earlier attempt left, JSON), and `TRACEPARENT`;
+/// `PGTASKD_PROGRESS_FD` when the run reads progress on `progress_fd`. With
 /// `user` (the queue's `user`), `HOME`, `USER` and `LOGNAME` are the user's instead of the
 /// daemon's.
-pub fn child_env<I>(inherited: I, job: &Job, user: Option<&User>) -> Vec<(OsString, OsString)>
+pub fn child_env<I>(
+    inherited: I,
+    job: &Job,
+    user: Option<&User>,
+    progress_fd: Option<i32>,
+) -> Vec<(OsString, OsString)>
 where
     I: IntoIterator<Item = (OsString, OsString)>,
 {
@@ -79,6 +85,12 @@ where
     if let Some(parents) = &job.parents {
         set("PGTASKD_PARENTS", parents.clone());
         set("PGTASKD_PARENT_COUNT", job.parent_count.to_string());
+    }
+    if let Some(progress) = &job.progress {
+        set("PGTASKD_PROGRESS", progress.clone());
+    }
+    if let Some(fd) = progress_fd {
+        set("PGTASKD_PROGRESS_FD", fd.to_string());
     }
     if let Some(batch) = job.batch {
         set("PGTASKD_BATCH", batch.to_string());
@@ -124,6 +136,7 @@ mod tests {
             traceparent: traceparent.map(str::to_owned),
             parents: None,
             parent_count: 0,
+            progress: None,
             batch: None,
             batch_counts: None,
         }
@@ -167,7 +180,7 @@ mod tests {
             ("TRACEPARENT", "00-daemon-trace-01"),
             ("TRACESTATE", "x=y"),
         ]);
-        let env = child_env(daemon, &job(None), None);
+        let env = child_env(daemon, &job(None), None, None);
         let names: Vec<_> = env.iter().map(|(k, _)| k.to_str().unwrap()).collect();
         assert_eq!(
             names,
@@ -197,13 +210,13 @@ mod tests {
             ("MY_PGHOST", "only a prefix counts"),
             ("TZ", "UTC"),
         ]);
-        let env = child_env(daemon.clone(), &job(None), None);
+        let env = child_env(daemon.clone(), &job(None), None, None);
         assert_eq!(env[..daemon.len()], daemon[..]);
     }
 
     #[test]
     fn the_task_is_described() {
-        let env = child_env(Vec::new(), &job(Some("00-abc-def-01")), None);
+        let env = child_env(Vec::new(), &job(Some("00-abc-def-01")), None, None);
         assert_eq!(get(&env, "PGTASKD_TASK_ID"), ["42"]);
         assert_eq!(
             get(&env, "PGTASKD_TASK_KEY"),
@@ -219,14 +232,14 @@ mod tests {
             idempotency_key: Some("order 17/ü".into()),
             ..job(None)
         };
-        let env = child_env(Vec::new(), &keyed, None);
+        let env = child_env(Vec::new(), &keyed, None, None);
         assert_eq!(get(&env, "PGTASKD_IDEMPOTENCY_KEY"), ["order 17/ü"]);
         assert!(get(&env, "PGTASKD_SCHEDULE").is_empty());
         let fired = Job {
             idempotency_key: Some("schedule:nightly:2026-12-06T03:00:00Z".into()),
             ..job(None)
         };
-        let env = child_env(Vec::new(), &fired, None);
+        let env = child_env(Vec::new(), &fired, None, None);
         assert_eq!(get(&env, "PGTASKD_SCHEDULE"), ["nightly"]);
         assert_eq!(get(&env, "PGTASKD_SCHEDULED_AT"), ["2026-12-06T03:00:00Z"]);
         assert!(get(&env, "PGTASKD_PARENTS").is_empty());
@@ -238,13 +251,25 @@ mod tests {
             batch_counts: Some("succeeded=3,failed=1,canceled=0".to_owned()),
             ..job(None)
         };
-        let env = child_env(Vec::new(), &child, None);
+        let env = child_env(Vec::new(), &child, None, None);
         assert_eq!(get(&env, "PGTASKD_PARENTS"), ["12=SUCCEEDED,13=FAILED"]);
         assert_eq!(get(&env, "PGTASKD_PARENT_COUNT"), ["2"]);
         assert_eq!(get(&env, "PGTASKD_BATCH"), ["7"]);
         assert_eq!(get(&env, "PGTASKD_BATCH_SUCCEEDED"), ["3"]);
         assert_eq!(get(&env, "PGTASKD_BATCH_FAILED"), ["1"]);
         assert_eq!(get(&env, "PGTASKD_BATCH_CANCELED"), ["0"]);
+        assert!(get(&env, "PGTASKD_PROGRESS").is_empty());
+        assert!(get(&env, "PGTASKD_PROGRESS_FD").is_empty());
+        let resumed = Job {
+            progress: Some(r#"{"cursor": 17, "percent": 40}"#.into()),
+            ..job(None)
+        };
+        let env = child_env(Vec::new(), &resumed, None, Some(3));
+        assert_eq!(
+            get(&env, "PGTASKD_PROGRESS"),
+            [r#"{"cursor": 17, "percent": 40}"#]
+        );
+        assert_eq!(get(&env, "PGTASKD_PROGRESS_FD"), ["3"]);
     }
 
     #[test]
@@ -261,12 +286,12 @@ mod tests {
             gid: 65534,
             home: "/nonexistent".into(),
         };
-        let env = child_env(daemon.clone(), &job(None), Some(&user));
+        let env = child_env(daemon.clone(), &job(None), Some(&user), None);
         assert_eq!(get(&env, "HOME"), ["/nonexistent"]);
         assert_eq!(get(&env, "USER"), ["nobody"]);
         assert_eq!(get(&env, "LOGNAME"), ["nobody"]);
         assert_eq!(get(&env, "PATH"), ["/usr/bin:/bin"]);
-        let own = child_env(daemon, &job(None), None);
+        let own = child_env(daemon, &job(None), None, None);
         assert_eq!(get(&own, "HOME"), ["/root"], "the daemon's, without a user");
     }
 
@@ -283,7 +308,7 @@ mod tests {
                 OsString::from("kept"),
             ),
         ];
-        let env = child_env(daemon, &job(None), None);
+        let env = child_env(daemon, &job(None), None, None);
         assert_eq!(env[0].0, OsString::from_vec(b"K\xff".to_vec()));
         assert_eq!(env.len(), 7);
     }

@@ -13,9 +13,10 @@
 //! The child, in order: every signal with a handler back to its default (the handlers are the
 //! daemon's, and would run in its memory), SIGPIPE too (the daemon ignores it; a command
 //! expects the default, as `std` gives it); `setpgid(0, 0)`; the three pipes as its standard
-//! streams; every other descriptor closed (`close_range(3, ~0, 0)`, a loop of `close` on a
-//! kernel without it), those the daemon inherited from whatever started it included, which
-//! are not close-on-exec; the queue's credentials when it has `user` or `group` (raw
+//! streams, and, when asked, the write end of the progress pipe as descriptor
+//! [`PROGRESS_FD`]; every other descriptor closed (`close_range(3, ~0, 0)`, from 4 with the
+//! progress pipe, a loop of `close` on a kernel without it), those the daemon inherited from
+//! whatever started it included, which are not close-on-exec; the queue's credentials when it has `user` or `group` (raw
 //! `setgroups`, `setresgid`, then `setresuid`: glibc's wrappers would signal every thread of
 //! the process to change theirs, and the child shares the daemon's memory and its signal
 //! handlers' state); `PR_SET_PDEATHSIG` (SIGKILL; after the switch, which clears it), then
@@ -49,10 +50,20 @@ use crate::privileges::RunAs;
 /// The child's stack until its `exec`: it makes a few system calls, on a few hundred bytes.
 const STACK: usize = 64 * 1024;
 
+/// The descriptor a child reads its progress pipe's write end on, when it has one
+/// (`PGTASKD_PROGRESS_FD`): the first after the standard streams.
+pub const PROGRESS_FD: c_int = 3;
+
+/// The lowest descriptor the daemon keeps the child's end of the progress pipe on until the
+/// clone, above the standard streams and [`PROGRESS_FD`], so that the child's `dup2` of its
+/// standard streams cannot overwrite it.
+const PROGRESS_FD_FROM: c_int = 10;
+
 /// Children dropped before they were reaped (SIGKILLed already): reaped by the next spawn.
 static ORPHANS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
 
-/// A started child: its three pipes (the daemon's ends, non-blocking) and its exit.
+/// A started child: its three pipes and the progress pipe's read end, if asked for (the
+/// daemon's ends, non-blocking and close-on-exec), and its exit.
 #[derive(Debug)]
 pub struct Child {
     pid: libc::pid_t,
@@ -61,10 +72,12 @@ pub struct Child {
     pub stdin: Option<pipe::Sender>,
     pub stdout: Option<pipe::Receiver>,
     pub stderr: Option<pipe::Receiver>,
+    pub progress: Option<pipe::Receiver>,
 }
 
 /// Start `program` with `args` and the environment `env`, its standard streams piped and no
-/// other descriptor open, with the credentials of `run_as` if given, leading a new process
+/// other descriptor open (but, with `progress`, the write end of a fourth pipe as
+/// [`PROGRESS_FD`]), with the credentials of `run_as` if given, leading a new process
 /// group, SIGKILLed by the kernel when the calling thread ends. Call it on a runtime's thread
 /// (the pipes and the SIGCHLD stream are the runtime's).
 ///
@@ -78,6 +91,7 @@ pub fn spawn(
     args: &[String],
     env: &[(OsString, OsString)],
     run_as: Option<&RunAs>,
+    progress: bool,
 ) -> io::Result<Child> {
     reap_orphans();
     // Before the child exists, so that its exit cannot come before the stream.
@@ -104,6 +118,13 @@ pub fn spawn(
     let (stdin_child, stdin) = pipe_pair()?;
     let (stdout, stdout_child) = pipe_pair()?;
     let (stderr, stderr_child) = pipe_pair()?;
+    let progress_pipe = match progress {
+        true => {
+            let (read, write) = pipe_pair()?;
+            Some((read, above(write, PROGRESS_FD_FROM)?))
+        }
+        false => None,
+    };
     let mut stack: Box<[MaybeUninit<u128>]> = Box::new_uninit_slice(STACK / 16);
     let mut shared = Shared {
         paths: path_ptrs.as_ptr(),
@@ -116,6 +137,9 @@ pub fn spawn(
             stdout_child.as_raw_fd(),
             stderr_child.as_raw_fd(),
         ],
+        progress: progress_pipe
+            .as_ref()
+            .map_or(-1, |(_, write)| write.as_raw_fd()),
         last_fd: last_fd(),
         switch: run_as.is_some(),
         uid: run_as.and_then(|run_as| run_as.user.as_ref().map(|user| user.uid)),
@@ -153,6 +177,7 @@ pub fn spawn(
     };
     drop(stack);
     drop((stdin_child, stdout_child, stderr_child));
+    let progress_read = progress_pipe.map(|(read, _write)| read);
     // SAFETY: the child wrote it, if at all, before it exited; it has exited or exec'd now.
     let error = unsafe { ptr::read_volatile(ptr::addr_of!(shared.error)) };
     if error != 0 {
@@ -167,6 +192,7 @@ pub fn spawn(
         stdin: None,
         stdout: None,
         stderr: None,
+        progress: None,
     };
     started.stdin = Some(pipe::Sender::from_owned_fd_unchecked(non_blocking(stdin)?)?);
     started.stdout = Some(pipe::Receiver::from_owned_fd_unchecked(non_blocking(
@@ -175,6 +201,11 @@ pub fn spawn(
     started.stderr = Some(pipe::Receiver::from_owned_fd_unchecked(non_blocking(
         stderr,
     )?)?);
+    if let Some(read) = progress_read {
+        started.progress = Some(pipe::Receiver::from_owned_fd_unchecked(non_blocking(
+            read,
+        )?)?);
+    }
     Ok(started)
 }
 
@@ -247,6 +278,9 @@ struct Shared {
     envp: *const *const c_char,
     /// The child's ends of the pipes: its stdin, stdout and stderr to be.
     fds: [c_int; 3],
+    /// The write end of the progress pipe, at or above [`PROGRESS_FD_FROM`], to be
+    /// [`PROGRESS_FD`]; -1 without.
+    progress: c_int,
     /// Above the highest descriptor that may be open: where the loop of `close` stops when
     /// the kernel has no `close_range`.
     last_fd: c_int,
@@ -307,12 +341,22 @@ extern "C" fn child(shared: *mut c_void) -> c_int {
                 fail(shared);
             }
         }
-        // Nothing of the daemon's but the three streams: the descriptors it inherited are not
-        // close-on-exec (a pipe or a socket of whatever started it).
+        // The progress pipe's write end, above the standard streams' targets (so untouched by
+        // their `dup2`), at its number; `dup2` leaves the copy without close-on-exec.
+        let mut first_closed: c_int = 3;
+        if shared.progress >= 0 {
+            if libc::dup2(shared.progress, PROGRESS_FD) < 0 {
+                fail(shared);
+            }
+            first_closed = PROGRESS_FD + 1;
+        }
+        // Nothing of the daemon's but the three streams (and the progress pipe): the
+        // descriptors it inherited are not close-on-exec (a pipe or a socket of whatever
+        // started it).
         let high = libc::c_uint::MAX;
         if libc::syscall(
             libc::SYS_close_range,
-            3 as libc::c_uint,
+            first_closed as libc::c_uint,
             high,
             0 as libc::c_uint,
         ) != 0
@@ -320,7 +364,7 @@ extern "C" fn child(shared: *mut c_void) -> c_int {
             if errno() != libc::ENOSYS {
                 fail(shared);
             }
-            for fd in 3..shared.last_fd {
+            for fd in first_closed..shared.last_fd {
                 libc::close(fd);
             }
         }
@@ -416,6 +460,18 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both were just opened, and are owned here alone.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A copy of `fd` at `from` or above, close-on-exec; `fd` is closed.
+fn above(fd: OwnedFd, from: c_int) -> io::Result<OwnedFd> {
+    // SAFETY: a plain fcntl on an open descriptor; the copy is owned here alone.
+    unsafe {
+        let copy = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, from);
+        if copy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(copy))
+    }
 }
 
 /// `fd` set non-blocking (the daemon's end of a pipe; the child's stays blocking).

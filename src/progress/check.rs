@@ -1,0 +1,246 @@
+//! What a progress line must be to be kept: a JSON object of at most [`MAX_LINE`] bytes,
+//! whose `percent`, when it has one, is a number from 0 to 100. Any other keys are the
+//! handler's own (a checkpoint: a cursor, the last id done). Pure.
+
+use serde_json::Value;
+
+use super::line::MAX_LINE;
+
+/// Why a progress line was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("a progress line is at most {MAX_LINE} bytes")]
+    TooLong,
+    #[error("a progress line is one JSON object: {0}")]
+    NotJson(String),
+    #[error("a progress line is one JSON object, not {0}")]
+    NotObject(&'static str),
+    #[error("\"percent\" must be a number from 0 to 100")]
+    Percent,
+    #[error("a progress line cannot hold the character U+0000, which jsonb cannot store")]
+    Nul,
+}
+
+impl Refused {
+    /// The reason's label on `/metrics`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Refused::TooLong => "too_long",
+            Refused::NotJson(_) => "not_json",
+            Refused::NotObject(_) => "not_object",
+            Refused::Percent => "percent",
+            Refused::Nul => "nul",
+        }
+    }
+}
+
+/// The text kept of `line`: the line itself, trimmed, once it is known to be a JSON object
+/// within the bound, with a `percent` of 0 to 100 if any, and no U+0000 (which `jsonb`
+/// refuses).
+///
+/// # Errors
+///
+/// What is wrong with it.
+pub fn check(line: &[u8]) -> Result<String, Refused> {
+    if line.len() > MAX_LINE {
+        return Err(Refused::TooLong);
+    }
+    let value: Value = serde_json::from_slice(line).map_err(|err| {
+        // serde_json's words without "at line 1 column 7", which says little of a line.
+        let text = err.to_string();
+        let text = match text.rfind(" at line ") {
+            Some(at) => text[..at].to_string(),
+            None => text,
+        };
+        Refused::NotJson(text)
+    })?;
+    let Value::Object(object) = &value else {
+        return Err(Refused::NotObject(kind(&value)));
+    };
+    if let Some(percent) = object.get("percent") {
+        match percent.as_f64() {
+            Some(p) if (0.0..=100.0).contains(&p) => {}
+            _ => return Err(Refused::Percent),
+        }
+    }
+    if holds_nul(&value) {
+        return Err(Refused::Nul);
+    }
+    // The table's bound is on the text `jsonb` prints, which has a space after every `:` and
+    // `,`: a line within the bound may be over it once stored.
+    if printed_len(&value) > MAX_LINE {
+        return Err(Refused::TooLong);
+    }
+    // Checked as UTF-8 by the parse.
+    let text = std::str::from_utf8(line).map_err(|err| Refused::NotJson(err.to_string()))?;
+    Ok(text.trim().to_string())
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The length of `value` as PostgreSQL prints a `jsonb` (`jsonb::text`): `", "` and `": "`
+/// between items, strings with `"`, `\\` and control characters escaped and every other
+/// character as it is; numbers as serde_json writes them (PostgreSQL writes an exponent out,
+/// `1e300` as 301 digits: such a report is left unwritten by the database's own check).
+fn printed_len(value: &Value) -> usize {
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(number) => number.to_string().len(),
+        Value::String(text) => string_len(text),
+        Value::Array(items) => {
+            2 + items.iter().map(printed_len).sum::<usize>() + 2 * items.len().saturating_sub(1)
+        }
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(key, value)| string_len(key) + 2 + printed_len(value))
+                .sum::<usize>()
+                + 2 * map.len().saturating_sub(1)
+        }
+    }
+}
+
+fn string_len(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(map) => map
+            .iter()
+            .any(|(key, value)| key.contains('\0') || holds_nul(value)),
+        _ => false,
+    }
+}
+
+/// `json` as a header value can carry it: the same JSON, with every character outside
+/// ASCII written as a `\uXXXX` escape (two for a character outside the Basic Multilingual
+/// Plane). JSON's own text outside strings is ASCII, and its strings escape control
+/// characters, so the result is visible ASCII and spaces, and parses to the same value.
+pub fn ascii_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_with_a_percent_of_0_to_100_are_kept() {
+        for ok in [
+            r#"{"percent": 40, "message": "copying"}"#,
+            r#"{"percent": 0}"#,
+            r#"{"percent": 100.0}"#,
+            r#"{"percent": 12.5, "cursor": {"table": "orders", "after": 91823}}"#,
+            r#"{"message": "no percent at all"}"#,
+            r#"  {"cursor": "ü日本"}  "#,
+            "{}",
+        ] {
+            assert_eq!(check(ok.as_bytes()).as_deref(), Ok(ok.trim()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_its_reason() {
+        let refused = |line: &str| check(line.as_bytes()).unwrap_err();
+        assert_eq!(refused(r#"{"percent": 500}"#), Refused::Percent);
+        assert_eq!(refused(r#"{"percent": -1}"#), Refused::Percent);
+        assert_eq!(refused(r#"{"percent": "40"}"#), Refused::Percent);
+        assert_eq!(refused(r#"{"percent": null}"#), Refused::Percent);
+        assert_eq!(refused("[1, 2]"), Refused::NotObject("an array"));
+        assert_eq!(refused("42"), Refused::NotObject("a number"));
+        assert_eq!(refused(r#""text""#), Refused::NotObject("a string"));
+        assert_eq!(refused("null"), Refused::NotObject("null"));
+        assert!(matches!(refused("{not json"), Refused::NotJson(_)));
+        assert!(matches!(
+            refused(r#"{"a": 1} {"b": 2}"#),
+            Refused::NotJson(_)
+        ));
+        assert!(matches!(
+            check(b"{\"a\": \"\xff\"}").unwrap_err(),
+            Refused::NotJson(_)
+        ));
+        assert_eq!(refused(r#"{"a": "x\u0000y"}"#), Refused::Nul);
+        assert_eq!(refused(r#"{"a": [{"\u0000": 1}]}"#), Refused::Nul);
+        let long = format!(r#"{{"a": "{}"}}"#, "x".repeat(MAX_LINE));
+        assert_eq!(refused(&long), Refused::TooLong);
+        // Within the bound as written, over it as jsonb prints it.
+        let items = vec!["1"; 1500].join(",");
+        let compact = format!(r#"{{"a":[{items}]}}"#);
+        assert!(compact.len() <= MAX_LINE);
+        assert_eq!(refused(&compact), Refused::TooLong);
+        assert_eq!(
+            Refused::NotJson("expected value".into()).to_string(),
+            "a progress line is one JSON object: expected value"
+        );
+    }
+
+    #[test]
+    fn the_printed_length_is_the_length_of_jsonb_text() {
+        // As `SELECT octet_length('...'::jsonb::text)` answers.
+        for (json, printed) in [
+            (
+                r#"{"a":1,"b":[1,2,"x"]}"#,
+                r#"{"a": 1, "b": [1, 2, "x"]}"#.len(),
+            ),
+            (
+                r#"{"q":"\"\\\n\u0001é"}"#,
+                r#"{"q": "\"\\\n\u0001é"}"#.len(),
+            ),
+            (
+                r#"{"t":true,"f":false,"n":null,"o":{}}"#,
+                r#"{"f": false, "n": null, "o": {}, "t": true}"#.len(),
+            ),
+        ] {
+            let value: Value = serde_json::from_str(json).unwrap();
+            assert_eq!(printed_len(&value), printed, "{json}");
+        }
+    }
+
+    #[test]
+    fn a_header_gets_the_same_json_in_ascii() {
+        let json = r#"{"message": "naïve 日本 😀", "tab": "a\tb"}"#;
+        let ascii = ascii_json(json);
+        assert!(
+            ascii.bytes().all(|b| b == b' ' || b.is_ascii_graphic()),
+            "{ascii}"
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&ascii).unwrap(),
+            serde_json::from_str::<Value>(json).unwrap()
+        );
+        assert!(ascii.contains("\\ud83d\\ude00"), "{ascii}");
+        assert_eq!(ascii_json(r#"{"percent": 5}"#), r#"{"percent": 5}"#);
+    }
+}
