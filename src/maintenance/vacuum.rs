@@ -73,7 +73,8 @@ const RETRY: Duration = Duration::from_secs(60);
 const HELD_WAIT_MAX: Duration = Duration::from_secs(300);
 
 /// Vacuum whenever due until `stop` fires, or until the daemon may not vacuum the table.
-/// `pruned` counts the rows retention deleted since the last vacuum; `metrics` the claims.
+/// `pruned` counts the rows retention deleted since the last vacuum; `metrics` the claims and
+/// the progress rows written, each of which leaves dead row versions behind.
 /// Checks go through `pool`; each vacuum opens a session from `settings`.
 pub async fn run(
     pool: Pool,
@@ -83,7 +84,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut allowed: Option<bool> = None;
-    let mut claims_at_vacuum = metrics.settled();
+    let mut claims_at_vacuum = metrics.settled() + metrics.progress_writes();
     let mut autovacuum_off: Option<(bool, Instant)> = None;
     let mut held = Held::default();
     loop {
@@ -104,7 +105,7 @@ pub async fn run(
         }
         let off = autovacuum_off.is_some_and(|(off, _)| off);
         let seen = pruned.load(Ordering::Relaxed);
-        let claims = metrics.settled();
+        let claims = metrics.settled() + metrics.progress_writes();
         let by_claims = if off {
             2 * claims.saturating_sub(claims_at_vacuum)
         } else {

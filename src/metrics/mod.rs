@@ -152,6 +152,12 @@ impl Metrics {
         self.progress.dropped(reason);
     }
 
+    /// Rows of progress written since the daemon started: each leaves a dead row version
+    /// (and, over about 2 KiB, a dead TOAST row).
+    pub fn progress_writes(&self) -> u64 {
+        self.progress.writes()
+    }
+
     /// A flush statement wrote the progress of `rows` tasks.
     pub fn progress_flushed(&self, rows: usize) {
         self.progress.flushed(rows);

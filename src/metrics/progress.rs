@@ -61,6 +61,10 @@ impl ProgressMetrics {
         self.dropped.get_or_create(&ReasonLabel { reason }).inc();
     }
 
+    pub(super) fn writes(&self) -> u64 {
+        self.writes.get()
+    }
+
     pub(super) fn flushed(&self, rows: usize) {
         self.flushes.inc();
         self.writes.inc_by(rows as u64);

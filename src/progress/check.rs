@@ -96,7 +96,7 @@ fn printed_len(value: &Value) -> usize {
         Value::Null => 4,
         Value::Bool(true) => 4,
         Value::Bool(false) => 5,
-        Value::Number(number) => number.to_string().len(),
+        Value::Number(number) => number_len(&number.to_string()),
         Value::String(text) => string_len(text),
         Value::Array(items) => {
             2 + items.iter().map(printed_len).sum::<usize>() + 2 * items.len().saturating_sub(1)
@@ -109,6 +109,40 @@ fn printed_len(value: &Value) -> usize {
                 + 2 * map.len().saturating_sub(1)
         }
     }
+}
+
+/// The length of `number` (as serde_json writes it, `1e-300` say) as PostgreSQL prints it, in
+/// positional notation: `0.` and 299 zeros before the `1`.
+fn number_len(number: &str) -> usize {
+    let (sign, digits) = match number.strip_prefix('-') {
+        Some(rest) => (1, rest),
+        None => (0, number),
+    };
+    let (mantissa, exponent) = match digits.find(['e', 'E']) {
+        Some(at) => (
+            &digits[..at],
+            digits[at + 1..]
+                .parse::<i64>()
+                .unwrap_or(i64::from(i32::MAX)),
+        ),
+        None => (digits, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let count = i64::try_from(whole.len() + fraction.len()).unwrap_or(i64::MAX);
+    // Where the decimal point falls, counted in digits from the first.
+    let point = i64::try_from(whole.len())
+        .unwrap_or(i64::MAX)
+        .saturating_add(exponent);
+    let len = if point <= 0 {
+        // `0.`, the zeros, then the digits.
+        2i64.saturating_add(point.saturating_neg())
+            .saturating_add(count)
+    } else if point >= count {
+        point
+    } else {
+        count + 1
+    };
+    sign + usize::try_from(len).unwrap_or(usize::MAX)
 }
 
 fn string_len(text: &str) -> usize {
@@ -140,7 +174,8 @@ fn holds_nul(value: &Value) -> bool {
 pub fn ascii_json(json: &str) -> String {
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {
-        if c.is_ascii() {
+        // DEL is ASCII, but no header value may hold it: escaped as a control character.
+        if c.is_ascii() && c != '\x7f' {
             out.push(c);
         } else {
             let mut units = [0u16; 2];
@@ -200,6 +235,9 @@ mod tests {
         let compact = format!(r#"{{"a":[{items}]}}"#);
         assert!(compact.len() <= MAX_LINE);
         assert_eq!(refused(&compact), Refused::TooLong);
+        // Short as written, 300 digits each as PostgreSQL prints them.
+        let tiny = format!(r#"{{"a":[{}]}}"#, vec!["1e-300"; 20].join(","));
+        assert_eq!(refused(&tiny), Refused::TooLong);
         assert_eq!(
             Refused::NotJson("expected value".into()).to_string(),
             "a progress line is one JSON object: expected value"
@@ -222,6 +260,12 @@ mod tests {
                 r#"{"t":true,"f":false,"n":null,"o":{}}"#,
                 r#"{"f": false, "n": null, "o": {}, "t": true}"#.len(),
             ),
+            // Numbers in positional notation, however they were written.
+            (r#"{"a":1e-3}"#, r#"{"a": 0.001}"#.len()),
+            (r#"{"a":-2.5e2}"#, r#"{"a": -250.0}"#.len()),
+            (r#"{"a":1e-300}"#, 7 + 302),
+            (r#"{"a":1e300}"#, 7 + 301),
+            (r#"{"a":12.25}"#, r#"{"a": 12.25}"#.len()),
         ] {
             let value: Value = serde_json::from_str(json).unwrap();
             assert_eq!(printed_len(&value), printed, "{json}");
@@ -230,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_header_gets_the_same_json_in_ascii() {
-        let json = r#"{"message": "naïve 日本 😀", "tab": "a\tb"}"#;
+        let json = "{\"message\": \"naïve 日本 😀 \u{7f}\", \"tab\": \"a\\tb\"}";
         let ascii = ascii_json(json);
         assert!(
             ascii.bytes().all(|b| b == b' ' || b.is_ascii_graphic()),
@@ -241,6 +285,7 @@ mod tests {
             serde_json::from_str::<Value>(json).unwrap()
         );
         assert!(ascii.contains("\\ud83d\\ude00"), "{ascii}");
+        assert!(ascii.contains("\\u007f"), "DEL escaped: {ascii}");
         assert_eq!(ascii_json(r#"{"percent": 5}"#), r#"{"percent": 5}"#);
     }
 }

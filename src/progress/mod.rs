@@ -31,8 +31,7 @@ mod line;
 pub use check::{ascii_json, check, Refused};
 pub use line::{Line, Lines, MAX_LINE};
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +54,9 @@ pub const MAX_PENDING: usize = 10_000;
 /// transaction, or its claim not current) is offered to before it is dropped.
 const TRIES: u8 = 3;
 
+/// The most rows one flush statement writes.
+const FLUSH_ROWS: usize = 500;
+
 /// How long a claim found current by the HTTP route is taken as current without asking the
 /// database again. A write is fenced by the database whatever this says.
 pub const CLAIM_CHECKED_FOR: Duration = Duration::from_secs(1);
@@ -70,9 +72,9 @@ pub struct Progress {
     pending: Mutex<HashMap<i64, Latest>>,
     /// Held by a flush from its take to its answer: flushes take turns.
     turn: tokio::sync::Mutex<()>,
-    /// A periodic flush has taken what waited and not yet settled it: a task's latest may be
-    /// in its hands rather than in `pending`.
-    in_flight: AtomicBool,
+    /// The tasks whose latest a periodic flush has taken and not yet settled: a finish of one
+    /// of them waits for that flush, and no other finish does.
+    in_flight: Mutex<HashSet<i64>>,
     /// Claims the HTTP route found current: token -> (task, when checked).
     checked: Mutex<HashMap<i64, (i64, Instant)>>,
     dropped: Mutex<Dropped>,
@@ -100,7 +102,7 @@ impl Progress {
         Arc::new(Progress {
             pending: Mutex::new(HashMap::new()),
             turn: tokio::sync::Mutex::new(()),
-            in_flight: AtomicBool::new(false),
+            in_flight: Mutex::new(HashSet::new()),
             checked: Mutex::new(HashMap::new()),
             dropped: Mutex::new(Dropped::default()),
             failures: Repeats::new(),
@@ -115,6 +117,7 @@ impl Progress {
             id,
             token,
             lines: Lines::default(),
+            newest: Vec::new(),
         }
     }
 
@@ -184,22 +187,40 @@ impl Progress {
         }
     }
 
-    /// Write every task's latest, with one statement; returns the rows written. Nothing
-    /// is sent when nothing waits.
+    /// Write every task's latest, [`FLUSH_ROWS`] rows a statement (so that each statement
+    /// holds its rows' locks briefly); returns the rows written. Nothing is sent when nothing
+    /// waits.
     ///
     /// # Errors
     ///
     /// The database could not be asked: what was taken waits for the next flush.
     pub async fn flush(&self, pool: &Pool) -> Result<usize, DbError> {
         let _turn = self.turn.lock().await;
-        // Before the take: a `flush_task` that finds its task gone from `pending` knows to
-        // wait for this flush to settle it (written, or put back).
-        self.in_flight.store(true, Ordering::SeqCst);
-        let batch: Vec<(i64, Latest)> =
-            self.pending.lock().expect("not poisoned").drain().collect();
-        let written = self.write(pool, batch).await;
-        self.in_flight.store(false, Ordering::SeqCst);
-        written
+        // Taken and named in flight under one lock: a `flush_task` that finds its task gone
+        // from `pending` and named here knows to wait for this flush to settle it.
+        let mut batch: Vec<(i64, Latest)> = {
+            let mut pending = self.pending.lock().expect("not poisoned");
+            let mut in_flight = self.in_flight.lock().expect("not poisoned");
+            in_flight.extend(pending.keys().copied());
+            pending.drain().collect()
+        };
+        let mut count = 0;
+        let mut outcome = Ok(());
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(FLUSH_ROWS));
+            match self.write(pool, batch).await {
+                Ok(written) => count += written,
+                Err(err) => {
+                    // The database is away: the rest waits for the next flush too.
+                    self.put_back(rest);
+                    outcome = Err(err);
+                    break;
+                }
+            }
+            batch = rest;
+        }
+        self.in_flight.lock().expect("not poisoned").clear();
+        outcome.map(|()| count)
     }
 
     /// Write task `id`'s latest under claim `token` now, if one waits: called before the
@@ -216,7 +237,7 @@ impl Progress {
             pending.get(&id).is_some_and(|latest| latest.token == token)
         };
         let waiting = waits(&self.pending.lock().expect("not poisoned"));
-        if !waiting && !self.in_flight.load(Ordering::SeqCst) {
+        if !waiting && !self.in_flight.lock().expect("not poisoned").contains(&id) {
             return Ok(false);
         }
         let _turn = self.turn.lock().await;
@@ -325,7 +346,12 @@ impl Progress {
             .into_iter()
             .filter_map(|(id, mut latest)| {
                 latest.tries += 1;
-                (latest.tries < TRIES).then_some((id, latest))
+                if latest.tries < TRIES {
+                    return Some((id, latest));
+                }
+                // Its claim ended or moved on, or the row refused it: counted, not said.
+                self.metrics.progress_dropped("unwritten");
+                None
             })
             .collect();
         self.put_back(again);
@@ -374,18 +400,34 @@ pub struct Sink {
     id: i64,
     token: i64,
     lines: Lines,
+    /// The last whole line of the bytes read at once, at most [`MAX_LINE`] bytes.
+    newest: Vec<u8>,
 }
 
 impl Sink {
-    /// Bytes read from the stream.
+    /// Bytes read from the stream. Of the lines they end, only the last is looked at: the
+    /// latest report is what counts, and a handler writing lines as fast as it can costs the
+    /// daemon one check per read, not one per line.
     pub fn push(&mut self, bytes: &[u8]) {
         let Sink {
             progress,
             id,
             token,
             lines,
+            newest,
         } = self;
-        lines.push(bytes, |line| take(progress, *id, *token, line));
+        let mut found = false;
+        lines.push(bytes, |line| match line {
+            Line::Whole(text) => {
+                newest.clear();
+                newest.extend_from_slice(text);
+                found = true;
+            }
+            Line::TooLong => take(progress, *id, *token, Line::TooLong),
+        });
+        if found {
+            take(progress, *id, *token, Line::Whole(newest));
+        }
     }
 
     /// The stream ended (or is read no more): a last line without its newline counts.
@@ -395,6 +437,7 @@ impl Sink {
             id,
             token,
             lines,
+            ..
         } = self;
         lines.finish(|line| take(progress, *id, *token, line));
     }
