@@ -281,19 +281,23 @@ async fn a_parents_end_waits_for_the_other_parents_commit_and_then_releases_the_
 /// WAITING once its parents ended, none is released before them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_inserted_while_their_parents_end_are_never_stranded_nor_early() {
-    const PARENTS: i64 = 600;
+    // 1,200 children in the suite; PGTASKD_DEP_PARENTS=5000 for the 10,000.
+    let parents: i64 = std::env::var("PGTASKD_DEP_PARENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(600);
     let db = TestDb::new().await;
     let client = db.client().await;
     install_release_audit(&client).await;
     client
         .execute(
             "INSERT INTO pgtaskd.tasks (payload) SELECT 'parent ' || i FROM generate_series(1, $1::bigint) AS i",
-            &[&PARENTS],
+            &[&parents],
         )
         .await
         .unwrap();
-    let claimed = claim(&client, PARENTS).await;
-    assert_eq!(claimed.len() as i64, PARENTS);
+    let claimed = claim(&client, parents).await;
+    assert_eq!(claimed.len() as i64, parents);
 
     let finisher = db.client().await;
     let ends = tokio::spawn(async move {
@@ -307,9 +311,9 @@ async fn children_inserted_while_their_parents_end_are_never_stranded_nor_early(
         let producer = db.client().await;
         producers.push(tokio::spawn(async move {
             let mut children = 0;
-            for i in 0..PARENTS {
-                let a = 1 + (i + side) % PARENTS;
-                let b = 1 + (i * 7 + side) % PARENTS;
+            for i in 0..parents {
+                let a = 1 + (i + side) % parents;
+                let b = 1 + (i * 7 + side) % parents;
                 producer
                     .execute(
                         "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('child', ARRAY[$1::bigint, $2::bigint])",

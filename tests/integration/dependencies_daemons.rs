@@ -270,3 +270,82 @@ async fn the_graph_command_inserts_parents_first_and_refuses_a_cycle() {
     .await;
     assert_eq!(waiting, 2);
 }
+
+/// A reader sampling through a drain by two daemons never sees a stranded child: in no
+/// snapshot is a task WAITING whose parents have all SUCCEEDED, since each release commits
+/// with its parent's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_sampling_through_a_drain_never_sees_a_stranded_child() {
+    const PARENTS: i64 = 1_000;
+    const CHILDREN: i64 = 3_000;
+    const CONFIG: &str = "[worker]\nconcurrency = 4\npoll_interval = \"500ms\"\n";
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let reader = db.client().await;
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'parent ' || i FROM generate_series(1, $1::bigint) AS i",
+            &[&PARENTS],
+        )
+        .await
+        .unwrap();
+    // Each child waits for one to three parents, or for an earlier child (chains).
+    client
+        .execute(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) \
+             SELECT 'child ' || i, ARRAY(SELECT DISTINCT 1 + ((i * 7919 + k * 104729) % (\
+                        $1::bigint + CASE WHEN i % 3 = 0 THEN i - 1 ELSE 0 END)) \
+                                    FROM generate_series(1, 1 + i % 3) AS k) \
+               FROM generate_series(1, $2::bigint) AS i",
+            &[&PARENTS, &CHILDREN],
+        )
+        .await
+        .unwrap();
+    let daemons: Vec<DaemonProcess> = (0..2)
+        .map(|_| DaemonProcess::start(&db, CONFIG, &[]))
+        .collect();
+    let total = PARENTS + CHILDREN;
+    let mut samples = 0u64;
+    let mut waiting_seen = 0i64;
+    crate::support::within(WAIT * 3, "the drain, sampled", async {
+        loop {
+            let row = reader
+                .query_one(
+                    "SELECT (SELECT count(*) FROM pgtaskd.task_view AS c \
+                              WHERE c.status = 'WAITING' \
+                                AND NOT EXISTS (SELECT 1 FROM unnest(c.depends_on) AS x(parent) \
+                                                  JOIN pgtaskd.task_view AS p ON p.id = x.parent \
+                                                 WHERE p.status <> 'SUCCEEDED')), \
+                            (SELECT count(*) FROM pgtaskd.task_view WHERE status = 'WAITING'), \
+                            (SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED')",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let (stranded, waiting, succeeded): (i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2));
+            samples += 1;
+            waiting_seen = waiting_seen.max(waiting);
+            assert_eq!(
+                stranded, 0,
+                "sample {samples}: a WAITING task whose parents have all SUCCEEDED"
+            );
+            if succeeded == total {
+                break;
+            }
+        }
+    })
+    .await;
+    println!("{samples} samples through the drain of {total} tasks, none stranded");
+    assert!(
+        samples > 1 && waiting_seen > 0,
+        "sampled while tasks waited"
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.check_deps()").await,
+        0
+    );
+    for mut daemon in daemons {
+        daemon.stop_cleanly().await;
+    }
+}
