@@ -187,7 +187,7 @@ impl Progress {
         }
     }
 
-    /// Write every task's latest, [`FLUSH_ROWS`] rows a statement (so that each statement
+    /// Write every task's latest, 500 rows a statement (so that each statement
     /// holds its rows' locks briefly); returns the rows written. Nothing is sent when nothing
     /// waits.
     ///
