@@ -358,6 +358,9 @@ pub fn describe_task(task: &Task) -> String {
             super::queues::printable(policy)
         ));
     }
+    if let Some(batch) = task.batch_id {
+        text.push_str(&format!("  batch: {batch}\n"));
+    }
     if let Some(output) = &task.output {
         text.push_str(&format!("  output: {}\n", shown_output(output)));
     }

@@ -125,6 +125,9 @@ pub struct Task<P = String> {
     /// What a parent's failure does to it: `cancel`, `run` or `wait`, as the producer wrote
     /// it; `None` is `cancel`.
     pub on_dep_failure: Option<String>,
+    /// The batch it is a member of (schema 39, docs/dependencies.md "Batches"); `None` for
+    /// none.
+    pub batch_id: Option<i64>,
     pub lease_owner: Option<String>,
     pub lease_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -211,7 +214,7 @@ macro_rules! columns {
             ", attempt, max_attempts, \
             cancel_requested, words, bytes, runes, error, ",
             $output,
-            ", traceparent, concurrency_key, depends_on, on_dep_failure, lease_owner, \
+            ", traceparent, concurrency_key, depends_on, on_dep_failure, batch_id, lease_owner, \
             lease_expires_at, \
             created_at, started_at, finished_at, task_key, runs, snoozes, errors::text AS errors, \
             tags, metadata::text AS metadata, progress::text AS progress, progress_at"
@@ -248,6 +251,7 @@ impl<'a, P: FromSql<'a>> Task<P> {
             concurrency_key: row.get("concurrency_key"),
             depends_on: row.get("depends_on"),
             on_dep_failure: row.get("on_dep_failure"),
+            batch_id: row.get("batch_id"),
             lease_owner: row.get("lease_owner"),
             lease_expires_at: row.get("lease_expires_at"),
             created_at: row.get("created_at"),

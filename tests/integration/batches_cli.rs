@@ -66,6 +66,12 @@ async fn a_batch_opened_from_the_cli_takes_three_members_and_is_sealed_with_thei
     )
     .await;
     assert_eq!(in_batch, 3, "each enqueue --batch made a member");
+    let (code, stdout, stderr) = run(&db, &["status", &members[0].to_string()]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&format!("\n  batch: {batch}\n")),
+        "{stdout}"
+    );
 
     let (code, stdout, stderr) = run(&db, &["batch", "status", &batch_arg]).await;
     assert_eq!(code, Some(0), "{stderr}");
@@ -303,6 +309,10 @@ async fn batches_over_http_open_take_members_seal_and_answer_404_and_422() {
             )
             .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        // The member's own row names its batch.
+        let (status, task) = served.get(&format!("/tasks/{}", body["id"])).await;
+        assert_eq!(status, StatusCode::OK, "{task}");
+        assert_eq!(task["batch_id"], batch, "{task}");
     }
     let (status, body) = served.get(&format!("/batches/{batch}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
