@@ -157,9 +157,12 @@ CREATE TABLE pgtaskd.task_state (
     attempt          int         NOT NULL DEFAULT 0,
     max_attempts     int,
     cancel_requested boolean     NOT NULL DEFAULT false,
-    words            bigint      NOT NULL DEFAULT 0,
-    bytes            bigint      NOT NULL DEFAULT 0,
-    runes            bigint      NOT NULL DEFAULT 0,
+    -- NULL until the task succeeds, as are `runs` until its first claim and `snoozes` until
+    -- its first snooze (schema 40): the versions a task leaves behind stay narrow; the view
+    -- answers 0.
+    words            bigint,
+    bytes            bigint,
+    runes            bigint,
     error            text,
     lease_owner      text,
     lease_expires_at timestamptz,
@@ -167,9 +170,9 @@ CREATE TABLE pgtaskd.task_state (
     finished_at      timestamptz,
     claim_token      bigint,
     output           text,
-    runs             int         NOT NULL DEFAULT 0,
+    runs             int,
     errors           jsonb,
-    snoozes          int         NOT NULL DEFAULT 0,
+    snoozes          int,
     concurrency_key  text,
     -- The parent whose failure canceled this task (schema 37), for `retry --with-dependents`.
     canceled_by      bigint,
@@ -486,12 +489,14 @@ $$;
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
 SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
-       s.cancel_requested, s.words, s.bytes, s.runes, s.error, s.lease_owner,
+       s.cancel_requested, coalesce(s.words, 0) AS words, coalesce(s.bytes, 0) AS bytes,
+       coalesce(s.runes, 0) AS runes, s.error, s.lease_owner,
        s.lease_expires_at, t.created_at, s.started_at, s.finished_at, t.idempotency_key,
        s.claim_token, s.output, t.traceparent,
        coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
            || (extract(epoch FROM t.created_at) * 1000000)::bigint AS task_key,
-       s.runs, s.errors, s.snoozes, s.concurrency_key, t.depends_on, t.on_dep_failure,
+       coalesce(s.runs, 0) AS runs, s.errors, coalesce(s.snoozes, 0) AS snoozes,
+       s.concurrency_key, t.depends_on, t.on_dep_failure,
        t.tags, t.metadata, s.progress, s.progress_at, t.batch_id
   FROM pgtaskd.task_state AS s
  CROSS JOIN LATERAL (SELECT x.payload, x.created_at, x.idempotency_key, x.traceparent,
@@ -1230,32 +1235,32 @@ BEGIN
            SET status = CASE WHEN t.cancel_requested THEN 'CANCELED'
                              WHEN f.status = 'FAILED' AND f.retry_in IS NOT NULL
                                   AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue)) THEN 'QUEUED'
-                             WHEN f.status = 'SNOOZED' AND t.snoozes < 100 THEN 'QUEUED'
+                             WHEN f.status = 'SNOOZED' AND coalesce(t.snoozes, 0) < 100 THEN 'QUEUED'
                              WHEN f.status = 'SNOOZED' THEN 'FAILED'
                              ELSE f.status END,
                attempt = CASE WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
-                                   AND t.snoozes < 100 THEN t.attempt - 1
+                                   AND coalesce(t.snoozes, 0) < 100 THEN t.attempt - 1
                               ELSE t.attempt END,
                snoozes = CASE WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
-                                   AND t.snoozes < 100 THEN t.snoozes + 1
+                                   AND coalesce(t.snoozes, 0) < 100 THEN coalesce(t.snoozes, 0) + 1
                               ELSE t.snoozes END,
-               words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.words END,
-               bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.bytes END,
-               runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN 0 ELSE f.runes END,
+               words = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.words END,
+               bytes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.bytes END,
+               runes = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.runes END,
                output = CASE WHEN t.cancel_requested OR f.status <> 'SUCCEEDED' THEN NULL ELSE f.output END,
                error = CASE WHEN t.cancel_requested THEN NULL
-                            WHEN f.status = 'SNOOZED' AND t.snoozes < 100 THEN t.error
+                            WHEN f.status = 'SNOOZED' AND coalesce(t.snoozes, 0) < 100 THEN t.error
                             WHEN f.status NOT IN ('FAILED', 'SNOOZED') THEN NULL
                             ELSE f.error END,
                -- Every failed attempt's error, the last ten (version 30); a snooze is none.
                errors = CASE WHEN t.cancel_requested OR f.status NOT IN ('FAILED', 'SNOOZED')
-                                  OR (f.status = 'SNOOZED' AND t.snoozes < 100) THEN t.errors
+                                  OR (f.status = 'SNOOZED' AND coalesce(t.snoozes, 0) < 100) THEN t.errors
                              ELSE pgtaskd.error_history(t.errors, t.attempt, t.runs, f.error) END,
                run_at = CASE WHEN NOT t.cancel_requested AND f.status = 'FAILED'
                                   AND f.retry_in IS NOT NULL AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
                              THEN now() + f.retry_in * interval '1 second'
                              WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
-                                  AND t.snoozes < 100
+                                  AND coalesce(t.snoozes, 0) < 100
                              THEN now() + coalesce(f.retry_in, 0) * interval '1 second'
                              ELSE t.run_at END,
                lease_owner = NULL,
@@ -1264,7 +1269,7 @@ BEGIN
                                        AND f.retry_in IS NOT NULL AND t.attempt < coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
                                   THEN NULL
                                   WHEN NOT t.cancel_requested AND f.status = 'SNOOZED'
-                                       AND t.snoozes < 100
+                                       AND coalesce(t.snoozes, 0) < 100
                                   THEN NULL ELSE now() END
           FROM input AS f
          -- Looked up by primary key, the rows held as the index condition (version 11).

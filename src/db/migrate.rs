@@ -76,6 +76,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(37, "0037_dependencies"),
     migration!(38, "0038_tags"),
     migration!(39, "0039_batches_and_progress"),
+    migration!(40, "0040_narrow_state"),
 ];
 
 /// The schema version this binary was built for.

@@ -187,3 +187,78 @@ async fn a_row_level_security_policy_on_the_tasks_holds_for_their_state() {
         ["mine QUEUED -"]
     );
 }
+
+/// The counts a task has not earned are not stored (schema 40): a QUEUED or RUNNING state
+/// row, and an end that did not succeed, hold NULL `words`, `bytes`, `runes`, and NULL `runs`
+/// and `snoozes` until the first claim and the first snooze, so the versions a held snapshot
+/// keeps stay narrow. The view answers 0 for each, a snooze counts up from none, and a
+/// success keeps its counts.
+#[tokio::test]
+async fn counts_not_earned_are_not_stored_and_the_view_answers_zero() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let stored = "SELECT concat_ws(',', coalesce(words::text, '-'), coalesce(bytes::text, '-'),
+                         coalesce(runes::text, '-'), coalesce(runs::text, '-'),
+                         coalesce(snoozes::text, '-'))
+                    FROM pgtaskd.task_state ORDER BY id";
+    let shown = "SELECT concat_ws(',', status, words, bytes, runes, runs, snoozes, attempt)
+                   FROM pgtaskd.task_view ORDER BY id";
+    within(
+        WAIT,
+        "three tasks",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload) SELECT 'q', 'p' || n FROM generate_series(1, 3) AS n",
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        texts(&client, stored).await,
+        ["-,-,-,-,-"; 3],
+        "QUEUED rows"
+    );
+    assert_eq!(texts(&client, shown).await, ["QUEUED,0,0,0,0,0,0"; 3]);
+
+    let tokens = texts(
+        &client,
+        "SELECT task_claim::text FROM pgtaskd.claim(ARRAY['q'], 3, 'me', 60000, 1048576, false,
+                1048576, NULL, NULL) WHERE task_id IS NOT NULL ORDER BY task_id",
+    )
+    .await;
+    assert_eq!(tokens.len(), 3, "three claimed: {tokens:?}");
+    assert_eq!(
+        texts(&client, stored).await,
+        ["-,-,-,1,-"; 3],
+        "RUNNING rows"
+    );
+
+    // The first succeeds with its counts, the second fails (no retry), the third snoozes;
+    // the counts the failure reports are not stored (schema 39 wrote zeros).
+    let finished = texts(
+        &client,
+        &format!(
+            "SELECT task_id || ':' || written FROM pgtaskd.finish(
+                 ARRAY[{}]::bigint[], ARRAY[1, 2, 3]::bigint[],
+                 ARRAY['SUCCEEDED', 'FAILED', 'SNOOZED'], ARRAY[3, 7, 0]::bigint[],
+                 ARRAY[4, 8, 0]::bigint[], ARRAY[5, 9, 0]::bigint[],
+                 ARRAY[NULL, 'broke', NULL], ARRAY['{{}}', NULL, NULL],
+                 ARRAY[NULL, NULL, 0]::float8[], true) ORDER BY task_id",
+            tokens.join(", ")
+        ),
+    )
+    .await;
+    assert_eq!(finished, ["1:SUCCEEDED", "2:FAILED", "3:QUEUED"]);
+    assert_eq!(
+        texts(&client, stored).await,
+        ["3,4,5,1,-", "-,-,-,1,-", "-,-,-,1,1"]
+    );
+    assert_eq!(
+        texts(&client, shown).await,
+        [
+            "SUCCEEDED,3,4,5,1,0,1",
+            "FAILED,0,0,0,1,0,1",
+            "QUEUED,0,0,0,1,1,0"
+        ],
+        "through the view, the counts as before schema 40"
+    );
+}
