@@ -8,8 +8,8 @@ use pgtaskd::queue::{self, FinishError, Outcome, TaskStatus};
 use tokio_postgres::Client;
 
 use crate::support::{
-    blocks_touched, count, eventually, statistics_say_empty, GatedAnalyzer, InProcessDaemon,
-    TestDb, WAIT,
+    blocks_touched, count, eventually, statistics_say_empty, within, GatedAnalyzer,
+    InProcessDaemon, TestDb, WAIT,
 };
 
 const OWNER: &str = "test-owner";
@@ -460,4 +460,82 @@ async fn a_finish_and_a_cancel_planned_on_an_empty_table_read_only_their_rows_on
             "and it recorded the cancel of the {status} task"
         );
     }
+}
+
+/// The daemon's finish statement (`queue::finish_many`) reads the state rows it answers by
+/// primary key, and never scans the state table: flattened into a join, its read of the
+/// FAILED rows' queue and attempt was planned as a hash of the whole table at every finish,
+/// on any table under about a million rows. The scans are this transaction's own
+/// (`pg_stat_xact_user_tables`), so no other session's count in.
+#[tokio::test]
+async fn the_daemons_finish_statement_never_scans_the_state_table() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    within(
+        WAIT,
+        "1,000 tasks, analyzed",
+        client.batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'p' || n FROM generate_series(1, 1000) AS n;
+             ANALYZE pgtaskd.task_state",
+        ),
+    )
+    .await
+    .unwrap();
+    let claimed = within(
+        WAIT,
+        "two claims",
+        queue::claim(
+            &client,
+            OWNER,
+            &["default".into()],
+            2,
+            Duration::from_secs(30),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 2);
+    let finishes = [
+        queue::Finish {
+            id: claimed[0].id,
+            token: claimed[0].token,
+            outcome: Outcome::Succeeded(analyze("two words")),
+        },
+        queue::Finish {
+            id: claimed[1].id,
+            token: claimed[1].token,
+            outcome: Outcome::Failed("broke".into()),
+        },
+    ];
+    within(WAIT, "BEGIN", client.batch_execute("BEGIN"))
+        .await
+        .unwrap();
+    let answers = within(
+        WAIT,
+        "the daemon's finish of both",
+        queue::finish_many(&client, &finishes),
+    )
+    .await
+    .unwrap();
+    let scans = within(
+        WAIT,
+        "this transaction's scans",
+        count(
+            &client,
+            "SELECT seq_scan FROM pg_stat_xact_user_tables
+              WHERE relid = 'pgtaskd.task_state'::regclass",
+        ),
+    )
+    .await;
+    within(WAIT, "COMMIT", client.batch_execute("COMMIT"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answers[..],
+            [Ok(TaskStatus::Succeeded), Ok(TaskStatus::Failed)]
+        ),
+        "{answers:?}"
+    );
+    assert_eq!(scans, 0, "the finish scanned the state table");
 }
