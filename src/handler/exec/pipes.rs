@@ -22,7 +22,8 @@ const PROGRESS_CHUNK: usize = 16 * 1024;
 /// a process outside the group that keeps writing.
 const DRAIN_MAX: usize = 1024 * 1024;
 
-/// The child's three pipes and what was read from them.
+/// The child's pipes (stdin, stdout, stderr and, when progress is read, the progress pipe)
+/// and what was read from them.
 pub(super) struct Pipes<'a> {
     /// What is left to write.
     payload: &'a [u8],
@@ -67,7 +68,8 @@ impl<'a> Pipes<'a> {
         }
     }
 
-    /// Write some of the payload or read some of stdout or stderr, whichever is ready first.
+    /// Write some of the payload or read some of stdout, stderr or the progress pipe, whichever
+    /// is ready first.
     /// False when stdout went over `max_output` (stdout is then closed). Never returns once
     /// every pipe is closed. Cancel-safe: nothing is lost when dropped unfinished.
     pub(super) async fn step(&mut self) -> bool {
@@ -126,9 +128,9 @@ impl<'a> Pipes<'a> {
         }
     }
 
-    /// Once the child has exited and its group is killed: read what stdout and stderr hold
-    /// without waiting for their end (a process outside the group may hold them), then close
-    /// every pipe.
+    /// Once the child has exited and its group is killed: read what stdout, the progress pipe
+    /// and stderr hold without waiting for their end (a process outside the group may hold
+    /// them), then close every pipe.
     pub(super) fn drain(&mut self) {
         self.stdin = None;
         if let Some(stdout) = self.stdout.take() {
