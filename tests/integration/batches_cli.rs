@@ -425,20 +425,7 @@ async fn with_the_database_refusing_sessions_the_batch_routes_answer_503_never_4
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let batch = body["id"].as_i64().unwrap();
 
-    let admin_url = db
-        .url
-        .replace(&format!("dbname={}", db.name), "dbname=postgres");
-    assert_ne!(admin_url, db.url, "the test URL names the database");
-    let admin = crate::support::connect(&admin_url).await;
-    let refuse = format!(
-        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
-         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = '{0}' AND pid <> pg_backend_pid();",
-        db.name
-    );
-    within(WAIT, "refusing connections", admin.batch_execute(&refuse))
-        .await
-        .unwrap();
+    let refusal = db.refuse_connections().await;
     for (method, path) in [
         (reqwest::Method::GET, format!("/batches/{batch}")),
         (reqwest::Method::GET, "/batches/424242".to_string()),
@@ -452,10 +439,7 @@ async fn with_the_database_refusing_sessions_the_batch_routes_answer_503_never_4
         .post("/batches", json!({"on": "success", "payload": "p"}))
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let allow = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", db.name);
-    within(WAIT, "allowing connections", admin.batch_execute(&allow))
-        .await
-        .unwrap();
+    refusal.allow().await;
     let (status, body) = crate::support::eventually(WAIT, "the database to come back", || async {
         let (status, body) = served.get(&format!("/batches/{batch}")).await;
         (status == StatusCode::OK).then_some((status, body))

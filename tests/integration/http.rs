@@ -392,20 +392,7 @@ async fn a_database_refusing_connections_answers_503_and_recovers() {
     let id = enqueue(&client, "exists").await;
     let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
     wait_task(&api, id, "SUCCEEDED").await;
-    let refuse = format!(
-        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
-         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = '{0}' AND pid <> pg_backend_pid();",
-        db.name
-    );
-    let admin_url = db
-        .url
-        .replace(&format!("dbname={}", db.name), "dbname=postgres");
-    assert_ne!(admin_url, db.url, "the test URL names the database");
-    let admin = crate::support::connect(&admin_url).await;
-    within(WAIT, "refusing connections", admin.batch_execute(&refuse))
-        .await
-        .unwrap();
+    let refusal = db.refuse_connections().await;
     for path in [format!("/tasks/{id}"), "/tasks/424242".to_string()] {
         let (status, body) = api.get(&path).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
@@ -413,10 +400,7 @@ async fn a_database_refusing_connections_answers_503_and_recovers() {
     }
     let (status, _, body) = api.post("/tasks", "while refused", false).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let allow = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", db.name);
-    within(WAIT, "allowing connections", admin.batch_execute(&allow))
-        .await
-        .unwrap();
+    refusal.allow().await;
     let task = eventually(WAIT, "the database to come back", || async {
         let (status, task) = api.get(&format!("/tasks/{id}")).await;
         (status == StatusCode::OK).then_some(task)

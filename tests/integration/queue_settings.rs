@@ -614,20 +614,7 @@ async fn http_settings_in_an_outage_are_503_and_a_bad_body_still_400() {
         http: reqwest::Client::new(),
     };
     assert_eq!(api.get("/queues/emails/settings").await.0, StatusCode::OK);
-    let admin_url = db
-        .url
-        .replace(&format!("dbname={}", db.name), "dbname=postgres");
-    assert_ne!(admin_url, db.url, "the test URL names the database");
-    let admin = crate::support::connect(&admin_url).await;
-    let refuse = format!(
-        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
-         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = '{0}' AND pid <> pg_backend_pid();",
-        db.name
-    );
-    within(WAIT, "refusing connections", admin.batch_execute(&refuse))
-        .await
-        .unwrap();
+    let refusal = db.refuse_connections().await;
     let (status, body) = api.get("/queues/emails/settings").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"], "database unavailable");
@@ -643,10 +630,7 @@ async fn http_settings_in_an_outage_are_503_and_a_bad_body_still_400() {
         StatusCode::BAD_REQUEST,
         "judged before a session: {body}"
     );
-    let allow = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", db.name);
-    within(WAIT, "allowing connections", admin.batch_execute(&allow))
-        .await
-        .unwrap();
+    refusal.allow().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -264,6 +264,59 @@ impl TestDb {
     }
 }
 
+/// A database that refuses new sessions and whose sessions were ended: an outage of one
+/// database while its server runs. [`Refusal::allow`] ends it.
+pub struct Refusal {
+    admin: Client,
+    name: String,
+}
+
+impl TestDb {
+    /// `ALLOW_CONNECTIONS false` and every session of this database ended, from a session on
+    /// the administrative database.
+    pub async fn refuse_connections(&self) -> Refusal {
+        let admin = connect(&self.admin).await;
+        let refuse = format!(
+            "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = '{0}' AND pid <> pg_backend_pid();",
+            self.name
+        );
+        within(WAIT, "refusing connections", admin.batch_execute(&refuse))
+            .await
+            .unwrap_or_else(|err| panic!("cannot refuse connections to {}: {err:?}", self.name));
+        Refusal {
+            admin,
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl Refusal {
+    /// Allow sessions again. The catalog row may be updated concurrently (a vacuum's
+    /// `datfrozenxid`): an error is printed and the statement tried again until [`WAIT`].
+    pub async fn allow(self) {
+        let allow = format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", self.name);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match within(
+                WAIT,
+                "allowing connections",
+                self.admin.batch_execute(&allow),
+            )
+            .await
+            {
+                Ok(()) => return,
+                Err(err) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("allowing connections to {} again: {err:?}", self.name);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(err) => panic!("cannot allow connections to {}: {err:?}", self.name),
+            }
+        }
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let admin = self.admin.clone();
