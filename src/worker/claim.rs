@@ -349,9 +349,17 @@ impl Worker {
         };
         let claimed = batch.tasks.len();
         let full = claimed == room.tasks;
+        if let Some(after) = after {
+            tracing::debug!(
+                after_priority = after.priority,
+                after_id = after.id,
+                claimed,
+                took_ms = took.as_secs_f64() * 1000.0,
+                "claim after a position"
+            );
+        }
         if let Ok(mut floor) = inner.floor.lock() {
-            let more = full || batch.left_out.is_some();
-            floor.record(after, took, Instant::now(), more, batch.last);
+            floor.record(after, took, Instant::now(), claimed, batch.last);
             pending.recorded = true;
         }
         inner.intake.claimed(room, claimed, batch.bytes, took);

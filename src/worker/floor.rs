@@ -1,11 +1,14 @@
 //! Where a claim starts. Claims start from the front of the queue, except while those
-//! claims are slow: a held xmin horizon leaves the entries of every task claimed since at the front of the claim index,
-//! and each claim from the start walks them all. After a claim from the start that took at
-//! least [`SLOW_CLAIM`] and came back full, the next claims start after the last task it
-//! took ([`Floor`]), for ten times its duration and at most one poll interval; then one claims
-//! from the start again, and while it is on its way the others still claim after the
-//! position: while there is a position, claims from the start that walk a held horizon's
-//! entries do not take both claim slots. What such a claim cannot see (a task of a higher
+//! claims are slow: a held xmin horizon leaves the entries of every task claimed since at the
+//! front of the claim index, and each claim from the start walks them all. After a claim from
+//! the start that was slow for what it took ([`Floor::record`]), the next claims start after
+//! the last task claimed ([`Floor`]), for a hundred times its duration and at most one poll
+//! interval; then one claims from the start again, and while it is on its way the others
+//! still claim after the position: while there is a position, claims from the start that walk
+//! a held horizon's entries do not take both claim slots. The position stays while the queue
+//! is drained (a claim that found less than it had room for, or nothing, keeps it): new tasks
+//! come after it, and a queue kept just drained under a held horizon claims from the start
+//! once a window, not at every wake-up. What such a claim cannot see (a task of a higher
 //! priority inserted since, one given back or retried, a late commit of a lower id) waits at
 //! most until the next claim from the start has come back: a poll interval plus that claim's
 //! own duration (docs/design.md, "Claims after a position"). Only a worker of one queue does
@@ -15,40 +18,53 @@ use std::time::{Duration, Instant};
 
 use crate::queue::Position;
 
-/// A claim from the start at least this slow makes the next claims start after a position.
-/// A claim of 500 short texts takes a few milliseconds; one that walks the index entries left
-/// by a held horizon takes tens to thousands.
-const SLOW_CLAIM: Duration = Duration::from_millis(20);
+/// A claim from the start at least this slow, plus [`SLOW_PER_TASK`] for each task it took,
+/// makes the next claims start after a position. A claim of one task takes about a
+/// millisecond and one of 500 short texts a few; one that walks the index entries left by a
+/// held horizon takes tens to thousands.
+const SLOW_CLAIM: Duration = Duration::from_millis(5);
+
+/// What each task a claim took adds to [`SLOW_CLAIM`]: a claim of 500 is slow from 15 ms.
+const SLOW_PER_TASK: Duration = Duration::from_micros(20);
 
 /// How many times a slow claim from the start's duration the claims after a position go on.
-const AFTER_SLOW_CLAIM: u32 = 10;
+/// The scan of a drained queue is one claim at a time, and the tasks that arrive while a slow
+/// claim from the start is on its way wait for it: one in a hundred claims' time, not one in
+/// ten, keeps that wait out of the 99th percentile of a held horizon's soak.
+const AFTER_SLOW_CLAIM: u32 = 100;
+
+/// The latest claim from the start.
+#[derive(Debug, Clone, Copy)]
+struct FromStart {
+    ended: Instant,
+    took: Duration,
+    /// Slow for what it took.
+    slow: bool,
+}
 
 /// Where the next claim may start, and what the last claim from the start cost.
 #[derive(Debug, Default)]
 pub(super) struct Floor {
-    /// The last task of the latest full claim, in claim order.
+    /// The last task claimed, in claim order, since the latest claim from the start that took
+    /// any.
     at: Option<Position>,
-    /// The latest claim from the start: when it ended, and how long it took.
-    from_start: Option<(Instant, Duration)>,
+    from_start: Option<FromStart>,
     /// Claims from the start on their way.
     starting: usize,
 }
 
 impl Floor {
     /// Where the claim about to be sent at `now` starts: after [`Floor::at`] while the latest
-    /// claim from the start was slow and either ended less than ten times its duration ago
+    /// claim from the start was slow and either ended less than a hundred times its duration ago
     /// (at most `poll`) or has a successor on its way; `None`: from the start, and then that
     /// claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is called
     /// for it.
     pub(super) fn next(&mut self, now: Instant, poll: Duration) -> Option<Position> {
-        let after = self
-            .at
-            .zip(self.from_start)
-            .and_then(|(at, (ended, took))| {
-                let window = (took * AFTER_SLOW_CLAIM).min(poll);
-                let recent = now.saturating_duration_since(ended) < window;
-                (took >= SLOW_CLAIM && (recent || self.starting > 0)).then_some(at)
-            });
+        let after = self.at.zip(self.from_start).and_then(|(at, start)| {
+            let window = (start.took * AFTER_SLOW_CLAIM).min(poll);
+            let recent = now.saturating_duration_since(start.ended) < window;
+            (start.slow && (recent || self.starting > 0)).then_some(at)
+        });
         if after.is_none() {
             self.starting += 1;
         }
@@ -62,29 +78,33 @@ impl Floor {
         }
     }
 
-    /// Record a claim that started `after` (or from the start), took `took` and ended at
-    /// `now`: `more` when it took all it had room for (there may be more), `last` its last
-    /// task. A claim that found less than it could take ends the positions: the next claim
-    /// starts from the start.
+    /// Record a claim that started `after` (or from the start), took `took`, ended at `now`
+    /// and claimed `claimed` tasks, `last` the last of them in claim order.
     pub(super) fn record(
         &mut self,
         after: Option<Position>,
         took: Duration,
         now: Instant,
-        more: bool,
+        claimed: usize,
         last: Option<Position>,
     ) {
         if after.is_none() {
-            // What it saw replaces the positions before it (it may have found a task of a
-            // higher priority, before them in claim order).
-            self.from_start = Some((now, took));
-            self.at = None;
+            let per_task = SLOW_PER_TASK.saturating_mul(u32::try_from(claimed).unwrap_or(u32::MAX));
+            self.from_start = Some(FromStart {
+                ended: now,
+                took,
+                slow: took >= SLOW_CLAIM.saturating_add(per_task),
+            });
             self.starting = self.starting.saturating_sub(1);
+            // What it took replaces the positions before it (it may have found a task of a
+            // higher priority, before them in claim order). One that found nothing saw no
+            // QUEUED task before them: they stay.
+            if last.is_some() {
+                self.at = last;
+            }
+        } else if let Some(last) = last {
+            self.at = Some(self.at.map_or(last, |at| at.max(last)));
         }
-        self.at = match (more, last) {
-            (true, Some(last)) => Some(self.at.map_or(last, |at| at.max(last))),
-            _ => None,
-        };
     }
 }
 
@@ -117,27 +137,33 @@ mod tests {
 
     const POLL: Duration = Duration::from_secs(2);
 
+    /// A claim that took all it had room for.
+    const FULL: usize = 500;
+
     #[test]
     fn a_fast_claim_from_the_start_keeps_every_claim_at_the_start() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500));
         assert_eq!(floor.next(t0, POLL), None);
     }
 
     #[test]
-    fn after_a_slow_full_claim_the_next_ones_start_after_its_last_task_for_ten_times_its_duration()
+    fn after_a_slow_claim_the_next_ones_start_after_its_last_task_for_a_hundred_times_its_duration()
     {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        let slow = Duration::from_millis(50);
-        floor.record(None, slow, t0, true, at(0, 500));
+        let slow = Duration::from_millis(16);
+        floor.record(None, slow, t0, FULL, at(0, 500));
         assert_eq!(floor.next(t0, POLL), at(0, 500));
         // A claim after it that came back full moves the position on.
-        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 1000));
-        assert_eq!(floor.next(t0 + slow * 9, POLL), at(0, 1000));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, FULL, at(0, 1000));
         assert_eq!(
-            floor.next(t0 + slow * 10, POLL),
+            floor.next(t0 + slow * (AFTER_SLOW_CLAIM - 1), POLL),
+            at(0, 1000)
+        );
+        assert_eq!(
+            floor.next(t0 + slow * AFTER_SLOW_CLAIM, POLL),
             None,
             "then from the start"
         );
@@ -147,7 +173,7 @@ mod tests {
     fn the_claims_after_a_position_last_at_most_a_poll_interval() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_secs(1), t0, true, at(0, 500));
+        floor.record(None, Duration::from_secs(1), t0, FULL, at(0, 500));
         assert_eq!(
             floor.next(t0 + Duration::from_millis(1999), POLL),
             at(0, 500)
@@ -160,7 +186,7 @@ mod tests {
         let mut floor = Floor::default();
         let t0 = Instant::now();
         let slow = Duration::from_millis(500);
-        floor.record(None, slow, t0, true, at(0, 500));
+        floor.record(None, slow, t0, FULL, at(0, 500));
         let later = t0 + POLL;
         assert_eq!(
             floor.next(later, POLL),
@@ -176,13 +202,13 @@ mod tests {
             at(0, 500),
             Duration::from_millis(2),
             later,
-            true,
+            FULL,
             at(0, 1000),
         );
         assert_eq!(floor.next(later, POLL), at(0, 1000));
         // It came back, slow again: its window starts.
         let back = later + slow;
-        floor.record(None, slow, back, true, at(0, 1200));
+        floor.record(None, slow, back, FULL, at(0, 1200));
         assert_eq!(floor.next(back, POLL), at(0, 1200));
         // Past that window, one goes from the start; it fails: the next goes from the start.
         let past = back + POLL;
@@ -196,22 +222,22 @@ mod tests {
         let mut floor = Floor::default();
         let t0 = Instant::now();
         let slow = Duration::from_millis(500);
-        floor.record(None, slow, t0, true, at(0, 500));
+        floor.record(None, slow, t0, FULL, at(0, 500));
         let later = t0 + POLL;
-        // A claim after the position came back with less than it had room for: no position,
-        // so two claims from the start may be on their way at once.
-        floor.record(
+        // Past the window, one goes from the start; it fails, and the next does too.
+        assert_eq!(floor.next(later, POLL), None);
+        floor.abandon(None);
+        assert_eq!(floor.next(later, POLL), None);
+        assert_eq!(
+            floor.next(later, POLL),
             at(0, 500),
-            Duration::from_millis(2),
-            later,
-            false,
-            at(0, 600),
+            "one from the start is on its way"
         );
-        assert_eq!(floor.next(later, POLL), None);
-        assert_eq!(floor.next(later, POLL), None);
-        // The first comes back (slow, full) while the second is still on its way.
-        floor.record(None, slow, later + slow, true, at(0, 1100));
+        // It comes back (slow, full): its window starts.
+        floor.record(None, slow, later + slow, FULL, at(0, 1100));
+        assert_eq!(floor.next(later + slow, POLL), at(0, 1100));
         let past = later + slow + POLL;
+        assert_eq!(floor.next(past, POLL), None);
         assert_eq!(
             floor.next(past, POLL),
             at(0, 1100),
@@ -229,7 +255,7 @@ mod tests {
         floor
             .lock()
             .unwrap()
-            .record(None, slow, t0, true, at(0, 500));
+            .record(None, slow, t0, FULL, at(0, 500));
         let later = t0 + POLL;
         let after = floor.lock().unwrap().next(later, POLL);
         assert_eq!(after, None);
@@ -246,34 +272,60 @@ mod tests {
     fn fast_claims_from_the_start_may_overlap() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(3), t0, true, at(0, 500));
+        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500));
         assert_eq!(floor.next(t0, POLL), None);
         assert_eq!(floor.next(t0, POLL), None);
     }
 
     #[test]
-    fn a_claim_that_found_less_than_it_could_take_sends_the_next_to_the_start() {
+    fn a_drained_queue_keeps_its_position_until_claims_from_the_start_are_fast_again() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
-        floor.record(at(0, 500), Duration::from_millis(2), t0, false, at(0, 600));
-        assert_eq!(floor.next(t0, POLL), None);
-        floor.record(None, Duration::from_millis(50), t0, false, at(0, 700));
+        let slow = Duration::from_millis(8);
+        // A claim of three tasks that walked a held horizon's entries: slow for three.
+        floor.record(None, slow, t0, 3, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), at(0, 500));
+        // Claims after it find one task, then none: the position stays where the last was.
+        floor.record(at(0, 500), Duration::from_millis(1), t0, 1, at(0, 501));
+        floor.record(at(0, 501), Duration::from_millis(1), t0, 0, None);
         assert_eq!(
-            floor.next(t0, POLL),
-            None,
-            "a drained queue has no position"
+            floor.next(t0 + slow * (AFTER_SLOW_CLAIM - 1), POLL),
+            at(0, 501)
         );
+        // A hundred times its duration later, one from the start; it finds nothing, slowly: the
+        // position stays, and the next claims start after it again.
+        let later = t0 + slow * AFTER_SLOW_CLAIM;
+        assert_eq!(floor.next(later, POLL), None);
+        floor.record(None, slow, later, 0, None);
+        assert_eq!(floor.next(later, POLL), at(0, 501));
+        // The horizon moved on: a claim from the start of one task in a millisecond is fast,
+        // and every claim starts from the start again.
+        let moved = later + slow * AFTER_SLOW_CLAIM;
+        assert_eq!(floor.next(moved, POLL), None);
+        floor.record(None, Duration::from_millis(1), moved, 1, at(0, 502));
+        assert_eq!(floor.next(moved, POLL), None);
+        assert_eq!(floor.next(moved, POLL), None);
+    }
+
+    #[test]
+    fn a_claim_is_slow_for_what_it_took() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let took = Duration::from_millis(10);
+        floor.record(None, took, t0, FULL, at(0, 500));
+        assert_eq!(floor.next(t0, POLL), None, "10 ms for 500 tasks is fast");
+        floor.record(None, took, t0, 1, at(0, 501));
+        assert_eq!(floor.next(t0, POLL), at(0, 501), "10 ms for one is slow");
     }
 
     #[test]
     fn a_claim_from_the_start_replaces_the_position_with_its_own() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(50), t0, true, at(0, 500));
-        floor.record(at(0, 500), Duration::from_millis(2), t0, true, at(0, 5000));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(0, 500));
+        floor.record(at(0, 500), Duration::from_millis(2), t0, FULL, at(0, 5000));
         // Tasks of priority 5 were inserted since: the next claim from the start takes some.
-        floor.record(None, Duration::from_millis(50), t0, true, at(5, 600));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 600));
         assert_eq!(
             floor.next(t0, POLL),
             at(5, 600),
@@ -285,10 +337,10 @@ mod tests {
     fn concurrent_claims_keep_the_later_position_in_claim_order() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(50), t0, true, at(5, 900));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 900));
         // A lower priority is later in claim order than any id of a higher one.
-        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(3, 10));
-        floor.record(at(5, 900), Duration::from_millis(2), t0, true, at(5, 1400));
+        floor.record(at(5, 900), Duration::from_millis(2), t0, FULL, at(3, 10));
+        floor.record(at(5, 900), Duration::from_millis(2), t0, FULL, at(5, 1400));
         assert_eq!(floor.next(t0, POLL), at(3, 10));
     }
 }

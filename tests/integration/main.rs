@@ -15,6 +15,7 @@ mod cancel_rules;
 mod chaos;
 mod claim;
 mod claim_bytes;
+mod claim_position;
 mod cli;
 mod config_and_connection;
 mod credentials;
