@@ -359,7 +359,14 @@ impl Worker {
             );
         }
         if let Ok(mut floor) = inner.floor.lock() {
-            floor.record(after, took, Instant::now(), claimed, batch.last);
+            floor.record(
+                after,
+                took,
+                Instant::now(),
+                claimed,
+                batch.last,
+                batch.left_out.is_some(),
+            );
             pending.recorded = true;
         }
         inner.intake.claimed(room, claimed, batch.bytes, took);

@@ -2,8 +2,8 @@
 //! claims are slow: a held xmin horizon leaves the entries of every task claimed since at the
 //! front of the claim index, and each claim from the start walks them all. After a claim from
 //! the start that was slow for what it took ([`Floor::record`]), the next claims start after
-//! the last task claimed ([`Floor`]), for a hundred times its duration and at most one poll
-//! interval; then one claims from the start again, and while it is on its way the others
+//! the last task claimed ([`Floor`]), for a hundred times its duration and at most half a
+//! poll interval; then one claims from the start again, and while it is on its way the others
 //! still claim after the position: while there is a position, claims from the start that walk
 //! a held horizon's entries do not take both claim slots. The position stays while the queue
 //! is drained (a claim that found less than it had room for, or nothing, keeps it): new tasks
@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 
 use crate::queue::Position;
 
-/// A claim from the start at least this slow, plus [`SLOW_PER_TASK`] for each task it took,
-/// makes the next claims start after a position. A claim of one task takes about a
-/// millisecond and one of 500 short texts a few; one that walks the index entries left by a
-/// held horizon takes tens to thousands.
+/// A claim from the start at least this much slower than a claim usually takes
+/// (`Floor::fastest`: the round trip included), plus [`SLOW_PER_TASK`] for each task it
+/// took, makes the next claims start after a position. A claim of one task takes about a
+/// millisecond over a local socket and one of 500 short texts a few; one that walks the index
+/// entries left by a held horizon takes tens to thousands.
 const SLOW_CLAIM: Duration = Duration::from_millis(5);
 
 /// What each task a claim took adds to [`SLOW_CLAIM`]: a claim of 500 is slow from 15 ms.
@@ -51,17 +52,25 @@ pub(super) struct Floor {
     from_start: Option<FromStart>,
     /// Claims from the start on their way.
     starting: usize,
+    /// What a claim costs with nothing to walk: the round trip to the server and the
+    /// statement's own work. Any claim faster than it lowers it at once; a slower one raises
+    /// it by a 64th of the difference, so that claims from the start slowed by a held horizon
+    /// (a few in a hundred while there is a position) hardly move it, and a longer round trip
+    /// (a server further away after a failover) is learned within a few hundred claims.
+    fastest: Option<Duration>,
 }
 
 impl Floor {
     /// Where the claim about to be sent at `now` starts: after [`Floor::at`] while the latest
-    /// claim from the start was slow and either ended less than a hundred times its duration ago
-    /// (at most `poll`) or has a successor on its way; `None`: from the start, and then that
-    /// claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is called
-    /// for it.
+    /// claim from the start was slow and either ended less than a hundred times its duration
+    /// ago (at most half of `poll`) or has a successor on its way; `None`: from the start, and
+    /// then that claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is
+    /// called for it. Half a poll interval: an idle worker's next scan comes between half and
+    /// all of one after its last, so that scan always claims from the start, and a task
+    /// before the position waits at most a poll interval and that claim.
     pub(super) fn next(&mut self, now: Instant, poll: Duration) -> Option<Position> {
         let after = self.at.zip(self.from_start).and_then(|(at, start)| {
-            let window = (start.took * AFTER_SLOW_CLAIM).min(poll);
+            let window = (start.took * AFTER_SLOW_CLAIM).min(poll / 2);
             let recent = now.saturating_duration_since(start.ended) < window;
             (start.slow && (recent || self.starting > 0)).then_some(at)
         });
@@ -79,7 +88,8 @@ impl Floor {
     }
 
     /// Record a claim that started `after` (or from the start), took `took`, ended at `now`
-    /// and claimed `claimed` tasks, `last` the last of them in claim order.
+    /// and claimed `claimed` tasks, `last` the last of them in claim order; `left_out`: the
+    /// byte budget left out the next due task.
     pub(super) fn record(
         &mut self,
         after: Option<Position>,
@@ -87,20 +97,31 @@ impl Floor {
         now: Instant,
         claimed: usize,
         last: Option<Position>,
+        left_out: bool,
     ) {
+        let usual = self.fastest.unwrap_or(Duration::ZERO);
+        self.fastest = Some(if took <= usual || self.fastest.is_none() {
+            took
+        } else {
+            usual + (took - usual) / 64
+        });
         if after.is_none() {
             let per_task = SLOW_PER_TASK.saturating_mul(u32::try_from(claimed).unwrap_or(u32::MAX));
             self.from_start = Some(FromStart {
                 ended: now,
                 took,
-                slow: took >= SLOW_CLAIM.saturating_add(per_task),
+                slow: took >= usual + SLOW_CLAIM.saturating_add(per_task),
             });
             self.starting = self.starting.saturating_sub(1);
             // What it took replaces the positions before it (it may have found a task of a
             // higher priority, before them in claim order). One that found nothing saw no
-            // QUEUED task before them: they stay.
+            // QUEUED task before them: they stay, unless the byte budget left out the first
+            // task it found, which may be before them: the next claim starts from the start
+            // again, and the one that waits for that task's room takes it.
             if last.is_some() {
                 self.at = last;
+            } else if left_out {
+                self.at = None;
             }
         } else if let Some(last) = last {
             self.at = Some(self.at.map_or(last, |at| at.max(last)));
@@ -144,7 +165,7 @@ mod tests {
     fn a_fast_claim_from_the_start_keeps_every_claim_at_the_start() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500));
+        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500), false);
         assert_eq!(floor.next(t0, POLL), None);
     }
 
@@ -153,11 +174,18 @@ mod tests {
     {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        let slow = Duration::from_millis(16);
-        floor.record(None, slow, t0, FULL, at(0, 500));
+        let slow = Duration::from_millis(9);
+        floor.record(None, slow, t0, 3, at(0, 500), false);
         assert_eq!(floor.next(t0, POLL), at(0, 500));
         // A claim after it that came back full moves the position on.
-        floor.record(at(0, 500), Duration::from_millis(2), t0, FULL, at(0, 1000));
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            t0,
+            FULL,
+            at(0, 1000),
+            false,
+        );
         assert_eq!(
             floor.next(t0 + slow * (AFTER_SLOW_CLAIM - 1), POLL),
             at(0, 1000)
@@ -170,15 +198,19 @@ mod tests {
     }
 
     #[test]
-    fn the_claims_after_a_position_last_at_most_a_poll_interval() {
+    fn the_claims_after_a_position_last_at_most_half_a_poll_interval() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_secs(1), t0, FULL, at(0, 500));
+        floor.record(None, Duration::from_secs(1), t0, FULL, at(0, 500), false);
         assert_eq!(
-            floor.next(t0 + Duration::from_millis(1999), POLL),
+            floor.next(t0 + POLL / 2 - Duration::from_millis(1), POLL),
             at(0, 500)
         );
-        assert_eq!(floor.next(t0 + POLL, POLL), None);
+        assert_eq!(
+            floor.next(t0 + POLL / 2, POLL),
+            None,
+            "an idle worker's next scan (half a poll interval or more later) claims from the start"
+        );
     }
 
     #[test]
@@ -186,7 +218,7 @@ mod tests {
         let mut floor = Floor::default();
         let t0 = Instant::now();
         let slow = Duration::from_millis(500);
-        floor.record(None, slow, t0, FULL, at(0, 500));
+        floor.record(None, slow, t0, FULL, at(0, 500), false);
         let later = t0 + POLL;
         assert_eq!(
             floor.next(later, POLL),
@@ -204,11 +236,12 @@ mod tests {
             later,
             FULL,
             at(0, 1000),
+            false,
         );
         assert_eq!(floor.next(later, POLL), at(0, 1000));
         // It came back, slow again: its window starts.
         let back = later + slow;
-        floor.record(None, slow, back, FULL, at(0, 1200));
+        floor.record(None, slow, back, FULL, at(0, 1200), false);
         assert_eq!(floor.next(back, POLL), at(0, 1200));
         // Past that window, one goes from the start; it fails: the next goes from the start.
         let past = back + POLL;
@@ -222,7 +255,7 @@ mod tests {
         let mut floor = Floor::default();
         let t0 = Instant::now();
         let slow = Duration::from_millis(500);
-        floor.record(None, slow, t0, FULL, at(0, 500));
+        floor.record(None, slow, t0, FULL, at(0, 500), false);
         let later = t0 + POLL;
         // Past the window, one goes from the start; it fails, and the next does too.
         assert_eq!(floor.next(later, POLL), None);
@@ -233,8 +266,16 @@ mod tests {
             at(0, 500),
             "one from the start is on its way"
         );
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            later,
+            FULL,
+            at(0, 1000),
+            false,
+        );
         // It comes back (slow, full): its window starts.
-        floor.record(None, slow, later + slow, FULL, at(0, 1100));
+        floor.record(None, slow, later + slow, FULL, at(0, 1100), false);
         assert_eq!(floor.next(later + slow, POLL), at(0, 1100));
         let past = later + slow + POLL;
         assert_eq!(floor.next(past, POLL), None);
@@ -255,7 +296,7 @@ mod tests {
         floor
             .lock()
             .unwrap()
-            .record(None, slow, t0, FULL, at(0, 500));
+            .record(None, slow, t0, FULL, at(0, 500), false);
         let later = t0 + POLL;
         let after = floor.lock().unwrap().next(later, POLL);
         assert_eq!(after, None);
@@ -272,7 +313,7 @@ mod tests {
     fn fast_claims_from_the_start_may_overlap() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500));
+        floor.record(None, Duration::from_millis(3), t0, FULL, at(0, 500), false);
         assert_eq!(floor.next(t0, POLL), None);
         assert_eq!(floor.next(t0, POLL), None);
     }
@@ -283,11 +324,18 @@ mod tests {
         let t0 = Instant::now();
         let slow = Duration::from_millis(8);
         // A claim of three tasks that walked a held horizon's entries: slow for three.
-        floor.record(None, slow, t0, 3, at(0, 500));
+        floor.record(None, slow, t0, 3, at(0, 500), false);
         assert_eq!(floor.next(t0, POLL), at(0, 500));
         // Claims after it find one task, then none: the position stays where the last was.
-        floor.record(at(0, 500), Duration::from_millis(1), t0, 1, at(0, 501));
-        floor.record(at(0, 501), Duration::from_millis(1), t0, 0, None);
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(1),
+            t0,
+            1,
+            at(0, 501),
+            false,
+        );
+        floor.record(at(0, 501), Duration::from_millis(1), t0, 0, None, false);
         assert_eq!(
             floor.next(t0 + slow * (AFTER_SLOW_CLAIM - 1), POLL),
             at(0, 501)
@@ -296,36 +344,94 @@ mod tests {
         // position stays, and the next claims start after it again.
         let later = t0 + slow * AFTER_SLOW_CLAIM;
         assert_eq!(floor.next(later, POLL), None);
-        floor.record(None, slow, later, 0, None);
+        floor.record(None, slow, later, 0, None, false);
         assert_eq!(floor.next(later, POLL), at(0, 501));
         // The horizon moved on: a claim from the start of one task in a millisecond is fast,
         // and every claim starts from the start again.
         let moved = later + slow * AFTER_SLOW_CLAIM;
         assert_eq!(floor.next(moved, POLL), None);
-        floor.record(None, Duration::from_millis(1), moved, 1, at(0, 502));
+        floor.record(None, Duration::from_millis(1), moved, 1, at(0, 502), false);
         assert_eq!(floor.next(moved, POLL), None);
         assert_eq!(floor.next(moved, POLL), None);
     }
 
     #[test]
     fn a_claim_is_slow_for_what_it_took() {
-        let mut floor = Floor::default();
         let t0 = Instant::now();
         let took = Duration::from_millis(10);
-        floor.record(None, took, t0, FULL, at(0, 500));
+        let mut floor = Floor::default();
+        floor.record(None, took, t0, FULL, at(0, 500), false);
         assert_eq!(floor.next(t0, POLL), None, "10 ms for 500 tasks is fast");
-        floor.record(None, took, t0, 1, at(0, 501));
+        let mut floor = Floor::default();
+        floor.record(None, took, t0, 1, at(0, 501), false);
         assert_eq!(floor.next(t0, POLL), at(0, 501), "10 ms for one is slow");
+    }
+
+    #[test]
+    fn a_long_round_trip_is_not_a_slow_claim() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let trip = Duration::from_millis(6);
+        // A server 6 ms away: the first claim has nothing to be measured against.
+        floor.record(None, trip, t0, 1, at(0, 1), false);
+        let later = t0 + POLL;
+        assert_eq!(floor.next(later, POLL), None);
+        floor.record(
+            None,
+            trip + Duration::from_millis(1),
+            later,
+            1,
+            at(0, 2),
+            false,
+        );
+        assert_eq!(floor.next(later, POLL), None, "7 ms where claims take 6");
+        assert_eq!(floor.next(later, POLL), None);
+        // A held horizon makes the claims from the start slower than that.
+        floor.record(None, Duration::from_millis(30), later, 1, at(0, 3), false);
+        assert_eq!(floor.next(later, POLL), at(0, 3));
+    }
+
+    #[test]
+    fn a_task_the_budget_left_out_before_the_position_is_claimed_from_the_start() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let slow = Duration::from_millis(8);
+        floor.record(None, slow, t0, 3, at(0, 500), false);
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(1),
+            t0,
+            2,
+            at(0, 502),
+            false,
+        );
+        // A large task of a higher priority came in; the claim from the start found it first
+        // and could not take it: the claim that waits for its room starts from the start.
+        let later = t0 + slow * AFTER_SLOW_CLAIM;
+        assert_eq!(floor.next(later, POLL), None);
+        floor.record(None, slow, later, 0, None, true);
+        assert_eq!(floor.next(later, POLL), None);
+        // One that found nothing at all leaves the position.
+        floor.record(None, slow, later, 1, at(5, 10), false);
+        floor.record(None, slow, later, 0, None, false);
+        assert_eq!(floor.next(later, POLL), at(5, 10));
     }
 
     #[test]
     fn a_claim_from_the_start_replaces_the_position_with_its_own() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(50), t0, FULL, at(0, 500));
-        floor.record(at(0, 500), Duration::from_millis(2), t0, FULL, at(0, 5000));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(0, 500), false);
+        floor.record(
+            at(0, 500),
+            Duration::from_millis(2),
+            t0,
+            FULL,
+            at(0, 5000),
+            false,
+        );
         // Tasks of priority 5 were inserted since: the next claim from the start takes some.
-        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 600));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 600), false);
         assert_eq!(
             floor.next(t0, POLL),
             at(5, 600),
@@ -337,10 +443,24 @@ mod tests {
     fn concurrent_claims_keep_the_later_position_in_claim_order() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
-        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 900));
+        floor.record(None, Duration::from_millis(50), t0, FULL, at(5, 900), false);
         // A lower priority is later in claim order than any id of a higher one.
-        floor.record(at(5, 900), Duration::from_millis(2), t0, FULL, at(3, 10));
-        floor.record(at(5, 900), Duration::from_millis(2), t0, FULL, at(5, 1400));
+        floor.record(
+            at(5, 900),
+            Duration::from_millis(2),
+            t0,
+            FULL,
+            at(3, 10),
+            false,
+        );
+        floor.record(
+            at(5, 900),
+            Duration::from_millis(2),
+            t0,
+            FULL,
+            at(5, 1400),
+            false,
+        );
         assert_eq!(floor.next(t0, POLL), at(3, 10));
     }
 }
