@@ -10,8 +10,8 @@
 //! come after it, and a queue kept just drained under a held horizon claims from the start
 //! once a window, not at every wake-up. What such a claim cannot see (a task of a higher
 //! priority inserted since, one given back or retried, a late commit of a lower id) waits at
-//! most until the next claim from the start has come back: a poll interval plus that claim's
-//! own duration (docs/design.md, "Claims after a position"). Only a worker of one queue does
+//! most until the next claim from the start has come back: one and a half poll intervals plus
+//! that claim's own duration (docs/design.md, "Claims after a position"). Only a worker of one queue does
 //! this.
 
 use std::time::{Duration, Instant};
@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use crate::queue::Position;
 
 /// A claim from the start at least this much slower than a claim usually takes
-/// (`Floor::fastest`: the round trip included), plus [`SLOW_PER_TASK`] for each task it
+/// ([`Usual`]: the round trip included), plus [`SLOW_PER_TASK`] for each task it
 /// took, makes the next claims start after a position. A claim of one task takes about a
 /// millisecond over a local socket and one of 500 short texts a few; one that walks the index
 /// entries left by a held horizon takes tens to thousands.
 const SLOW_CLAIM: Duration = Duration::from_millis(5);
 
-/// What each task a claim took adds to [`SLOW_CLAIM`]: a claim of 500 is slow from 15 ms.
+/// What each task a claim took adds to [`SLOW_CLAIM`]: a claim of 500 is slow from 15 ms
+/// over the usual.
 const SLOW_PER_TASK: Duration = Duration::from_micros(20);
 
 /// How many times a slow claim from the start's duration the claims after a position go on.
@@ -53,11 +54,42 @@ pub(super) struct Floor {
     /// Claims from the start on their way.
     starting: usize,
     /// What a claim costs with nothing to walk: the round trip to the server and the
-    /// statement's own work. Any claim faster than it lowers it at once; a slower one raises
-    /// it by a 64th of the difference, so that claims from the start slowed by a held horizon
-    /// (a few in a hundred while there is a position) hardly move it, and a longer round trip
-    /// (a server further away after a failover) is learned within a few hundred claims.
-    fastest: Option<Duration>,
+    /// statement's own work.
+    usual: Option<Usual>,
+}
+
+/// How long the fastest claim is remembered: [`Usual`] is the fastest of the last one to two
+/// of these.
+const USUAL_OVER: Duration = Duration::from_secs(60);
+
+/// What a claim usually takes: the fastest claim sent in the last one to two minutes. The
+/// fastest, so that a held horizon's walk, which grows with every claim from the start while
+/// there is no position yet, never becomes the usual (and once there is one, the claims after
+/// it are the fastest); of the last minutes only, so that a server further away (after a
+/// failover) is learned within two.
+#[derive(Debug, Clone, Copy)]
+struct Usual {
+    since: Instant,
+    fastest: Duration,
+    /// The fastest of the minute before `since`.
+    before: Option<Duration>,
+}
+
+impl Usual {
+    fn get(&self) -> Duration {
+        self.before
+            .map_or(self.fastest, |before| before.min(self.fastest))
+    }
+
+    fn learn(&mut self, took: Duration, now: Instant) {
+        if now.saturating_duration_since(self.since) >= USUAL_OVER {
+            self.before = Some(self.fastest);
+            self.since = now;
+            self.fastest = took;
+        } else {
+            self.fastest = self.fastest.min(took);
+        }
+    }
 }
 
 impl Floor {
@@ -65,9 +97,9 @@ impl Floor {
     /// claim from the start was slow and either ended less than a hundred times its duration
     /// ago (at most half of `poll`) or has a successor on its way; `None`: from the start, and
     /// then that claim is the one on its way until [`Floor::record`] or [`Floor::abandon`] is
-    /// called for it. Half a poll interval: an idle worker's next scan comes between half and
-    /// all of one after its last, so that scan always claims from the start, and a task
-    /// before the position waits at most a poll interval and that claim.
+    /// called for it. Half a poll interval: a scan within it may put the worker's next one
+    /// off, but that one comes at most a poll interval later and claims from the start, so a
+    /// task before the position waits at most one and a half poll intervals and that claim.
     pub(super) fn next(&mut self, now: Instant, poll: Duration) -> Option<Position> {
         let after = self.at.zip(self.from_start).and_then(|(at, start)| {
             let window = (start.took * AFTER_SLOW_CLAIM).min(poll / 2);
@@ -99,12 +131,20 @@ impl Floor {
         last: Option<Position>,
         left_out: bool,
     ) {
-        let usual = self.fastest.unwrap_or(Duration::ZERO);
-        self.fastest = Some(if took <= usual || self.fastest.is_none() {
-            took
-        } else {
-            usual + (took - usual) / 64
-        });
+        let usual = self.usual.map_or(Duration::ZERO, |usual| usual.get());
+        // A claim that was never sent (nothing to claim from, no room) took no time to learn.
+        if !took.is_zero() {
+            match &mut self.usual {
+                Some(usual) => usual.learn(took, now),
+                None => {
+                    self.usual = Some(Usual {
+                        since: now,
+                        fastest: took,
+                        before: None,
+                    })
+                }
+            }
+        }
         if after.is_none() {
             let per_task = SLOW_PER_TASK.saturating_mul(u32::try_from(claimed).unwrap_or(u32::MAX));
             self.from_start = Some(FromStart {
@@ -124,7 +164,9 @@ impl Floor {
                 self.at = None;
             }
         } else if let Some(last) = last {
-            self.at = Some(self.at.map_or(last, |at| at.max(last)));
+            // A claim after a position was sent while there was one: none now means a claim
+            // from the start cleared it since, for a task left out before it. It stays cleared.
+            self.at = self.at.map(|at| at.max(last));
         }
     }
 }
@@ -392,6 +434,88 @@ mod tests {
     }
 
     #[test]
+    fn a_walk_growing_claim_by_claim_is_measured_against_the_fastest_claim() {
+        let mut floor = Floor::default();
+        let mut now = Instant::now();
+        // Claims from the start, each 0.1 ms slower than the last (a held horizon's walk
+        // growing), never slow against the one before it.
+        let mut took = Duration::from_millis(1);
+        let mut engaged_at = None;
+        for n in 0..100 {
+            assert_eq!(floor.next(now, POLL), None);
+            floor.record(None, took, now, 2, at(0, n), false);
+            if floor.next(now, POLL).is_some() {
+                engaged_at = Some(took);
+                break;
+            }
+            floor.abandon(None);
+            took += Duration::from_micros(100);
+            now += Duration::from_millis(3);
+        }
+        let engaged_at = engaged_at.expect("the walk was never judged slow");
+        assert!(
+            engaged_at >= Duration::from_millis(6) && engaged_at < Duration::from_millis(7),
+            "slow from 5 ms over the fastest claim (1 ms): {engaged_at:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_never_sent_teaches_nothing() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        let trip = Duration::from_millis(6);
+        floor.record(None, trip, t0, 1, at(0, 1), false);
+        let later = t0 + POLL;
+        assert_eq!(floor.next(later, POLL), None);
+        floor.record(None, Duration::ZERO, later, 0, None, false);
+        assert_eq!(floor.next(later, POLL), None);
+        floor.record(
+            None,
+            trip + Duration::from_millis(1),
+            later,
+            1,
+            at(0, 2),
+            false,
+        );
+        assert_eq!(floor.next(later, POLL), None, "7 ms where claims take 6");
+    }
+
+    #[test]
+    fn a_server_further_away_is_learned_within_two_minutes() {
+        let mut floor = Floor::default();
+        let t0 = Instant::now();
+        floor.record(None, Duration::from_millis(1), t0, 1, at(0, 1), false);
+        // After a failover every claim takes 10 ms: slow against the old server's 1 ms...
+        let mut now = t0 + POLL;
+        assert_eq!(floor.next(now, POLL), None);
+        floor.record(None, Duration::from_millis(10), now, 1, at(0, 2), false);
+        assert_eq!(floor.next(now, POLL), at(0, 2));
+        // ...until the old server's claims are over two minutes behind.
+        for n in 3..200 {
+            now += POLL;
+            if floor.next(now, POLL).is_none() {
+                floor.record(None, Duration::from_millis(10), now, 1, at(0, n), false);
+            } else {
+                floor.record(
+                    at(0, n - 1),
+                    Duration::from_millis(10),
+                    now,
+                    1,
+                    at(0, n),
+                    false,
+                );
+            }
+        }
+        assert!(now - t0 > USUAL_OVER * 2);
+        assert_eq!(floor.next(now, POLL), None);
+        assert_eq!(
+            floor.next(now, POLL),
+            None,
+            "no position: claims are usual again"
+        );
+    }
+
+    #[test]
     fn a_task_the_budget_left_out_before_the_position_is_claimed_from_the_start() {
         let mut floor = Floor::default();
         let t0 = Instant::now();
@@ -410,6 +534,15 @@ mod tests {
         let later = t0 + slow * AFTER_SLOW_CLAIM;
         assert_eq!(floor.next(later, POLL), None);
         floor.record(None, slow, later, 0, None, true);
+        // A claim after the old position, sent before, comes back after: it stays cleared.
+        floor.record(
+            at(0, 502),
+            Duration::from_millis(1),
+            later,
+            1,
+            at(0, 503),
+            false,
+        );
         assert_eq!(floor.next(later, POLL), None);
         // One that found nothing at all leaves the position.
         floor.record(None, slow, later, 1, at(5, 10), false);
