@@ -7,7 +7,8 @@ use std::time::SystemTime;
 use pgtaskd::queue::TaskStatus;
 
 use crate::support::{
-    eventually, hold_snapshot, wait_count, wait_status, DaemonProcess, TestDb, WAIT,
+    eventually, hold_snapshot, insert_payloads, wait_count, wait_status, DaemonProcess, TestDb,
+    WAIT,
 };
 
 /// Tasks claimed under the held snapshot: their entries stay at the front of the claim index,
@@ -36,13 +37,7 @@ async fn a_drained_queue_under_a_held_snapshot_claims_after_its_position_and_sti
         .await
         .unwrap();
     let holder = hold_snapshot(&db).await;
-    client
-        .execute(
-            "INSERT INTO pgtaskd.tasks (payload) SELECT 'claimed ' || i FROM generate_series(1, $1::int8) i",
-            &[&CLAIMED],
-        )
-        .await
-        .unwrap();
+    insert_payloads(&client, CLAIMED as usize).await;
     let mut daemon = DaemonProcess::start(
         &db,
         "[worker]\nconcurrency = 8\npoll_interval = \"1s\"\n",
