@@ -486,11 +486,26 @@ AS $$
 $$;
 
 
+-- The daemon that holds a lease, as `pgtaskd daemons` names it (schema 41): a claim writes
+-- only the last part of its daemon's instance id (`host:pid:key`) as `lease_owner`, a key of
+-- ten characters, so that the version of a state row that a held snapshot keeps does not
+-- grow with the host's name. An owner no daemon's instance id ends with (one forgotten an
+-- hour after its last heartbeat, or a lease written before schema 41) is answered as it is.
+CREATE FUNCTION pgtaskd.lease_holder(owner text) RETURNS text
+LANGUAGE sql STABLE STRICT
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT pg_catalog.min(d.instance) FROM pgtaskd.daemons AS d
+                      WHERE pg_catalog.right(d.instance, pg_catalog.length(owner) OPERATOR(pg_catalog.+) 1)
+                            OPERATOR(pg_catalog.=) (':' OPERATOR(pg_catalog.||) owner)), owner)
+$$;
+
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
 SELECT s.id, s.queue, t.payload, s.status, s.priority, s.run_at, s.attempt,
        coalesce(s.max_attempts, pgtaskd.queue_max_attempts(s.queue)) AS max_attempts,
        s.cancel_requested, coalesce(s.words, 0) AS words, coalesce(s.bytes, 0) AS bytes,
-       coalesce(s.runes, 0) AS runes, s.error, s.lease_owner,
+       coalesce(s.runes, 0) AS runes, s.error, pgtaskd.lease_holder(s.lease_owner) AS lease_owner,
        s.lease_expires_at, t.created_at, s.started_at, s.finished_at, t.idempotency_key,
        s.claim_token, s.output, t.traceparent,
        coalesce((SELECT x.id FROM pgtaskd.site AS x), 'nosite') || '-' || s.id || '-'
@@ -1378,8 +1393,9 @@ BEGIN
 END
 $$;
 
--- Take back up to `max_tasks` expired leases, other than those of instance `owner`: QUEUED
--- with a backoff while attempts remain, else FAILED; CANCELED where a cancel was requested.
+-- Take back up to `max_tasks` expired leases, other than those of lease owner `owner` (the
+-- rescuing daemon's key, schema 41): QUEUED with a backoff while attempts remain, else
+-- FAILED; CANCELED where a cancel was requested.
 -- Rows are picked with SKIP LOCKED and re-checked (still RUNNING, same token, lease still
 -- expired), so rescuers of many daemons never fight and a lease extended meanwhile stays.
 -- The tasks it ends are announced on `pgtaskd_done` in the same transaction. A claim whose
@@ -1417,13 +1433,13 @@ BEGIN
                error = CASE
                    WHEN NOT t.cancel_requested AND t.attempt >= coalesce(t.max_attempts, pgtaskd.queue_max_attempts(t.queue))
                    THEN format('lease lost after %s attempts (last held by %s)',
-                               t.attempt, t.lease_owner)
+                               t.attempt, pgtaskd.lease_holder(t.lease_owner))
                END,
                -- A lost lease is a failed attempt (version 30).
                errors = CASE
                    WHEN t.cancel_requested THEN t.errors
                    ELSE pgtaskd.error_history(t.errors, t.attempt, t.runs,
-                            format('lease lost (last held by %s)', t.lease_owner))
+                            format('lease lost (last held by %s)', pgtaskd.lease_holder(t.lease_owner)))
                END,
                -- The n-th lost lease waits (n-1)^2 seconds, at most ten minutes.
                run_at = CASE
@@ -1441,7 +1457,8 @@ BEGIN
            AND t.status = 'RUNNING'
            AND t.claim_token IS NOT DISTINCT FROM expired.claim_token
            AND t.lease_expires_at < now()
-        RETURNING t.id, expired.attempt, expired.lease_owner, t.status, t.queue
+        RETURNING t.id, expired.attempt, pgtaskd.lease_holder(expired.lease_owner) AS lease_owner,
+                  t.status, t.queue
     ), freed AS (
         SELECT pgtaskd.notify_freed(array_agg(r.queue)) AS sent FROM rescued AS r
     ), notified AS (

@@ -101,17 +101,18 @@ impl From<SchemaError> for DaemonError {
     }
 }
 
-/// A fresh id for this process's leases: host, process id and a random suffix, short enough
-/// for `application_name`.
+/// A fresh id for this process: host, process id and a key of ten random hexadecimal digits,
+/// short enough for `application_name`. The key alone is what its claims write as
+/// `lease_owner` ([`crate::queue::lease_key`]).
 pub fn new_instance_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".to_string());
     let host: String = host.chars().take(32).collect();
     format!(
-        "{host}:{}:{:06x}",
+        "{host}:{}:{:010x}",
         std::process::id(),
-        fastrand::u32(..0x100_0000)
+        fastrand::u64(..1 << 40)
     )
 }
 

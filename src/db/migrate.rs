@@ -77,6 +77,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(38, "0038_tags"),
     migration!(39, "0039_batches_and_progress"),
     migration!(40, "0040_narrow_state"),
+    migration!(41, "0041_lease_key"),
 ];
 
 /// The schema version this binary was built for.

@@ -199,8 +199,9 @@ async fn rescue_within(
         .bounded(async {
             client.batch_execute(&begin).await?;
             let taken = async {
-                let unparked = queue::write_parked(client, limit, instance).await?;
-                let rescued = queue::rescue(client, limit, instance).await?;
+                let owner = queue::lease_key(instance);
+                let unparked = queue::write_parked(client, limit, owner).await?;
+                let rescued = queue::rescue(client, limit, owner).await?;
                 let ids: Vec<i64> = unparked
                     .iter()
                     .map(|task| (task.id, task.status))

@@ -61,7 +61,7 @@ pub async fn cancel_requested(
 ) -> Result<Vec<i64>, DbError> {
     let rows = client
         .query_typed(
-            "SELECT id FROM pgtaskd.task_view \
+            "SELECT id FROM pgtaskd.task_state \
               WHERE id = ANY($1) AND status = 'RUNNING' AND lease_owner = $2 AND cancel_requested",
             &[(&ids, Type::INT8_ARRAY), (&owner, Type::TEXT)],
         )

@@ -180,7 +180,17 @@ const CLAIM_AFTER: &str =
             task_parent_count, task_progress, task_batch, task_batch_counts \
      FROM pgtaskd.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
-/// Claim, for instance `owner` with a lease of `lease`, the QUEUED tasks of `queues` whose
+/// What the claims of daemon `instance` write as `lease_owner`, and what every write fenced on
+/// its leases names: the last `:`-separated part of the instance id, the key of
+/// [`crate::daemon::new_instance_id`] (schema 41). Ten characters whatever the host's name,
+/// so that the state row's version a held snapshot keeps stays narrow; `pgtaskd.task_view`
+/// answers the whole id of the daemon whose id ends with it (`pgtaskd.lease_holder`). An
+/// instance id without a `:` is its own key.
+pub fn lease_key(instance: &str) -> &str {
+    instance.rsplit(':').next().unwrap_or(instance)
+}
+
+/// Claim, for lease owner `owner` (a [`lease_key`]) with a lease of `lease`, the QUEUED tasks of `queues` whose
 /// `run_at` has come, highest priority first, then oldest, within `limits`: once the next
 /// task's payload would take the batch past `limits.bytes`, no more are taken (the first one
 /// aside, with `limits.take_one`). An empty batch means nothing could be claimed, not an error.
@@ -318,7 +328,7 @@ pub async fn claim(
         .tasks)
 }
 
-/// The claims the table holds for instance `owner` in `queues`: `(id, attempt, token)` of its
+/// The claims the table holds for lease owner `owner` (a [`lease_key`]) in `queues`: `(id, attempt, token)` of its
 /// RUNNING rows, read through the partial index of RUNNING rows. (A daemon's lanes share its
 /// instance id, each with queues of its own.)
 ///
@@ -332,7 +342,7 @@ pub async fn held_by(
 ) -> Result<Vec<(i64, i32, i64)>, DbError> {
     let rows = client
         .query_typed(
-            "SELECT id, attempt, claim_token FROM pgtaskd.task_view \
+            "SELECT id, attempt, claim_token FROM pgtaskd.task_state \
               WHERE status = 'RUNNING' AND lease_owner = $1 AND queue = ANY ($2)",
             &[(&owner, Type::TEXT), (&queues, Type::TEXT_ARRAY)],
         )
@@ -341,4 +351,25 @@ pub async fn held_by(
         .iter()
         .filter_map(|row| Some((row.get(0), row.get(1), row.get::<_, Option<i64>>(2)?)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lease_key;
+
+    #[test]
+    fn a_daemons_lease_key_is_the_ten_hex_digits_that_end_its_instance_id() {
+        for _ in 0..100 {
+            let instance = crate::daemon::new_instance_id();
+            let key = lease_key(&instance);
+            assert_eq!(key.len(), 10, "{instance}");
+            assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "{instance}");
+            assert_eq!(
+                instance.strip_suffix(key).map(|s| s.ends_with(':')),
+                Some(true)
+            );
+        }
+        assert_eq!(lease_key("a-long-host-name:4242:00c0ffee42"), "00c0ffee42");
+        assert_eq!(lease_key("daemon-b"), "daemon-b");
+    }
 }

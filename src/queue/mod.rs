@@ -53,8 +53,8 @@ pub mod wait;
 
 pub use cancel::{cancel, cancel_requested, CancelOutcome};
 pub use claim::{
-    claim, claim_after, claim_within, held_by, ClaimBatch, ClaimLimits, Claimed, Payload, Position,
-    Told,
+    claim, claim_after, claim_within, held_by, lease_key, ClaimBatch, ClaimLimits, Claimed,
+    Payload, Position, Told,
 };
 pub use enqueue::{enqueue, Enqueued, NewTask, OnDepFailure, RunAt};
 pub use enqueue_file::{enqueue_file, FileEnqueueError};

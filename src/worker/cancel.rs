@@ -67,7 +67,7 @@ impl Worker {
             let confirmed = match inner.pool.get().await {
                 Ok(client) => {
                     client
-                        .bounded(queue::cancel_requested(&client, &inner.instance, &ids))
+                        .bounded(queue::cancel_requested(&client, &inner.owner, &ids))
                         .await
                 }
                 Err(err) => Err(err),

@@ -247,11 +247,7 @@ impl Worker {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
         let held = client
-            .bounded(queue::held_by(
-                &client,
-                &inner.instance,
-                &inner.config.queues,
-            ))
+            .bounded(queue::held_by(&client, &inner.owner, &inner.config.queues))
             .await?;
         let held: Vec<(i64, i32, i64)> = held
             .into_iter()
@@ -321,7 +317,7 @@ impl Worker {
             let batch = client
                 .bounded(queue::claim_after(
                     &client,
-                    &inner.instance,
+                    &inner.owner,
                     &queues,
                     limits,
                     inner.config.lease,

@@ -2,8 +2,8 @@
 //! section of their own, and one per queue with a `[queues.NAME]` section (an `exec` or
 //! `http` handler, its own concurrency). Each lane claims only its own queues, sized by its own
 //! intake, so a queue of slow commands never holds claims that its few slots cannot start, and
-//! never takes the place of another queue's tasks. The lanes share the instance id (every
-//! claim's `lease_owner`), the pool, the metrics and, when there are several, the
+//! never takes the place of another queue's tasks. The lanes share the instance id (whose key is
+//! every claim's `lease_owner`), the pool, the metrics and, when there are several, the
 //! `worker.concurrency` permits that cap them all together and what each has claimed of them
 //! (`shared.rs`). Each has its own idle flag, keyed `instance/queue`.
 //!
@@ -144,7 +144,7 @@ impl Workers {
         Arc::clone(&self.withheld)
     }
 
-    /// The instance id written as `lease_owner` (the same for every lane).
+    /// The daemon's instance id, whose key every lane writes as `lease_owner`.
     pub fn instance(&self) -> &str {
         self.lanes[0].instance()
     }

@@ -119,8 +119,10 @@ struct Inner {
     shared: Option<Arc<shared::Shared>>,
     /// The queues left out of claims (`withheld.rs`), shared by every lane of the daemon.
     withheld: Arc<Withheld>,
-    /// Written as `lease_owner`: every claim and write is fenced on it.
+    /// The daemon's instance id: its idle flag's key and its log.
     instance: String,
+    /// The instance id's key ([`crate::queue::lease_key`]), written as `lease_owner`.
+    owner: String,
     /// Concurrency, lease, poll interval and queues to claim from.
     config: WorkerConfig,
     /// Claimed tasks not yet through the analyzer, against the claim-ahead target.
@@ -200,6 +202,7 @@ impl Worker {
                 lane: lane.name,
                 shared: lane.shared,
                 withheld: lane.withheld,
+                owner: crate::queue::lease_key(&instance).to_string(),
                 instance,
                 config,
                 wake: Notify::new(),
@@ -219,7 +222,7 @@ impl Worker {
         }
     }
 
-    /// The instance id written as `lease_owner`.
+    /// The daemon's instance id, whose key is written as `lease_owner`.
     pub fn instance(&self) -> &str {
         &self.inner.instance
     }

@@ -55,6 +55,89 @@ async fn tasks_of_a_killed_daemon_are_finished_by_another_after_the_lease_expire
     assert_eq!(second.wait().await.code(), Some(0));
 }
 
+/// A claim writes its daemon's key as the lease owner, ten characters whatever the host's
+/// name (schema 41); the view answers the daemon's whole instance id, and so does the error of
+/// the lease it lost when another daemon takes the task back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holds_the_daemons_key_and_the_view_and_the_lost_lease_name_the_daemon() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    audit::install(&client).await;
+    audit::refuse_finishes_of_attempt(&client, 1).await;
+    insert_payloads(&client, 1).await;
+    let id: i64 = client
+        .query_one("SELECT id FROM pgtaskd.task_view", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let mut first = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING'",
+        1,
+        "the claim",
+    )
+    .await;
+    let row = client
+        .query_one(
+            "SELECT s.lease_owner, v.lease_owner, d.instance
+               FROM pgtaskd.task_state AS s
+               JOIN pgtaskd.task_view AS v USING (id)
+              CROSS JOIN pgtaskd.daemons AS d
+              WHERE s.id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let (stored, shown, instance): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(stored.len(), 10, "{stored}");
+    assert!(stored.bytes().all(|b| b.is_ascii_hexdigit()), "{stored}");
+    assert_eq!(instance, format!("{}:{}:{stored}", hostname(), first.pid()));
+    assert_eq!(shown, instance);
+    // An owner no daemon's id ends with (a lease written before schema 41) is answered as it
+    // is.
+    let unknown: String = client
+        .query_one("SELECT pgtaskd.lease_holder($1)", &[&"vm:1:00c0ffee42"])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unknown, "vm:1:00c0ffee42");
+
+    first.wait_for_log("finish failed; retrying").await;
+    first.signal(libc::SIGKILL);
+    first.wait().await;
+    let mut second = DaemonProcess::start(&db, SHORT_LEASE, &[]);
+    wait_count(
+        &client,
+        "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'",
+        1,
+        "the rescue",
+    )
+    .await;
+    let lost: String = client
+        .query_one(
+            "SELECT errors -> 0 ->> 'error' FROM pgtaskd.task_view WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lost, format!("lease lost (last held by {instance})"));
+    second.signal(libc::SIGTERM);
+    assert_eq!(second.wait().await.code(), Some(0));
+}
+
+/// The host's name as the daemon reads it (its first 32 characters).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .chars()
+        .take(32)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_daemon_that_wakes_after_a_takeover_has_its_finish_refused() {
     let db = TestDb::new().await;
