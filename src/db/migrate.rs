@@ -78,6 +78,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(39, "0039_batches_and_progress"),
     migration!(40, "0040_narrow_state"),
     migration!(41, "0041_lease_key"),
+    migration!(42, "0042_graph_cycle"),
 ];
 
 /// The schema version this binary was built for.

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::dependencies::{claim, finish, insert, install_release_audit, problems, status};
-use crate::support::TestDb;
+use crate::support::{within, TestDb, WAIT};
 
 /// The policies by the parent's end: what the child is once its parent ended, and once the
 /// parent was then retried and succeeded (the last column of the table in
@@ -286,6 +286,46 @@ async fn retention_keeps_a_parent_that_a_task_still_waits_for() {
         .collect();
     assert_eq!(left, vec![parent, child]);
     assert!(!left.contains(&other));
+}
+
+/// The largest graph there is, one cycle through every task: refused within the tests' wait
+/// (the search of every edge for each step took most of an hour), named by its first and
+/// last ten steps.
+#[tokio::test]
+async fn a_cycle_of_a_hundred_thousand_tasks_is_refused_naming_its_ends() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let cycle = within(
+        WAIT,
+        "the cycle's refusal",
+        client.query(
+            "SELECT * FROM pgtaskd.enqueue_graph((
+                SELECT jsonb_agg(jsonb_build_object(
+                           'ref', 't' || g, 'payload', 'x',
+                           'after', jsonb_build_array('t' || CASE WHEN g = 1 THEN 100000 ELSE g - 1 END))
+                           ORDER BY g)
+                  FROM generate_series(1, 100000) AS g))",
+            &[],
+        ),
+    )
+    .await
+    .unwrap_err();
+    let first: Vec<String> = (0..10).map(|k| format!("t{}", 100_000 - k)).collect();
+    let last: Vec<String> = (2..=10).rev().map(|k| format!("t{k}")).collect();
+    assert_eq!(
+        cycle.as_db_error().unwrap().message(),
+        format!(
+            "cycle: t1 -> {} -> (99981 more) -> {} -> t1",
+            first[..9].join(" -> "),
+            last.join(" -> ")
+        )
+    );
+    let count: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "nothing inserted");
 }
 
 #[tokio::test]
