@@ -6,7 +6,8 @@
 -- most of an hour, holding the producer's transaction. It now finds one parent left for each
 -- task left in one pass, and names a cycle of more than 20 steps by its first and last ten,
 -- each ref cut to 100 characters, with how many it leaves out between them: `cycle: a -> b
--- -> ... (7980 more) -> ... -> a`. A graph without a cycle is inserted as before.
+-- -> ... (7980 more) -> ... -> a`; refs named twice are named ten at most. A graph without a
+-- cycle is inserted as before.
 --
 -- Locks: none but the function's replacement.
 
@@ -73,9 +74,13 @@ BEGIN
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_graph: %', bad USING ERRCODE = '22023';
     END IF;
-    SELECT string_agg(DISTINCT e.node ->> 'ref', ', ') INTO bad
-      FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
-     GROUP BY e.node ->> 'ref' HAVING count(*) > 1;
+    -- The first ten refs named twice or more, each cut to 100 characters (schema 42).
+    SELECT string_agg(left(d.ref, 100), ', ' ORDER BY d.ref) FILTER (WHERE d.k <= 10)
+           || CASE WHEN count(*) > 10 THEN format(' and %s more', count(*) - 10) ELSE '' END
+      INTO bad
+      FROM (SELECT e.node ->> 'ref' AS ref, row_number() OVER (ORDER BY e.node ->> 'ref') AS k
+              FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
+             GROUP BY e.node ->> 'ref' HAVING count(*) > 1) AS d;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_graph: ref % names two tasks', bad USING ERRCODE = '22023';
     END IF;

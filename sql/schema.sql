@@ -2412,9 +2412,13 @@ BEGIN
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_graph: %', bad USING ERRCODE = '22023';
     END IF;
-    SELECT string_agg(DISTINCT e.node ->> 'ref', ', ') INTO bad
-      FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
-     GROUP BY e.node ->> 'ref' HAVING count(*) > 1;
+    -- The first ten refs named twice or more, each cut to 100 characters (schema 42).
+    SELECT string_agg(left(d.ref, 100), ', ' ORDER BY d.ref) FILTER (WHERE d.k <= 10)
+           || CASE WHEN count(*) > 10 THEN format(' and %s more', count(*) - 10) ELSE '' END
+      INTO bad
+      FROM (SELECT e.node ->> 'ref' AS ref, row_number() OVER (ORDER BY e.node ->> 'ref') AS k
+              FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
+             GROUP BY e.node ->> 'ref' HAVING count(*) > 1) AS d;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_graph: ref % names two tasks', bad USING ERRCODE = '22023';
     END IF;

@@ -328,6 +328,30 @@ async fn a_cycle_of_a_hundred_thousand_tasks_is_refused_naming_its_ends() {
     assert_eq!(count, 0, "nothing inserted");
 }
 
+/// Refs named twice are named ten at most, with how many more: the error stays a line.
+#[tokio::test]
+async fn a_graph_naming_thirty_thousand_refs_twice_names_the_first_ten() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let twice = within(
+        WAIT,
+        "the refusal",
+        client.query(
+            "SELECT * FROM pgtaskd.enqueue_graph((
+                SELECT jsonb_agg(jsonb_build_object('ref', 'r' || (g % 30000), 'payload', 'x'))
+                  FROM generate_series(1, 60000) AS g))",
+            &[],
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        twice.as_db_error().unwrap().message(),
+        "enqueue_graph: ref r0, r1, r10, r100, r1000, r10000, r10001, r10002, r10003, r10004 \
+         and 29990 more names two tasks"
+    );
+}
+
 #[tokio::test]
 async fn a_graph_is_inserted_parents_first_and_a_cycle_inserts_nothing() {
     let db = TestDb::new().await;
