@@ -2,32 +2,40 @@
 -- lease owner of ten characters (schema 41)").
 --
 -- A claim writes as `task_state.lease_owner` only the last part of its daemon's instance id
--- (`host:pid:key`), the key of ten hexadecimal digits, where it wrote the whole id: the
+-- (`host:pid:key`), the key of ten characters of [0-9a-z], where it wrote the whole id: the
 -- RUNNING version of a state row, which a held snapshot keeps, no longer grows with the
 -- host's name. `pgtaskd.task_view` answers `lease_owner` with the whole instance id of the
 -- daemon whose id ends with the key (`pgtaskd.lease_holder`), so readers see what they saw;
 -- the rescuer's error names the daemon the same way. Leases written before keep their whole
 -- ids, which the view answers as they are.
 --
--- Locks: the view's and `pgtaskd.rescue`'s replacement; no table is changed.
+-- Locks: the view's and `pgtaskd.rescue`'s replacement, and `SHARE` on `pgtaskd.daemons` for
+-- its index (a few rows); no task table is changed.
 
 SELECT pg_catalog.set_config('lock_timeout', '10s', true)
  WHERE pg_catalog.current_setting('lock_timeout')::interval OPERATOR(pg_catalog.=) interval '0'
     OR pg_catalog.current_setting('lock_timeout')::interval OPERATOR(pg_catalog.>) interval '10 seconds';
 
+-- Each daemon by its lease key, for `pgtaskd.lease_holder` (schema 41): one lookup per
+-- RUNNING task the view reads, however many daemons are listed.
+CREATE INDEX daemons_lease_key_idx ON pgtaskd.daemons ((pg_catalog.split_part(instance, ':', -1)));
+
 -- The daemon that holds a lease, as `pgtaskd daemons` names it (schema 41): a claim writes
 -- only the last part of its daemon's instance id (`host:pid:key`) as `lease_owner`, a key of
 -- ten characters, so that the version of a state row that a held snapshot keeps does not
--- grow with the host's name. An owner no daemon's instance id ends with (one forgotten an
--- hour after its last heartbeat, or a lease written before schema 41) is answered as it is.
+-- grow with the host's name. An owner that is no listed daemon's key (a daemon forgotten an
+-- hour after its last heartbeat, or a lease written before schema 41, which holds a whole
+-- id) is answered as it is. Executable by every role, as `queue_max_attempts` is: the view,
+-- which runs with its reader's rights, calls both; a caller learns a daemon's id only from
+-- its key.
 CREATE FUNCTION pgtaskd.lease_holder(owner text) RETURNS text
 LANGUAGE sql STABLE STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce((SELECT pg_catalog.min(d.instance) FROM pgtaskd.daemons AS d
-                      WHERE pg_catalog.right(d.instance, pg_catalog.length(owner) OPERATOR(pg_catalog.+) 1)
-                            OPERATOR(pg_catalog.=) (':' OPERATOR(pg_catalog.||) owner)), owner)
+                      WHERE pg_catalog.split_part(d.instance, ':', -1) OPERATOR(pg_catalog.=) owner),
+                    owner)
 $$;
 
 CREATE OR REPLACE VIEW pgtaskd.task_view WITH (security_invoker = true) AS

@@ -5,9 +5,10 @@
 -- of it: a cycle of 8,000 tasks took 15 s to report, one of 100,000 (the most a graph takes)
 -- most of an hour, holding the producer's transaction. It now finds one parent left for each
 -- task left in one pass, and names a cycle of more than 20 steps by its first and last ten,
--- each ref cut to 100 characters, with how many it leaves out between them: `cycle: a -> b
--- -> ... (7980 more) -> ... -> a`; refs named twice are named ten at most. A graph without a
--- cycle is inserted as before.
+-- each ref cut to 100 characters, with how many it leaves out between them (`cycle: t1 ->
+-- t8000 -> ... -> t7992 -> (7981 more) -> t10 -> ... -> t2 -> t1`); refs named twice are
+-- named ten at most ("more than one task has ref a, b and 3 more"). A graph without a cycle
+-- is inserted as before.
 --
 -- Locks: none but the function's replacement.
 
@@ -82,7 +83,7 @@ BEGIN
               FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
              GROUP BY e.node ->> 'ref' HAVING count(*) > 1) AS d;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'enqueue_graph: ref % names two tasks', bad USING ERRCODE = '22023';
+        RAISE EXCEPTION 'enqueue_graph: more than one task has ref %', bad USING ERRCODE = '22023';
     END IF;
     -- ref -> position, 1 to n.
     SELECT jsonb_object_agg(e.node ->> 'ref', e.ord) INTO ords

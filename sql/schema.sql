@@ -441,6 +441,11 @@ COMMENT ON TABLE pgtaskd.daemons IS
 COMMENT ON COLUMN pgtaskd.daemons.handlers IS
     'pgtaskd: how the daemon runs each of its queues (parallel to queues): text-stats, exec:FINGERPRINT or http:FINGERPRINT';
 
+-- Each daemon by its lease key, for `pgtaskd.lease_holder` (schema 41): one lookup per
+-- RUNNING task the view reads, however many daemons are listed.
+CREATE INDEX daemons_lease_key_idx ON pgtaskd.daemons ((pg_catalog.split_part(instance, ':', -1)));
+
+
 -- Results a stopping daemon could not write, someone else holding the task's row; written
 -- by a rescuer once the lease expired and the row is free ("Parked results", version 28).
 CREATE TABLE pgtaskd.parked_results (
@@ -489,16 +494,19 @@ $$;
 -- The daemon that holds a lease, as `pgtaskd daemons` names it (schema 41): a claim writes
 -- only the last part of its daemon's instance id (`host:pid:key`) as `lease_owner`, a key of
 -- ten characters, so that the version of a state row that a held snapshot keeps does not
--- grow with the host's name. An owner no daemon's instance id ends with (one forgotten an
--- hour after its last heartbeat, or a lease written before schema 41) is answered as it is.
+-- grow with the host's name. An owner that is no listed daemon's key (a daemon forgotten an
+-- hour after its last heartbeat, or a lease written before schema 41, which holds a whole
+-- id) is answered as it is. Executable by every role, as `queue_max_attempts` is: the view,
+-- which runs with its reader's rights, calls both; a caller learns a daemon's id only from
+-- its key.
 CREATE FUNCTION pgtaskd.lease_holder(owner text) RETURNS text
 LANGUAGE sql STABLE STRICT
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce((SELECT pg_catalog.min(d.instance) FROM pgtaskd.daemons AS d
-                      WHERE pg_catalog.right(d.instance, pg_catalog.length(owner) OPERATOR(pg_catalog.+) 1)
-                            OPERATOR(pg_catalog.=) (':' OPERATOR(pg_catalog.||) owner)), owner)
+                      WHERE pg_catalog.split_part(d.instance, ':', -1) OPERATOR(pg_catalog.=) owner),
+                    owner)
 $$;
 
 CREATE VIEW pgtaskd.task_view WITH (security_invoker = true) AS
@@ -2420,7 +2428,7 @@ BEGIN
               FROM jsonb_array_elements(enqueue_graph.graph) AS e(node)
              GROUP BY e.node ->> 'ref' HAVING count(*) > 1) AS d;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'enqueue_graph: ref % names two tasks', bad USING ERRCODE = '22023';
+        RAISE EXCEPTION 'enqueue_graph: more than one task has ref %', bad USING ERRCODE = '22023';
     END IF;
     -- ref -> position, 1 to n.
     SELECT jsonb_object_agg(e.node ->> 'ref', e.ord) INTO ords
@@ -3387,8 +3395,9 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- Privileges: EXECUTE on every function but the insert trigger's and `pgtaskd.notify` (which
--- does what `pg_notify` does) is revoked from PUBLIC (roles get what they need from the grant
+-- Privileges: EXECUTE on every function but the insert trigger's, `pgtaskd.notify` (which
+-- does what `pg_notify` does) and the two the view calls (`queue_max_attempts`,
+-- `lease_holder`) is revoked from PUBLIC (roles get what they need from the grant
 -- functions above); the idle hint is readable by
 -- every role, so that any producer's inserts can read the trigger's condition ("Idle flags").
 -- ---------------------------------------------------------------------------------------

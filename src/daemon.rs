@@ -101,19 +101,44 @@ impl From<SchemaError> for DaemonError {
     }
 }
 
-/// A fresh id for this process: host, process id and a key of ten random hexadecimal digits,
-/// short enough for `application_name`. The key alone is what its claims write as
-/// `lease_owner` ([`crate::queue::lease_key`]).
+/// A fresh id for this process: host, process id and a key of ten random characters of
+/// `[0-9a-z]` (about 52 bits, from the OS's randomness), short enough for `application_name`.
+/// The key alone is what its claims write as `lease_owner` ([`crate::queue::lease_key`]): it
+/// is the daemon's identity on its leases, which two daemons must never share.
 pub fn new_instance_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".to_string());
     let host: String = host.chars().take(32).collect();
     format!(
-        "{host}:{}:{:010x}",
+        "{host}:{}:{}",
         std::process::id(),
-        fastrand::u64(..1 << 40)
+        lease_key_chars(random_u64())
     )
+}
+
+/// Ten characters of `[0-9a-z]` from `n`: its value modulo 36^10, in base 36.
+fn lease_key_chars(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut key = [b'0'; 10];
+    for digit in key.iter_mut().rev() {
+        *digit = DIGITS[(n % 36) as usize];
+        n /= 36;
+    }
+    String::from_utf8_lossy(&key).into_owned()
+}
+
+/// 64 bits from the kernel's random source (`getrandom(2)`), else from the process's own
+/// generator, seeded by the clock (a kernel without the call).
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is 8 writable bytes, and the call writes at most that many.
+    let read = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if read == 8 {
+        u64::from_ne_bytes(bytes)
+    } else {
+        fastrand::u64(..)
+    }
 }
 
 /// Run the daemon until `shutdown` fires and every claim is committed or released.
@@ -263,7 +288,7 @@ pub async fn run(
         .await;
     flusher_stop.cancel();
     let _ = flusher.await;
-    presence.stop().await;
+    presence.stop(unsettled).await;
     background.cancel();
     let _ = listener.await;
     if unsettled > 0 {

@@ -138,10 +138,20 @@ impl Presence {
         })
     }
 
-    /// Stop the heartbeat and delete the row: the daemon serves nothing any more.
-    pub async fn stop(self) {
+    /// Stop the heartbeat and delete the row: the daemon serves nothing any more. With
+    /// `unsettled` claims (rows that may still be RUNNING under its lease key), the row is left
+    /// to turn stale, as a crashed daemon's is, so that `pgtaskd.task_view` and the rescuer's
+    /// error keep naming the daemon by its whole instance id until it is forgotten (schema 41).
+    pub async fn stop(self, unsettled: usize) {
         self.stop.cancel();
         let _ = self.task.await;
+        if unsettled > 0 {
+            tracing::debug!(
+                unsettled,
+                "left in pgtaskd.daemons: claims may still be held under its key"
+            );
+            return;
+        }
         let removed = remove(&self.pool, &self.row.instance);
         // A database that does not answer does not hold the stop: the row turns stale.
         match tokio::time::timeout(STOP_WAIT, removed).await {

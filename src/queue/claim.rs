@@ -358,12 +358,18 @@ mod tests {
     use super::lease_key;
 
     #[test]
-    fn a_daemons_lease_key_is_the_ten_hex_digits_that_end_its_instance_id() {
+    fn a_daemons_lease_key_is_the_ten_characters_that_end_its_instance_id() {
+        let mut keys = std::collections::HashSet::new();
         for _ in 0..100 {
             let instance = crate::daemon::new_instance_id();
             let key = lease_key(&instance);
             assert_eq!(key.len(), 10, "{instance}");
-            assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "{instance}");
+            assert!(
+                key.bytes()
+                    .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase()),
+                "{instance}"
+            );
+            assert!(keys.insert(key.to_string()), "{key} drawn twice");
             assert_eq!(
                 instance.strip_suffix(key).map(|s| s.ends_with(':')),
                 Some(true)

@@ -347,8 +347,8 @@ async fn a_graph_naming_thirty_thousand_refs_twice_names_the_first_ten() {
     .unwrap_err();
     assert_eq!(
         twice.as_db_error().unwrap().message(),
-        "enqueue_graph: ref r0, r1, r10, r100, r1000, r10000, r10001, r10002, r10003, r10004 \
-         and 29990 more names two tasks"
+        "enqueue_graph: more than one task has ref r0, r1, r10, r100, r1000, r10000, r10001, \
+         r10002, r10003, r10004 and 29990 more"
     );
 }
 

@@ -92,7 +92,12 @@ async fn a_lease_holds_the_daemons_key_and_the_view_and_the_lost_lease_name_the_
         .unwrap();
     let (stored, shown, instance): (String, String, String) = (row.get(0), row.get(1), row.get(2));
     assert_eq!(stored.len(), 10, "{stored}");
-    assert!(stored.bytes().all(|b| b.is_ascii_hexdigit()), "{stored}");
+    assert!(
+        stored
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase()),
+        "{stored}"
+    );
     assert_eq!(instance, format!("{}:{}:{stored}", hostname(), first.pid()));
     assert_eq!(shown, instance);
     // An owner no daemon's id ends with (a lease written before schema 41) is answered as it
@@ -103,6 +108,14 @@ async fn a_lease_holds_the_daemons_key_and_the_view_and_the_lost_lease_name_the_
         .unwrap()
         .get(0);
     assert_eq!(unknown, "vm:1:00c0ffee42");
+    // Only a whole key names a daemon, not the end of its id.
+    let tail = format!("{}:{stored}", first.pid());
+    let named: String = client
+        .query_one("SELECT pgtaskd.lease_holder($1)", &[&tail])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(named, tail);
 
     first.wait_for_log("finish failed; retrying").await;
     first.signal(libc::SIGKILL);

@@ -279,6 +279,19 @@ async fn a_stop_while_the_database_is_down_gives_up_after_the_grace_and_leaves_t
     let client = db.client().await;
     let task = queue::get(&client, id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Running, "left to its lease");
+    // The daemon's row stays listed with the claim unsettled: the view names the lease's
+    // holder by its whole instance id, not by the key the state row holds (schema 41).
+    let key: String = client
+        .query_one(
+            "SELECT lease_owner FROM pgtaskd.task_state WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let holder = task.lease_owner.expect("a RUNNING task has a lease owner");
+    assert_eq!(holder.rsplit(':').next(), Some(key.as_str()));
+    assert_eq!(holder.split(':').count(), 3, "{holder}");
     let second = InProcessDaemon::start(&db, db.config(config), GatedAnalyzer::counting()).await;
     let task = wait_status(&client, id, TaskStatus::Succeeded).await;
     assert_eq!(task.attempt, 2, "run again after the lease expired");
