@@ -5,7 +5,7 @@
 -- (`host:pid:key`), the key of ten characters of [0-9a-z], where it wrote the whole id: the
 -- RUNNING version of a state row, which a held snapshot keeps, no longer grows with the
 -- host's name. `pgtaskd.task_view` answers `lease_owner` with the whole instance id of the
--- daemon whose id ends with the key (`pgtaskd.lease_holder`), so readers see what they saw;
+-- daemon whose id's last part is the key (`pgtaskd.lease_holder`), so readers see what they saw;
 -- the rescuer's error names the daemon the same way. Leases written before keep their whole
 -- ids, which the view answers as they are.
 --

@@ -184,7 +184,7 @@ const CLAIM_AFTER: &str =
 /// its leases names: the last `:`-separated part of the instance id, the key of
 /// [`crate::daemon::new_instance_id`] (schema 41). Ten characters whatever the host's name,
 /// so that the state row's version a held snapshot keeps stays narrow; `pgtaskd.task_view`
-/// answers the whole id of the daemon whose id ends with it (`pgtaskd.lease_holder`). An
+/// answers the whole id of the daemon whose id's last part it is (`pgtaskd.lease_holder`). An
 /// instance id without a `:` is its own key.
 pub fn lease_key(instance: &str) -> &str {
     instance.rsplit(':').next().unwrap_or(instance)

@@ -67,7 +67,11 @@ impl Worker {
             let confirmed = match inner.pool.get().await {
                 Ok(client) => {
                     client
-                        .bounded(queue::cancel_requested(&client, &inner.owner, &ids))
+                        .bounded(queue::cancel_requested(
+                            &client,
+                            queue::lease_key(&inner.instance),
+                            &ids,
+                        ))
                         .await
                 }
                 Err(err) => Err(err),

@@ -247,7 +247,11 @@ impl Worker {
         let inner = &self.inner;
         let client = inner.pool.get().await?;
         let held = client
-            .bounded(queue::held_by(&client, &inner.owner, &inner.config.queues))
+            .bounded(queue::held_by(
+                &client,
+                queue::lease_key(&inner.instance),
+                &inner.config.queues,
+            ))
             .await?;
         let held: Vec<(i64, i32, i64)> = held
             .into_iter()
@@ -317,7 +321,7 @@ impl Worker {
             let batch = client
                 .bounded(queue::claim_after(
                     &client,
-                    &inner.owner,
+                    queue::lease_key(&inner.instance),
                     &queues,
                     limits,
                     inner.config.lease,

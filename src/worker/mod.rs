@@ -119,10 +119,9 @@ struct Inner {
     shared: Option<Arc<shared::Shared>>,
     /// The queues left out of claims (`withheld.rs`), shared by every lane of the daemon.
     withheld: Arc<Withheld>,
-    /// The daemon's instance id: its idle flag's key and its log.
+    /// The daemon's instance id: its idle flag's key, and its key
+    /// ([`crate::queue::lease_key`]) is every claim's `lease_owner`.
     instance: String,
-    /// The instance id's key ([`crate::queue::lease_key`]), written as `lease_owner`.
-    owner: String,
     /// Concurrency, lease, poll interval and queues to claim from.
     config: WorkerConfig,
     /// Claimed tasks not yet through the analyzer, against the claim-ahead target.
@@ -202,7 +201,6 @@ impl Worker {
                 lane: lane.name,
                 shared: lane.shared,
                 withheld: lane.withheld,
-                owner: crate::queue::lease_key(&instance).to_string(),
                 instance,
                 config,
                 wake: Notify::new(),
