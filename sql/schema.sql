@@ -2433,12 +2433,15 @@ BEGIN
     -- ref -> position, 1 to n.
     SELECT jsonb_object_agg(e.node ->> 'ref', e.ord) INTO ords
       FROM jsonb_array_elements(enqueue_graph.graph) WITH ORDINALITY AS e(node, ord);
+    -- The first task waiting for a ref no task has, both refs cut to 100 characters
+    -- (schema 43).
     SELECT format('task %s waits for ref %s, which the graph does not name',
-                  e.node ->> 'ref', a #>> '{}')
+                  left(e.node ->> 'ref', 100), left(a.ref #>> '{}', 100))
       INTO bad
-      FROM jsonb_array_elements(enqueue_graph.graph) AS e(node),
-           jsonb_array_elements(coalesce(e.node -> 'after', '[]')) AS a
-     WHERE jsonb_typeof(a) = 'string' AND NOT ords ? (a #>> '{}')
+      FROM jsonb_array_elements(enqueue_graph.graph) WITH ORDINALITY AS e(node, ord),
+           jsonb_array_elements(coalesce(e.node -> 'after', '[]')) WITH ORDINALITY AS a(ref, k)
+     WHERE jsonb_typeof(a.ref) = 'string' AND NOT ords ? (a.ref #>> '{}')
+     ORDER BY e.ord, a.k
      LIMIT 1;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue_graph: %', bad USING ERRCODE = '22023';

@@ -79,6 +79,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(40, "0040_narrow_state"),
     migration!(41, "0041_lease_key"),
     migration!(42, "0042_graph_cycle"),
+    migration!(43, "0043_graph_missing_ref"),
 ];
 
 /// The schema version this binary was built for.

@@ -412,3 +412,39 @@ async fn a_graph_is_inserted_parents_first_and_a_cycle_inserts_nothing() {
     assert_eq!(status(&client, ids["root"]).await, "QUEUED");
     assert!(problems(&client).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_task_waiting_for_a_ref_no_task_has_is_named_first_and_cut_to_a_hundred_characters() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // The second task waits for a megabyte-long ref no task has, after a ref that exists; the
+    // third for another missing ref. The refusal names the second task, each ref cut.
+    let missing = within(
+        WAIT,
+        "the refusal",
+        client.query(
+            "SELECT * FROM pgtaskd.enqueue_graph(jsonb_build_array(
+                jsonb_build_object('ref', 'a', 'payload', 'x'),
+                jsonb_build_object('ref', repeat('b', 1000000), 'payload', 'x',
+                                   'after', jsonb_build_array('a', repeat('m', 1000000))),
+                jsonb_build_object('ref', 'c', 'payload', 'x', 'after', jsonb_build_array('z'))))",
+            &[],
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        missing.as_db_error().unwrap().message(),
+        format!(
+            "enqueue_graph: task {} waits for ref {}, which the graph does not name",
+            "b".repeat(100),
+            "m".repeat(100)
+        )
+    );
+    let count: i64 = client
+        .query_one("SELECT count(*) FROM pgtaskd.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "a refused graph inserts nothing");
+}
