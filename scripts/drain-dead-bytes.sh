@@ -11,6 +11,11 @@
 # Drops and creates DATABASE on the server of PGHOST/PGPORT/PGUSER (default
 # 127.0.0.1:5432, postgres), migrates it with BINARY (a binary of an earlier release measures
 # its own layout), and needs the pgstattuple extension (PostgreSQL's contrib).
+#
+# With WAL_BY_RECORD=1 it also prints where the drain's WAL went, from pg_walinspect
+# (contrib too): per record type and relation, records and bytes per task, full-page images
+# apart. Records without a block (commits) are counted under "-"; the server's other
+# databases are left out.
 set -euo pipefail
 bin=${1:-target/release/pgtaskd}
 db=${2:-pgtaskd_dead_bytes}
@@ -22,7 +27,7 @@ psql_q -d postgres -c "DROP DATABASE IF EXISTS $db" 2>/dev/null
 psql_q -d postgres -c "CREATE DATABASE $db"
 export PGTASKD_DATABASE_URL="postgres://$PGUSER@$PGHOST:$PGPORT/$db"
 "$bin" migrate >/dev/null
-psql_q -d "$db" -c "CREATE EXTENSION pgstattuple" >/dev/null
+psql_q -d "$db" -c "CREATE EXTENSION pgstattuple" -c "CREATE EXTENSION pg_walinspect" >/dev/null
 lsn() { psql_q -d "$db" -Atc "SELECT pg_current_wal_lsn()"; }
 w0=$(lsn)
 psql_q -d "$db" -c "INSERT INTO pgtaskd.tasks (payload)
@@ -60,3 +65,21 @@ psql_q -d "$db" -Atc "SELECT format('snapshot %s: INSERT WAL %s bytes/task, drai
     '$hold', round(pg_wal_lsn_diff('$w1', '$w0') / $n), round(pg_wal_lsn_diff('$w3', '$w2') / $n),
     round((pg_wal_lsn_diff('$w1', '$w0') + pg_wal_lsn_diff('$w3', '$w2')) / pg_wal_lsn_diff('$w1', '$w0'), 2),
     round($dead::numeric / $n))"
+if [ "${WAL_BY_RECORD:-0}" = 1 ]; then
+    psql_q -d "$db" -Atc "WITH r AS (
+            SELECT w.resource_manager || '/' || w.record_type AS record,
+                   coalesce((SELECT c.relname FROM pg_class AS c
+                              WHERE c.relfilenode = substring(w.block_ref FROM 'rel [0-9]+/[0-9]+/([0-9]+)')::oid
+                              LIMIT 1), '-') AS relation,
+                   substring(w.block_ref FROM 'rel [0-9]+/([0-9]+)/')::oid AS db,
+                   w.record_length, w.fpi_length
+              FROM pg_get_wal_records_info('$w2', '$w3') AS w)
+        SELECT format('drain WAL by record: %s on %s: %s records (%s a task), %s bytes a task, of which full-page images %s',
+                      r.record, r.relation, count(*), round(count(*)::numeric / $n, 2),
+                      round(sum(r.record_length)::numeric / $n), round(sum(r.fpi_length)::numeric / $n))
+          FROM r
+         WHERE r.db IS NULL OR r.db = (SELECT oid FROM pg_database WHERE datname = current_database())
+         GROUP BY r.record, r.relation
+        HAVING sum(r.record_length) >= $n
+         ORDER BY sum(r.record_length) DESC"
+fi
