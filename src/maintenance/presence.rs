@@ -139,9 +139,11 @@ impl Presence {
     }
 
     /// Stop the heartbeat and delete the row: the daemon serves nothing any more. With
-    /// `unsettled` claims (rows that may still be RUNNING under its lease key), the row is left
-    /// to turn stale, as a crashed daemon's is, so that `pgtaskd.task_view` and the rescuer's
-    /// error keep naming the daemon by its whole instance id until it is forgotten (schema 41).
+    /// `unsettled` claims (rows that may still be RUNNING under its lease key), or a task still
+    /// RUNNING under that key when the row would be deleted (a result parked for a rescuer),
+    /// the row is left to turn stale, as a crashed daemon's is, so that `pgtaskd.task_view`
+    /// and the rescuer's error keep naming the daemon by its whole instance id until it is
+    /// forgotten (schema 41).
     pub async fn stop(self, unsettled: usize) {
         self.stop.cancel();
         let _ = self.task.await;
@@ -155,7 +157,10 @@ impl Presence {
         let removed = remove(&self.pool, &self.row.instance);
         // A database that does not answer does not hold the stop: the row turns stale.
         match tokio::time::timeout(STOP_WAIT, removed).await {
-            Ok(Ok(())) => tracing::debug!("removed from pgtaskd.daemons"),
+            Ok(Ok(true)) => tracing::debug!("removed from pgtaskd.daemons"),
+            Ok(Ok(false)) => tracing::info!(
+                "left in pgtaskd.daemons: a task is still RUNNING under this daemon's lease (a result parked for a rescuer); the row turns stale"
+            ),
             Ok(Err(err)) => tracing::warn!(
                 error = %err,
                 "could not remove this daemon from pgtaskd.daemons; its row turns stale"
@@ -239,7 +244,7 @@ async fn register(pool: &Pool, row: &Row) -> Result<(), DbError> {
 }
 
 /// Delete `instance`'s row.
-async fn remove(pool: &Pool, instance: &str) -> Result<(), DbError> {
+async fn remove(pool: &Pool, instance: &str) -> Result<bool, DbError> {
     let client = pool.get().await?;
     client
         .bounded(queue::daemons::remove(&client, instance))

@@ -42,8 +42,18 @@ ON CONFLICT (instance) DO UPDATE
        heartbeat_every = excluded.heartbeat_every,
        heartbeat_at = now()";
 
-/// Delete `instance`'s row.
-const REMOVE: &str = "DELETE FROM pgtaskd.daemons WHERE instance = $1";
+/// Delete `instance`'s row, unless a task is still RUNNING under its lease key `$2` (a result
+/// parked for a rescuer, a claim not given back): the row then stays to turn stale, so that
+/// the view keeps naming that lease's holder by its whole id. Returns the rows deleted.
+const REMOVE: &str = "
+WITH gone AS (
+    DELETE FROM pgtaskd.daemons AS d
+     WHERE d.instance = $1
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS s
+                        WHERE s.status = 'RUNNING' AND s.lease_owner = $2)
+    RETURNING 1
+)
+SELECT count(*) FROM gone";
 
 /// Delete the rows whose heartbeat is older than `$1` milliseconds.
 const FORGET: &str = "
@@ -130,16 +140,20 @@ pub async fn register(
     Ok(())
 }
 
-/// Delete `instance`'s row, at a clean stop.
+/// Delete `instance`'s row at a stop, unless a task is still RUNNING under its lease key (a
+/// result parked for a rescuer, a claim not given back): false when the row was kept (or was
+/// gone already). A row kept turns stale, as a crashed daemon's does, and is forgotten after
+/// [`FORGET_AFTER`]; until then `pgtaskd.task_view` names the lease's holder by its whole id.
 ///
 /// # Errors
 ///
-/// Database failures; the row then turns stale, and is forgotten after [`FORGET_AFTER`].
-pub async fn remove(client: &Client, instance: &str) -> Result<(), DbError> {
-    client
-        .query_typed(REMOVE, &[(&instance, Type::TEXT)])
+/// Database failures; the row then turns stale too.
+pub async fn remove(client: &Client, instance: &str) -> Result<bool, DbError> {
+    let key = crate::queue::lease_key(instance);
+    let row = client
+        .query_typed_one(REMOVE, &[(&instance, Type::TEXT), (&key, Type::TEXT)])
         .await?;
-    Ok(())
+    Ok(row.get::<_, i64>(0) > 0)
 }
 
 /// Delete the rows whose heartbeat is older than `after`; returns how many.

@@ -314,7 +314,8 @@ async fn a_table_lock_longer_than_a_lease_makes_no_finished_task_run_again() {
 /// task's row while its daemon is told to stop. The stop cannot write the result; it parks it
 /// and ends cleanly. Once the row is free, another daemon's rescuer writes the parked result:
 /// the task ends SUCCEEDED with the counts the first daemon computed, on its first attempt,
-/// its work never run again.
+/// its work never run again. Until then the stopped daemon stays listed in `pgtaskd.daemons`,
+/// so that the view names the parked lease's holder by its whole instance id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_lock_across_a_stop_parks_the_result_and_a_rescuer_writes_it() {
     let db = TestDb::new().await;
@@ -357,6 +358,29 @@ async fn a_row_lock_across_a_stop_parks_the_result_and_a_rescuer_writes_it() {
     );
     let task = queue::get(&client, id).await.unwrap().unwrap();
     assert_eq!(task.status, TaskStatus::Running, "the row was held");
+    // The task is still RUNNING under the stopped daemon's lease key: its row in
+    // pgtaskd.daemons stays (to turn stale), so that the view names the lease's holder by
+    // its whole instance id, not by the key the state row holds (schema 41).
+    let key: String = client
+        .query_one(
+            "SELECT lease_owner FROM pgtaskd.task_state WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let holder = task.lease_owner.expect("a RUNNING task has a lease owner");
+    assert_eq!(holder.split(':').count(), 3, "the whole id: {holder}");
+    assert_eq!(holder.rsplit(':').next(), Some(key.as_str()));
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM pgtaskd.daemons WHERE instance = '{holder}'")
+        )
+        .await,
+        1,
+        "the stopped daemon stays listed while its lease holds a parked result"
+    );
     eventually(
         WAIT,
         "no statement of the stopped daemon waiting for the row",
