@@ -1027,7 +1027,7 @@ BEGIN
             limited_ids := limited_ids || ARRAY(
                 SELECT k.id FROM pgtaskd.task_state AS k
                  WHERE k.status = 'QUEUED' AND k.queue = settings.queue AND k.run_at <= now()
-                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id)
+                   AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p WHERE p.id = k.id OFFSET 0)
                  ORDER BY k.priority DESC, k.id
                  LIMIT room
                    FOR UPDATE SKIP LOCKED);
@@ -1047,7 +1047,7 @@ BEGIN
                                          WHERE q.status = 'QUEUED' AND q.queue = settings.queue
                                            AND q.run_at <= now()
                                            AND EXISTS (SELECT 1 FROM pgtaskd.tasks AS p
-                                                        WHERE p.id = q.id)
+                                                        WHERE p.id = q.id OFFSET 0)
                                          ORDER BY q.priority DESC, q.id
                                          LIMIT 1000 + claim.max_tasks) AS w) AS r
                           LEFT JOIN (SELECT b.concurrency_key, count(*) AS n
@@ -1070,11 +1070,15 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- After the position: the rest of its priority...
-                -- The payload's size from the task row; a state row without its task row
-                -- (written by hand) is never claimed.
-                SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
+                -- The payload's size from the task row, looked up by its key whatever the
+                -- statistics say (schema 44); a state row without its task row (written by
+                -- hand) is never claimed.
+                SELECT k.id, k.priority, p.size
                   FROM pgtaskd.task_state AS k
-                  JOIN pgtaskd.tasks AS p ON p.id = k.id
+                 CROSS JOIN LATERAL (SELECT octet_length(r.payload)::bigint AS size
+                                       FROM pgtaskd.tasks AS r
+                                      WHERE r.id = k.id
+                                     OFFSET 0) AS p
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority = claim.after_priority
@@ -1090,11 +1094,15 @@ BEGIN
           FROM unnest(open_queues) AS q(name)
          CROSS JOIN LATERAL (
                 -- ...then the lower priorities.
-                -- The payload's size from the task row; a state row without its task row
-                -- (written by hand) is never claimed.
-                SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
+                -- The payload's size from the task row, looked up by its key whatever the
+                -- statistics say (schema 44); a state row without its task row (written by
+                -- hand) is never claimed.
+                SELECT k.id, k.priority, p.size
                   FROM pgtaskd.task_state AS k
-                  JOIN pgtaskd.tasks AS p ON p.id = k.id
+                 CROSS JOIN LATERAL (SELECT octet_length(r.payload)::bigint AS size
+                                       FROM pgtaskd.tasks AS r
+                                      WHERE r.id = k.id
+                                     OFFSET 0) AS p
                  WHERE k.status = 'QUEUED'
                    AND k.queue = q.name
                    AND k.priority < CASE WHEN claim.after_id IS NULL THEN 32768
@@ -1107,9 +1115,12 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.paused_queues AS p WHERE p.queue = q.name)
         UNION ALL
         -- The limited queues' tasks, picked and locked above.
-        SELECT k.id, k.priority, octet_length(p.payload)::bigint AS size
+        SELECT k.id, k.priority, p.size
           FROM pgtaskd.task_state AS k
-          JOIN pgtaskd.tasks AS p ON p.id = k.id
+         CROSS JOIN LATERAL (SELECT octet_length(r.payload)::bigint AS size
+                               FROM pgtaskd.tasks AS r
+                              WHERE r.id = k.id
+                             OFFSET 0) AS p
          WHERE k.id = ANY (limited_ids)
          ORDER BY 2 DESC, 1
          LIMIT claim.max_tasks
@@ -1135,55 +1146,65 @@ BEGIN
                lease_owner = claim.owner,
                lease_expires_at = now() + claim.lease_ms * interval '1 millisecond',
                started_at = now()
-          -- The task as its producer wrote it: the payload and what the handler is told.
-          FROM pgtaskd.tasks AS p
          WHERE t.id = ANY (ARRAY(SELECT picked.id FROM picked))
            AND coalesce(t.status, '') = 'QUEUED'
-           AND p.id = t.id
-        RETURNING t.id, t.attempt, t.priority, t.claim_token, t.queue,
-                  CASE WHEN octet_length(p.payload) > claim.max_payload THEN NULL
-                       ELSE p.payload END AS payload,
-                  octet_length(p.payload)::bigint AS size,
-                  extract(epoch FROM now() - greatest(p.created_at, t.run_at))::float8 AS waited,
-                  t.runs,
-                  coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || t.id || '-'
-                      || (extract(epoch FROM p.created_at) * 1000000)::bigint AS task_key,
-                  p.idempotency_key, p.traceparent,
-                  -- Its parents and how each ended, the first 200 (version 37).
-                  CASE WHEN cardinality(p.depends_on) > 0 THEN
-                      (SELECT string_agg(x.parent || '=' || coalesce(s.status, 'GONE'), ','
-                                         ORDER BY x.parent)
-                         FROM (SELECT DISTINCT u.parent
-                                 FROM unnest(p.depends_on) AS u(parent)
-                                ORDER BY u.parent
-                                LIMIT 200) AS x
-                         LEFT JOIN pgtaskd.task_state AS s ON s.id = x.parent)
-                  END AS parents,
-                  CASE WHEN cardinality(p.depends_on) > 0 THEN
-                      (SELECT count(DISTINCT u.parent)::int FROM unnest(p.depends_on) AS u(parent))
-                  ELSE 0 END AS parent_count,
-                  -- The progress earlier attempts left, its batch, and a callback's counts
-                  -- (version 39).
-                  t.progress::text AS progress,
-                  coalesce(t.batch_id, t.callback_of) AS batch,
-                  CASE WHEN t.callback_of IS NOT NULL THEN
-                      (SELECT format('succeeded=%s,failed=%s,canceled=%s',
-                                     b.succeeded, b.failed, b.canceled)
-                         FROM pgtaskd.batches AS b
-                        WHERE b.id = t.callback_of AND b.ended_at IS NOT NULL)
-                  END AS batch_counts
+        RETURNING t.id, t.attempt, t.priority, t.claim_token, t.queue, t.run_at, t.runs,
+                  t.progress, t.batch_id, t.callback_of
+    ), told AS (
+        -- The task as its producer wrote it: the payload and what the handler is told, each
+        -- task row looked up by its key whatever the statistics say (schema 44).
+        SELECT c.id, c.attempt, c.priority, c.claim_token,
+               CASE WHEN octet_length(p.payload) > claim.max_payload THEN NULL
+                    ELSE p.payload END AS payload,
+               octet_length(p.payload)::bigint AS size,
+               extract(epoch FROM now() - greatest(p.created_at, c.run_at))::float8 AS waited,
+               c.runs,
+               coalesce((SELECT s.id FROM pgtaskd.site AS s), 'nosite') || '-' || c.id || '-'
+                   || (extract(epoch FROM p.created_at) * 1000000)::bigint AS task_key,
+               p.idempotency_key, p.traceparent,
+               -- Its parents and how each ended, the first 200 (version 37), each parent's
+               -- state row looked up by its key.
+               CASE WHEN cardinality(p.depends_on) > 0 THEN
+                   (SELECT string_agg(x.parent || '=' ||
+                                      coalesce((SELECT s.status FROM pgtaskd.task_state AS s
+                                                 WHERE s.id = x.parent), 'GONE'), ','
+                                      ORDER BY x.parent)
+                      FROM (SELECT DISTINCT u.parent
+                              FROM unnest(p.depends_on) AS u(parent)
+                             ORDER BY u.parent
+                             LIMIT 200) AS x)
+               END AS parents,
+               CASE WHEN cardinality(p.depends_on) > 0 THEN
+                   (SELECT count(DISTINCT u.parent)::int FROM unnest(p.depends_on) AS u(parent))
+               ELSE 0 END AS parent_count,
+               -- The progress earlier attempts left, its batch, and a callback's counts
+               -- (version 39).
+               c.progress::text AS progress,
+               coalesce(c.batch_id, c.callback_of) AS batch,
+               CASE WHEN c.callback_of IS NOT NULL THEN
+                   (SELECT format('succeeded=%s,failed=%s,canceled=%s',
+                                  b.succeeded, b.failed, b.canceled)
+                      FROM pgtaskd.batches AS b
+                     WHERE b.id = c.callback_of AND b.ended_at IS NOT NULL)
+               END AS batch_counts
+          FROM claimed AS c
+         CROSS JOIN LATERAL (SELECT r.payload, r.created_at, r.idempotency_key, r.traceparent,
+                                    r.depends_on
+                               FROM pgtaskd.tasks AS r
+                              WHERE r.id = c.id
+                             OFFSET 0) AS p
     ), starts AS (
         -- Each start of a rate-limited queue, for the next claims to count.
         INSERT INTO pgtaskd.queue_starts (queue, started_at)
         SELECT claimed.queue, coalesce(decided_at, now()) FROM claimed
          WHERE claimed.queue = ANY (rated)
     )
-    (SELECT claimed.id, claimed.attempt, claimed.payload, claimed.size, claimed.waited,
-            claimed.priority::int, claimed.claim_token, claimed.runs, claimed.task_key,
-            claimed.idempotency_key, claimed.traceparent, claimed.parents,
-            claimed.parent_count, claimed.progress, claimed.batch, claimed.batch_counts
-       FROM claimed
-      ORDER BY claimed.priority DESC, claimed.id)
+    (SELECT told.id, told.attempt, told.payload, told.size, told.waited,
+            told.priority::int, told.claim_token, told.runs, told.task_key,
+            told.idempotency_key, told.traceparent, told.parents,
+            told.parent_count, told.progress, told.batch, told.batch_counts
+       FROM told
+      ORDER BY told.priority DESC, told.id)
     UNION ALL
     (SELECT NULL::bigint, NULL::int, NULL::text, z.size, NULL::float8, NULL::int, NULL::bigint,
             NULL::int, NULL::text, NULL::text, NULL::text, NULL::text, NULL::int,

@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(41, "0041_lease_key"),
     migration!(42, "0042_graph_cycle"),
     migration!(43, "0043_graph_missing_ref"),
+    migration!(44, "0044_claim_lookups"),
 ];
 
 /// The schema version this binary was built for.

@@ -425,3 +425,79 @@ async fn a_claim_commits_synchronously_even_where_synchronous_commit_is_off() {
         tx.commit().await.unwrap();
     }
 }
+
+/// Statistics taken while the tables were empty (an autovacuum of a drained queue, a VACUUM
+/// ANALYZE by hand) must not make the claim walk the task table for each candidate: the claim
+/// reads each candidate's task row by its key (schema 44). Before, the planner, costing both
+/// tables at one row, joined them by walking `tasks_pkey` from its start and filtering on the
+/// id, so a claim near the end of a backlog read every task row before its candidates.
+#[tokio::test]
+async fn a_claim_after_statistics_of_empty_tables_reads_each_task_row_by_its_key() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    // No autovacuum: the statistics stay those of the empty tables for the whole test.
+    // Each statement on its own (a VACUUM cannot run in the transaction of a batch).
+    for statement in [
+        "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)",
+        "ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false)",
+        "INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'walk', 'before ' || g FROM generate_series(1, 5000) AS g",
+        "DELETE FROM pgtaskd.tasks WHERE queue = 'walk'",
+        "VACUUM ANALYZE pgtaskd.tasks, pgtaskd.task_state",
+        "INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'walk', 'task ' || g FROM generate_series(1, 5000) AS g",
+    ] {
+        within(WAIT, statement, client.batch_execute(statement))
+            .await
+            .unwrap();
+    }
+    let tuples: f32 = client
+        .query_one(
+            "SELECT reltuples FROM pg_class WHERE oid = 'pgtaskd.task_state'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tuples, 0.0, "the statistics are those of the empty table");
+    // The last 16 tasks, claimed after the position of the one before them (priority 0).
+    let after: i64 = client
+        .query_one(
+            "SELECT id FROM pgtaskd.tasks WHERE queue = 'walk' ORDER BY id DESC OFFSET 16 LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for (after_priority, after_id) in [(Some(0), Some(after)), (None, None)] {
+        let tx = client.transaction().await.unwrap();
+        let claimed = within(
+            WAIT,
+            "the claim",
+            tx.query(
+                "SELECT task_id FROM pgtaskd.claim(ARRAY['walk'], 16, 'walkerkey0', 30000, \
+                 1000000000, true, 1048576, $1, $2) WHERE task_id IS NOT NULL",
+                &[&after_priority, &after_id],
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(claimed.len(), 16);
+        // The task rows this transaction fetched through an index: the claimed ones (and a
+        // few more), not the thousands before them.
+        let fetched: i64 = tx
+            .query_one(
+                "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables
+                  WHERE relid = 'pgtaskd.tasks'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            fetched <= 100,
+            "the claim after {after_id:?} fetched {fetched} task rows for 16 tasks"
+        );
+        tx.rollback().await.unwrap();
+    }
+}
