@@ -37,7 +37,8 @@ async fn shown(browser: &Browser, hash: &str) -> Vec<i64> {
             &format!("the list of {hash}"),
             &format!(
                 "return location.hash === '{hash}' && \
-                 document.getElementById('task-list').dataset.loaded === 'first'"
+                 document.getElementById('task-list').dataset.loaded === 'first' && \
+                 document.getElementById('task-list').dataset.shows === '{hash}'"
             ),
         )
         .await;
