@@ -46,13 +46,13 @@ for i in 1 2; do
   RUST_LOG=pgtaskd=info "$bin" run --config "$dir/pgtaskd.toml" >"$dir/daemon$i.log" 2>&1 &
   daemons+=($!)
 done
-until [ "$(sql "$p1" "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'")" -ge 3000 ]; do :; done
+until [ "$(sql "$p1" "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'")" -ge 3000 ]; do :; done
 as_pg "$pgbin/pg_ctl" -D "$dir/p" -m immediate stop >/dev/null
 as_pg "$pgbin/pg_ctl" -D "$dir/s" -w promote >/dev/null
 start=$(date +%s.%N)
 for _ in $(seq 1 240); do
   counts=$(sql "$p2" "SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), count(*) FILTER (WHERE status = 'QUEUED'),
-                             count(*) FILTER (WHERE status = 'RUNNING') FROM pgtaskd.tasks")
+                             count(*) FILTER (WHERE status = 'RUNNING') FROM pgtaskd.task_view")
   [ "${counts%%|*}" = 20000 ] && break
   sleep 0.2
 done

@@ -29,11 +29,11 @@ pid=$!
 total=$(( n + small ))
 held_small_max=0
 while :; do
-  done_n=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'")
+  done_n=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'")
   # Small tasks RUNNING while some large one is still QUEUED: held by a daemon that could not
   # start them yet. (Sizes come from octet_length, which does not load a large text.)
-  held=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'RUNNING' AND octet_length(payload) < 100
-    AND EXISTS (SELECT 1 FROM pgtaskd.tasks WHERE status = 'QUEUED' AND octet_length(payload) >= 100)")
+  held=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'RUNNING' AND octet_length(payload) < 100
+    AND EXISTS (SELECT 1 FROM pgtaskd.task_view WHERE status = 'QUEUED' AND octet_length(payload) >= 100)")
   [ "$held" -gt "$held_small_max" ] && held_small_max=$held
   [ "$done_n" -ge "$total" ] && break
   kill -0 "$pid" || { echo "daemon died"; exit 1; }
@@ -44,7 +44,7 @@ hwm_kib=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
 kill -TERM "$pid"; wait "$pid" || true
 budget_mib=$(psql -qXtA -d postgres -c "SELECT pg_size_bytes('${budget//iB/B}') / 1048576")
 bound=$(echo "1.25 * ($budget_mib + $size_mib) + 50" | bc)
-checked=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED' AND (octet_length(payload) < 100 OR words = $words)")
+checked=$(psql -qXtA -d "$db" -c "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED' AND (octet_length(payload) < 100 OR words = $words)")
 echo "payloads: $n x $size_mib MiB + $small small; budget $budget; drained in ${elapsed}s; counts checked on $checked of $total"
 echo "peak RSS: $(( hwm_kib / 1024 )) MiB; bound 1.25 x (budget + largest) + 50 MiB = $bound MiB"
 echo "most small tasks RUNNING while a large one waited: $held_small_max"

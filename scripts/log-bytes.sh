@@ -15,7 +15,7 @@ psql -d "$db" -qc "INSERT INTO pgtaskd.tasks (payload)
                    SELECT 'task ' || g || ' with a few words of text' FROM generate_series(1, $tasks) g"
 env -u RUST_LOG "$bin" run >"$log" 2>&1 &
 daemon=$!
-until [ "$(psql -d "$db" -tAc "SELECT count(*) FROM pgtaskd.tasks WHERE status = 'SUCCEEDED'")" = "$tasks" ]; do
+until [ "$(psql -d "$db" -tAc "SELECT count(*) FROM pgtaskd.task_view WHERE status = 'SUCCEEDED'")" = "$tasks" ]; do
   sleep 0.5
 done
 kill -TERM "$daemon"
