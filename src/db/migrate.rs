@@ -211,6 +211,17 @@ pub async fn migrate_to(client: &mut Client, target: i32) -> Result<Vec<i32>, Sc
     // "already exists, skipping" notices are expected on every run but the first.
     tx.batch_execute("SET LOCAL client_min_messages = warning")
         .await?;
+    // No statement timeout: a migration of millions of rows takes what it takes (the
+    // daemon's `database.statement_timeout` is for its own statements). Every lock is waited
+    // for at most 10 s (less when the session asks for less), from the first migration on:
+    // producers' statements queue behind a migration's wait for a table.
+    tx.batch_execute(
+        "SET LOCAL statement_timeout = 0;
+         SELECT pg_catalog.set_config('lock_timeout', '10s', true)
+          WHERE pg_catalog.current_setting('lock_timeout')::interval = interval '0'
+             OR pg_catalog.current_setting('lock_timeout')::interval > interval '10 seconds';",
+    )
+    .await?;
     tx.batch_execute(
         "CREATE SCHEMA IF NOT EXISTS pgtaskd;
          CREATE TABLE IF NOT EXISTS pgtaskd.schema_migrations (

@@ -360,3 +360,85 @@ async fn schema_36_gives_up_on_a_lock_held_elsewhere_and_applies_later() {
     .get(0);
     assert_eq!(status, "QUEUED");
 }
+
+/// From schema 29 the migrations before 36 take the task table's lock too: the whole
+/// migration waits at most 10 s for any lock (not until the statement timeout, or for ever),
+/// and fails with the lock timeout while a transaction holds the table.
+#[tokio::test]
+async fn a_migration_from_schema_29_waits_at_most_ten_seconds_for_a_held_table() {
+    let (db, mut owner) = database_at(29).await;
+    let holder = db.client().await;
+    within(
+        WAIT,
+        "a row lock left open",
+        holder.batch_execute("BEGIN; SELECT id FROM pgtaskd.tasks FOR UPDATE"),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let err = within(
+        Duration::from_secs(30),
+        "the migration to give up",
+        pgtaskd::db::migrate::migrate(&mut owner),
+    )
+    .await
+    .expect_err("the table is held");
+    assert!(format!("{err:?}").contains("lock timeout"), "{err:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    within(WAIT, "the transaction ends", holder.batch_execute("COMMIT"))
+        .await
+        .unwrap();
+    within(
+        WAIT,
+        "migrating again",
+        pgtaskd::db::migrate::migrate(&mut owner),
+    )
+    .await
+    .unwrap();
+}
+
+/// A session's statement timeout does not cut a migration short: schema 36 copies every
+/// task's state, which takes seconds on millions of rows.
+#[tokio::test]
+async fn a_migration_runs_whatever_the_sessions_statement_timeout() {
+    let (_db, mut owner) = database_at(35).await;
+    within(
+        WAIT,
+        "tasks and a statement timeout of a millisecond",
+        owner.batch_execute(
+            "INSERT INTO pgtaskd.tasks (payload) SELECT 'task ' || g FROM generate_series(1, 100000) AS g;
+             SET statement_timeout = '100ms'",
+        ),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() > Duration::from_millis(100),
+        "the migration took {:?}: longer than the timeout, or this proves nothing",
+        started.elapsed()
+    );
+    within(
+        WAIT,
+        "the timeout reset",
+        owner.batch_execute("RESET statement_timeout"),
+    )
+    .await
+    .unwrap();
+    let states: i64 = within(
+        WAIT,
+        "the states",
+        owner.query_one("SELECT count(*) FROM pgtaskd.task_state", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(states, 100000);
+}
