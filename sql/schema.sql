@@ -1786,16 +1786,21 @@ BEGIN
         WITH candidates AS MATERIALIZED (
             SELECT c.id
               FROM pgtaskd.task_state AS c
-              JOIN pgtaskd.tasks AS t ON t.id = c.id
+             -- Every other row by its key too, through a lookup the planner cannot turn into
+             -- a walk of the table (schema 45).
+             CROSS JOIN LATERAL (SELECT r.on_dep_failure
+                                   FROM pgtaskd.tasks AS r
+                                  WHERE r.id = c.id
+                                 OFFSET 0) AS t
              -- `coalesce(status, '')`: found by primary key, never by a scan of the partial
              -- index of every WAITING task.
              WHERE c.id = ANY (settle_waiting.children) AND coalesce(c.status, '') = 'WAITING'
                -- No end here cancels it.
                AND NOT (coalesce(t.on_dep_failure, 'cancel') = 'cancel' AND EXISTS (
                         SELECT 1 FROM pgtaskd.task_deps AS d
-                          JOIN pgtaskd.task_state AS p ON p.id = d.parent
                          WHERE d.child = c.id AND d.parent = ANY (settle_waiting.parents)
-                           AND p.status IN ('FAILED', 'CANCELED')))
+                           AND (SELECT p.status FROM pgtaskd.task_state AS p
+                                 WHERE p.id = d.parent) IN ('FAILED', 'CANCELED')))
         ), fast AS MATERIALIZED (
             -- Only then a parent is held: never for a child decided below anyway.
             SELECT c.id
@@ -1811,18 +1816,22 @@ BEGIN
                                               AND NOT (d.parent = ANY (settle_waiting.parents))
                                             ORDER BY d.parent DESC
                                            OFFSET 0) AS x
-                                     JOIN pgtaskd.task_state AS p ON p.id = x.parent
-                                    WHERE coalesce(p.status, '') IN ('QUEUED', 'RUNNING')
-                                    LIMIT 1
-                                      FOR SHARE OF p SKIP LOCKED) AS h)
+                                    CROSS JOIN LATERAL (
+                                           SELECT q.id FROM pgtaskd.task_state AS q
+                                            WHERE q.id = x.parent
+                                              AND coalesce(q.status, '') IN ('QUEUED', 'RUNNING')
+                                              FOR SHARE SKIP LOCKED) AS p
+                                    LIMIT 1) AS h)
         ), resolved AS (
             DELETE FROM pgtaskd.task_deps AS d
-             USING pgtaskd.task_state AS p, pgtaskd.tasks AS t
              WHERE d.child = ANY (ARRAY(SELECT f.id FROM fast AS f))
                AND d.parent = ANY (settle_waiting.parents)
-               AND p.id = d.parent AND t.id = d.child
-               AND (p.status = 'SUCCEEDED'
-                    OR (p.status IN ('FAILED', 'CANCELED') AND t.on_dep_failure = 'run'))
+               AND ((SELECT p.status FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+                        = 'SUCCEEDED'
+                    OR ((SELECT p.status FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+                            IN ('FAILED', 'CANCELED')
+                        AND (SELECT t.on_dep_failure FROM pgtaskd.tasks AS t
+                              WHERE t.id = d.child) = 'run'))
         )
         SELECT ARRAY(SELECT x.id FROM unnest(settle_waiting.children) AS x(id)
                       WHERE NOT (x.id = ANY (ARRAY(SELECT f.id FROM fast AS f))))
@@ -1837,10 +1846,10 @@ BEGIN
     -- order and the same statement, so that two cascades through one graph take their locks
     -- in one order and never deadlock.
     IF EXISTS (SELECT 1 FROM pgtaskd.task_deps AS d
-                 JOIN pgtaskd.task_state AS p ON p.id = d.parent
                 WHERE d.child = ANY (locked)
                   AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
-                  AND p.status IN ('FAILED', 'CANCELED')) THEN
+                  AND (SELECT p.status FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+                      IN ('FAILED', 'CANCELED')) THEN
         PERFORM 1 FROM pgtaskd.task_state AS c
           WHERE c.id = ANY (ARRAY(
                     WITH RECURSIVE below (id) AS (
@@ -1859,16 +1868,24 @@ BEGIN
     END IF;
     WITH ended AS MATERIALIZED (
         -- Each edge of these children to a parent that has ended, with the child's policy.
-        SELECT d.child, d.parent, p.status AS outcome,
-               coalesce(t.on_dep_failure, 'cancel') AS policy
-          FROM pgtaskd.task_deps AS d
-          JOIN pgtaskd.task_state AS c ON c.id = d.child
-          JOIN pgtaskd.task_state AS p ON p.id = d.parent
-          JOIN pgtaskd.tasks AS t ON t.id = d.child
-         WHERE d.child = ANY (locked)
-           AND (settle_waiting.parents IS NULL OR d.parent = ANY (settle_waiting.parents))
-           AND coalesce(c.status, '') = 'WAITING'
-           AND p.status IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+        SELECT e.child, e.parent, e.outcome, coalesce(e.on_dep_failure, 'cancel') AS policy
+          FROM (SELECT d.child, d.parent,
+                       (SELECT p.status FROM pgtaskd.task_state AS p
+                         WHERE p.id = d.parent) AS outcome,
+                       (SELECT c.status FROM pgtaskd.task_state AS c
+                         WHERE c.id = d.child) AS child_status,
+                       t.on_dep_failure
+                  FROM pgtaskd.task_deps AS d
+                 CROSS JOIN LATERAL (SELECT r.on_dep_failure
+                                       FROM pgtaskd.tasks AS r
+                                      WHERE r.id = d.child
+                                     OFFSET 0) AS t
+                 WHERE d.child = ANY (locked)
+                   AND (settle_waiting.parents IS NULL
+                        OR d.parent = ANY (settle_waiting.parents))
+                OFFSET 0) AS e
+         WHERE coalesce(e.child_status, '') = 'WAITING'
+           AND e.outcome IN ('SUCCEEDED', 'FAILED', 'CANCELED')
     ), resolved AS (
         DELETE FROM pgtaskd.task_deps AS d
          USING ended AS e

@@ -81,6 +81,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(42, "0042_graph_cycle"),
     migration!(43, "0043_graph_missing_ref"),
     migration!(44, "0044_claim_lookups"),
+    migration!(45, "0045_settle_lookups"),
 ];
 
 /// The schema version this binary was built for.

@@ -448,3 +448,85 @@ async fn a_task_waiting_for_a_ref_no_task_has_is_named_first_and_cut_to_a_hundre
         .get(0);
     assert_eq!(count, 0, "a refused graph inserts nothing");
 }
+
+/// Statistics taken while the tables were empty must not make a parent's end walk the tables
+/// for each of its dependents: every row `settle_waiting` reads is read by its key (schema
+/// 45). Before, a parent with 2,000 children ended in 1.4 s, fetching 1.6 million task rows
+/// and 1.5 million state rows, in the transaction of the finish that ended it.
+#[tokio::test]
+async fn a_parent_ending_under_statistics_of_empty_tables_reads_its_childrens_rows_by_key() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    for statement in [
+        "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)",
+        "ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false)",
+        "ALTER TABLE pgtaskd.task_deps SET (autovacuum_enabled = false)",
+        // Tables that held rows and were emptied: their statistics say "no rows" (a table
+        // never written is estimated from its size instead).
+        "INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'before', 'b' FROM generate_series(1, 3000)",
+        "DELETE FROM pgtaskd.tasks",
+        "VACUUM ANALYZE pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_deps",
+        "INSERT INTO pgtaskd.tasks (queue, payload)
+             SELECT 'filler', 'f' FROM generate_series(1, 3000)",
+        "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('parent', 'p')",
+        "INSERT INTO pgtaskd.tasks (queue, payload, depends_on)
+             SELECT 'child', 'c', ARRAY[(SELECT id FROM pgtaskd.tasks WHERE queue = 'parent')]
+               FROM generate_series(1, 2000)",
+    ] {
+        within(WAIT, statement, client.batch_execute(statement))
+            .await
+            .unwrap();
+    }
+    let claimed = within(
+        WAIT,
+        "the parent's claim",
+        client.query_one(
+            "SELECT task_id, task_claim FROM pgtaskd.claim(ARRAY['parent'], 1, 'parentkey0', \
+             30000, 1000000000, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    let (id, token): (i64, i64) = (claimed.get(0), claimed.get(1));
+    let tx = client.transaction().await.unwrap();
+    within(
+        WAIT,
+        "the parent's finish",
+        tx.query(
+            "SELECT * FROM pgtaskd.finish(ARRAY[$1::bigint], ARRAY[$2::bigint], \
+             ARRAY['SUCCEEDED'], ARRAY[1::bigint], ARRAY[1::bigint], ARRAY[1::bigint], \
+             ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::float8], false)",
+            &[&token, &id],
+        ),
+    )
+    .await
+    .unwrap();
+    let fetched = tx
+        .query(
+            "SELECT relname::text, idx_tup_fetch FROM pg_stat_xact_user_tables
+              WHERE relid IN ('pgtaskd.tasks'::regclass, 'pgtaskd.task_state'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in &fetched {
+        let (table, rows): (String, i64) = (row.get(0), row.get(1));
+        assert!(
+            rows <= 20 * 2000,
+            "the parent's end fetched {rows} rows of {table} for 2,000 children"
+        );
+    }
+    tx.commit().await.unwrap();
+    let queued: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtaskd.task_view WHERE queue = 'child' AND status = 'QUEUED'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(queued, 2000, "every child released in the parent's commit");
+    assert!(problems(&client).await.is_empty());
+}
