@@ -1905,7 +1905,9 @@ BEGIN
                error = format('parent task %s %s', f.parent, lower(f.outcome)),
                finished_at = now()
           FROM failing AS f
-         WHERE s.id = f.child AND coalesce(s.status, '') = 'WAITING'
+         -- The failing children by their keys: the join alone could walk the whole table.
+         WHERE s.id = ANY (ARRAY(SELECT g.child FROM failing AS g))
+           AND s.id = f.child AND coalesce(s.status, '') = 'WAITING'
         RETURNING s.id
     )
     SELECT array_agg(n.id ORDER BY n.id) INTO canceled FROM canceled_now AS n;
@@ -3018,6 +3020,8 @@ CREATE FUNCTION pgtaskd.tasks_state() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Each parent and child row by its key, whatever the statistics say (schema 45).
+SET enable_seqscan = off
 AS $$
 DECLARE
     missing bigint;
@@ -3034,7 +3038,7 @@ BEGIN
         SELECT x.parent INTO missing
           FROM new_tasks AS n
          CROSS JOIN LATERAL unnest(n.depends_on) AS x(parent)
-         WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = x.parent)
+         WHERE NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = x.parent OFFSET 0)
          LIMIT 1;
         IF missing IS NOT NULL THEN
             RAISE EXCEPTION 'task depends on task %, which does not exist', missing
@@ -3045,7 +3049,8 @@ BEGIN
         SELECT DISTINCT n.id, x.parent
           FROM new_tasks AS n
          CROSS JOIN LATERAL unnest(n.depends_on) AS x(parent)
-          JOIN pgtaskd.task_state AS s ON s.id = n.id AND s.status = 'WAITING'
+         WHERE EXISTS (SELECT 1 FROM pgtaskd.task_state AS s
+                        WHERE s.id = n.id AND s.status = 'WAITING' OFFSET 0)
             ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
@@ -3134,6 +3139,8 @@ CREATE FUNCTION pgtaskd.tasks_deps_settle() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Each parent row by its key, whatever the statistics say (schema 45).
+SET enable_seqscan = off
 AS $$
 DECLARE
     missing bigint;
@@ -3146,7 +3153,7 @@ BEGIN
     SELECT d.parent INTO missing
       FROM pgtaskd.task_deps AS d
      WHERE d.child = NEW.id
-       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = d.parent)
+       AND NOT EXISTS (SELECT 1 FROM pgtaskd.task_state AS p WHERE p.id = d.parent OFFSET 0)
      LIMIT 1;
     IF missing IS NOT NULL THEN
         RAISE EXCEPTION 'task depends on task %, which does not exist', missing
