@@ -82,6 +82,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(43, "0043_graph_missing_ref"),
     migration!(44, "0044_claim_lookups"),
     migration!(45, "0045_settle_lookups"),
+    migration!(46, "0046_state_rights"),
 ];
 
 /// The schema version this binary was built for.

@@ -442,3 +442,65 @@ async fn a_migration_runs_whatever_the_sessions_statement_timeout() {
     .get(0);
     assert_eq!(states, 100000);
 }
+
+/// Schema 36 copied every right to update or delete task rows onto the state rows; schema 46
+/// takes back what the grant functions of 0.2.0 do not give: `DELETE` on the state from every
+/// role, `UPDATE` on it from every role that may not claim. A daemon's role keeps `UPDATE`, a
+/// role keeps `DELETE` on the task rows (deleting a task deletes its state through the
+/// owner's trigger).
+#[tokio::test]
+async fn schema_46_takes_back_the_state_rights_that_schema_36_copied_beyond_the_grants() {
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let (daemon_role, hand_role) = (format!("sr_daemon_{tag}"), format!("sr_hand_{tag}"));
+    let (_db, mut owner) = database_at(35).await;
+    within(
+        WAIT,
+        "the roles of schema 35",
+        owner.batch_execute(&format!(
+            "CREATE ROLE {daemon_role}; SELECT pgtaskd.grant_daemon('{daemon_role}');
+             CREATE ROLE {hand_role};
+             GRANT USAGE ON SCHEMA pgtaskd TO {hand_role};
+             GRANT SELECT, UPDATE, DELETE ON pgtaskd.tasks TO {hand_role};"
+        )),
+    )
+    .await
+    .unwrap();
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    let may = |role: &str, table: &str, right: &str| {
+        format!("SELECT has_table_privilege('{role}', 'pgtaskd.{table}', '{right}')::text")
+    };
+    let checks = [
+        (may(&daemon_role, "task_state", "UPDATE"), "true"),
+        (may(&daemon_role, "task_state", "DELETE"), "false"),
+        (may(&hand_role, "task_state", "UPDATE"), "false"),
+        (may(&hand_role, "task_state", "DELETE"), "false"),
+        (may(&hand_role, "task_state", "SELECT"), "true"),
+        (may(&hand_role, "tasks", "DELETE"), "true"),
+    ];
+    for (sql, expected) in checks {
+        assert_eq!(
+            texts(&owner, &sql).await,
+            vec![expected.to_string()],
+            "{sql}"
+        );
+    }
+    // The hand role's delete of a task still takes its state with it.
+    within(
+        WAIT,
+        "a task and its delete by the hand role",
+        owner.batch_execute(&format!(
+            "INSERT INTO pgtaskd.tasks (payload) VALUES ('gone');
+             SET ROLE {hand_role};
+             DELETE FROM pgtaskd.tasks WHERE payload = 'gone';
+             RESET ROLE;"
+        )),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        texts(&owner, "SELECT count(*)::text FROM pgtaskd.task_state").await,
+        vec!["0".to_string()]
+    );
+}
