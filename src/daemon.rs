@@ -288,7 +288,7 @@ pub async fn run(
         .await;
     flusher_stop.cancel();
     let _ = flusher.await;
-    presence.stop(unsettled).await;
+    presence.stop().await;
     background.cancel();
     let _ = listener.await;
     if unsettled > 0 {

@@ -138,28 +138,20 @@ impl Presence {
         })
     }
 
-    /// Stop the heartbeat and delete the row: the daemon serves nothing any more. With
-    /// `unsettled` claims (rows that may still be RUNNING under its lease key), or a task still
-    /// RUNNING under that key when the row would be deleted (a result parked for a rescuer),
-    /// the row is left to turn stale, as a crashed daemon's is, so that `pgtaskd.task_view`
-    /// and the rescuer's error keep naming the daemon by its whole instance id until it is
-    /// forgotten (schema 41).
-    pub async fn stop(self, unsettled: usize) {
+    /// Stop the heartbeat and delete the row: the daemon serves nothing any more. While a task
+    /// is still RUNNING under its lease key (a claim left unsettled, a result parked for a
+    /// rescuer), the row is left to turn stale, as a crashed daemon's is, so that
+    /// `pgtaskd.task_view` and the rescuer's error keep naming the daemon by its whole instance
+    /// id until it is forgotten (schema 41).
+    pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
-        if unsettled > 0 {
-            tracing::debug!(
-                unsettled,
-                "left in pgtaskd.daemons: claims may still be held under its key"
-            );
-            return;
-        }
         let removed = remove(&self.pool, &self.row.instance);
         // A database that does not answer does not hold the stop: the row turns stale.
         match tokio::time::timeout(STOP_WAIT, removed).await {
             Ok(Ok(true)) => tracing::debug!("removed from pgtaskd.daemons"),
             Ok(Ok(false)) => tracing::info!(
-                "left in pgtaskd.daemons: a task is still RUNNING under this daemon's lease (a result parked for a rescuer); the row turns stale"
+                "left in pgtaskd.daemons: a task is still RUNNING under this daemon's lease (a claim left unsettled, a result parked for a rescuer); the row turns stale"
             ),
             Ok(Err(err)) => tracing::warn!(
                 error = %err,
