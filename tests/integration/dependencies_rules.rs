@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::dependencies::{claim, finish, insert, install_release_audit, problems, status};
-use crate::support::{within, TestDb, WAIT};
+use crate::support::{statistics_say_empty, within, TestDb, WAIT};
 
 /// The policies by the parent's end: what the child is once its parent ended, and once the
 /// parent was then retried and succeeded (the last column of the table in
@@ -458,16 +458,8 @@ async fn a_task_waiting_for_a_ref_no_task_has_is_named_first_and_cut_to_a_hundre
 async fn a_parent_ending_under_statistics_of_empty_tables_reads_its_childrens_rows_by_key() {
     let db = TestDb::new().await;
     let mut client = db.client().await;
+    statistics_say_empty(&client).await;
     for statement in [
-        "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false)",
-        "ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false)",
-        "ALTER TABLE pgtaskd.task_deps SET (autovacuum_enabled = false)",
-        // Tables that held rows and were emptied: their statistics say "no rows" (a table
-        // never written is estimated from its size instead).
-        "INSERT INTO pgtaskd.tasks (queue, payload)
-             SELECT 'before', 'b' FROM generate_series(1, 3000)",
-        "DELETE FROM pgtaskd.tasks",
-        "VACUUM ANALYZE pgtaskd.tasks, pgtaskd.task_state, pgtaskd.task_deps",
         "INSERT INTO pgtaskd.tasks (queue, payload)
              SELECT 'filler', 'f' FROM generate_series(1, 3000)",
         "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('parent', 'p')",

@@ -41,21 +41,23 @@ pub async fn insert_payloads(client: &Client, n: usize) -> Vec<String> {
 }
 
 /// Leave the task tables as a drained queue's after its vacuum: statistics that say "no rows",
-/// kept so (autovacuum off for the tables) however the test then fills them. Both tables:
-/// `pgtaskd.tasks` and the state rows of `pgtaskd.task_state` (schema 36), which the
-/// daemon's statements scan.
+/// kept so (autovacuum off for the tables) however the test then fills them. The tables:
+/// `pgtaskd.tasks`, the state rows of `pgtaskd.task_state` (schema 36) and the edges of
+/// `pgtaskd.task_deps` (schema 37), which the daemon's statements and the producer's
+/// triggers read.
 pub async fn statistics_say_empty(client: &Client) {
     client
         .batch_execute(
             "ALTER TABLE pgtaskd.tasks SET (autovacuum_enabled = false);
              ALTER TABLE pgtaskd.task_state SET (autovacuum_enabled = false);
+             ALTER TABLE pgtaskd.task_deps SET (autovacuum_enabled = false);
              INSERT INTO pgtaskd.tasks (payload) SELECT 'probe ' || i FROM generate_series(1, 100) i;
              DELETE FROM pgtaskd.tasks;",
         )
         .await
         .unwrap();
     // One statement a call: VACUUM cannot run in the implicit transaction of several.
-    for table in ["pgtaskd.tasks", "pgtaskd.task_state"] {
+    for table in ["pgtaskd.tasks", "pgtaskd.task_state", "pgtaskd.task_deps"] {
         client
             .batch_execute(&format!("VACUUM ANALYZE {table}"))
             .await
