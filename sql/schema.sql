@@ -128,6 +128,14 @@ ALTER TABLE pgtaskd.tasks
         CHECK (pg_catalog.jsonb_typeof(metadata) OPERATOR(pg_catalog.=) 'object'
                AND pg_catalog.octet_length(metadata::text) OPERATOR(pg_catalog.<=) 8192) NOT VALID;
 
+-- A creation time every reader can use: finite, and before the year 262142, where the
+-- daemon's dates end (the task key holds it in microseconds). NOT VALID as schema 47 added it
+-- (see above).
+ALTER TABLE pgtaskd.tasks
+    ADD CONSTRAINT tasks_created_at_range
+        CHECK (created_at OPERATOR(pg_catalog.>) '-infinity'::pg_catalog.timestamptz
+               AND created_at OPERATOR(pg_catalog.<) '262142-01-01 00:00:00+00'::pg_catalog.timestamptz) NOT VALID;
+
 COMMENT ON TABLE pgtaskd.tasks IS
     'pgtaskd task queue: INSERT (payload) to enqueue; state and results in pgtaskd.task_view; pgtaskd.cancel(id) to cancel';
 COMMENT ON COLUMN pgtaskd.tasks.concurrency_key IS

@@ -83,6 +83,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(44, "0044_claim_lookups"),
     migration!(45, "0045_settle_lookups"),
     migration!(46, "0046_state_rights"),
+    migration!(47, "0047_created_at_range"),
 ];
 
 /// The schema version this binary was built for.

@@ -247,8 +247,9 @@ fn instant(tz: &chrono_tz::Tz, naive: NaiveDateTime) -> DateTime<Utc> {
 
 /// Whether `cron` (the expression `expr`) has any wall time at all. A pattern of no date (the
 /// 31st of April) makes the parser search to the year 5000, tens of milliseconds each time:
-/// the answer is kept per expression (a few hundred at most), so that a schedule written
-/// through SQL with such a rule costs that once per daemon, not once per look.
+/// the answer is kept per expression, the first [`KNOWN_EXPRESSIONS`] of them (about a
+/// megabyte), so that a list of the schedules pays it once per expression. (The scheduler
+/// keeps each schedule's rule from one look to the next besides.)
 fn fires_at_all(expr: &str, cron: &Cron) -> bool {
     static KNOWN: LazyLock<Mutex<HashMap<String, bool>>> = LazyLock::new(Mutex::default);
     let lock = || {
@@ -263,12 +264,15 @@ fn fires_at_all(expr: &str, cron: &Cron) -> bool {
     let start = NaiveDateTime::default().with_year(2000).unwrap_or_default();
     let fires = cron.find_next_occurrence(&start, true).is_ok();
     let mut known = lock();
-    if known.len() >= 1000 {
-        known.clear();
+    if known.len() < KNOWN_EXPRESSIONS {
+        known.insert(expr.to_string(), fires);
     }
-    known.insert(expr.to_string(), fires);
     fires
 }
+
+/// How many expressions [`fires_at_all`] keeps its answer for. Never emptied: emptied when
+/// full, as it once was, a site of more expressions paid every check at every look.
+const KNOWN_EXPRESSIONS: usize = 10_000;
 
 /// A cron expression as schedules take it: five fields or six (a leading seconds field), or
 /// a nickname (`@hourly`, `@daily`...); no year field.

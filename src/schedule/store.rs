@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
-use super::{plan, Missed, Rule};
+use super::{Missed, Plan, Rule};
 use crate::db::DbError;
 
 /// One schedule as the table holds it, with when it fires next (by the database's clock at
@@ -65,10 +65,11 @@ impl Schedule {
             .map_or(self.since, |last| last.max(self.since))
     }
 
-    fn from_row(row: &Row, now: DateTime<Utc>) -> Schedule {
+    /// The schedule of a row, its rule not yet read ([`Schedule::judged`] reads it).
+    fn from_row(row: &Row) -> Schedule {
         let every_s: Option<i64> = row.get("every_s");
         let every_duration = every_s.map(|s| Duration::from_secs(s.max(0) as u64));
-        let mut schedule = Schedule {
+        Schedule {
             name: row.get("name"),
             cron: row.get("cron"),
             every: every_duration.map(|d| humantime::format_duration(d).to_string()),
@@ -86,16 +87,35 @@ impl Schedule {
             created_at: row.get("created_at"),
             next_fire: None,
             error: None,
-        };
-        match schedule.rule() {
-            Ok(rule) if !schedule.paused => {
-                schedule.next_fire = rule.next_after(now.max(schedule.base()));
+        }
+    }
+
+    /// With its next fire after `now`, or why its rule cannot be read. A cron rule of no date
+    /// costs the parser tens of milliseconds to refuse, and one that fires every few years a
+    /// few: call it off the runtime's threads ([`judge_all`]).
+    fn judged(mut self, now: DateTime<Utc>) -> Schedule {
+        match self.rule() {
+            Ok(rule) if !self.paused => {
+                self.next_fire = rule.next_after(now.max(self.base()));
             }
             Ok(_) => {}
-            Err(err) => schedule.error = Some(err),
+            Err(err) => self.error = Some(err),
         }
-        schedule
+        self
     }
+}
+
+/// [`Schedule::judged`] of each, on a blocking thread: a list of a thousand schedules of rare
+/// rules must not hold up the daemon's claims and heartbeats.
+async fn judge_all(schedules: Vec<Schedule>, now: DateTime<Utc>) -> Vec<Schedule> {
+    let work = tokio::task::spawn_blocking(move || {
+        schedules
+            .into_iter()
+            .map(|schedule| schedule.judged(now))
+            .collect()
+    });
+    // The work panicking is a bug of the rule's parser: the schedules are listed unjudged.
+    work.await.unwrap_or_default()
 }
 
 /// The columns of a [`Schedule`], with `$payload` for the payload.
@@ -130,11 +150,14 @@ macro_rules! every_schedule {
 ///
 /// Database failures.
 pub async fn list(client: &Client) -> Result<(Vec<Schedule>, DateTime<Utc>), DbError> {
-    read_all(client, every_schedule!("payload")).await
+    let (schedules, now) = read_all(client, every_schedule!("payload")).await?;
+    Ok((judge_all(schedules, now).await, now))
 }
 
 /// Every schedule as [`list`] reads it, but without its payload, which a firer does not need
-/// (`pgtaskd.fire_schedule` reads it from the row): what the scheduler reads once a second.
+/// (`pgtaskd.fire_schedule` reads it from the row), and with its rule not yet read (the
+/// scheduler keeps what it read of each from one look to the next): what the scheduler reads
+/// once a second.
 ///
 /// # Errors
 ///
@@ -149,7 +172,7 @@ async fn read_all(client: &Client, sql: &str) -> Result<(Vec<Schedule>, DateTime
     let schedules = rows
         .iter()
         .filter(|row| row.get::<_, Option<String>>("name").is_some())
-        .map(|row| Schedule::from_row(row, now))
+        .map(Schedule::from_row)
         .collect();
     Ok((schedules, now))
 }
@@ -164,10 +187,11 @@ pub async fn get(client: &Client, name: &str) -> Result<Option<Schedule>, DbErro
         "SELECT {COLUMNS}, clock_timestamp() AS now FROM pgtaskd.schedules WHERE name = $1"
     );
     let row = client.query_typed_opt(&sql, &[(&name, Type::TEXT)]).await?;
-    Ok(row.map(|row| {
-        let now = row.get("now");
-        Schedule::from_row(&row, now)
-    }))
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let now = row.get("now");
+    Ok(judge_all(vec![Schedule::from_row(&row)], now).await.pop())
 }
 
 /// A schedule's definition, checked ([`NewSchedule::check`]) before it is written.
@@ -277,22 +301,16 @@ pub enum Fired {
     Moved,
 }
 
-/// Look at `schedule` at `now` (the database's clock) and fire what is due: `None` when
-/// nothing is.
+/// Fire what `plan` (of one look at `schedule`) says is due: `None` when nothing is.
 ///
 /// # Errors
 ///
-/// Database failures; the schedule's rule when it has none ([`Schedule::rule`]).
-pub async fn fire_due(
+/// Database failures.
+pub async fn fire_planned(
     client: &Client,
     schedule: &Schedule,
-    now: DateTime<Utc>,
-) -> Result<Option<Fired>, FireError> {
-    if schedule.paused {
-        return Ok(None);
-    }
-    let rule = schedule.rule().map_err(FireError::Rule)?;
-    let plan = plan(&rule, schedule.missed_rule(), schedule.base(), now);
+    plan: &Plan,
+) -> Result<Option<Fired>, DbError> {
     let Some(up_to) = plan.up_to else {
         return Ok(None);
     };
@@ -309,15 +327,6 @@ pub async fn fire_due(
         )
         .await?,
     ))
-}
-
-/// Why a fire did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum FireError {
-    #[error("{0}")]
-    Rule(String),
-    #[error(transparent)]
-    Db(#[from] DbError),
 }
 
 /// What a firer read of a schedule: its last fire and when its definition took effect.

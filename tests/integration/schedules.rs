@@ -704,3 +704,77 @@ async fn adding_the_same_definition_again_keeps_its_fires_and_a_change_counts_fr
     .unwrap();
     assert!(since().await > changed, "a resume counts from then");
 }
+
+/// A hundred schedules written through SQL with rules of no date (the 30th of February): the
+/// parser takes tens of milliseconds to refuse each, and a daemon that read them on its one
+/// thread held its heartbeats up for seconds, long enough for its leases to run out and its
+/// tasks to run twice. The rules are read off the runtime's thread: while the daemon reads
+/// them, the lease of a task it runs never falls behind the database's clock.
+#[tokio::test]
+async fn a_hundred_rules_of_no_date_hold_up_no_lease_while_a_daemon_reads_them() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let config = "[worker]\nqueues = [\"slow\"]\nconcurrency = 1\npoll_interval = \"200ms\"\n\
+                  lease = \"3s\"\n\
+                  [queues.slow]\nhandler = \"exec\"\ncommand = [\"sleep\", \"600\"]\n";
+    let mut daemon = DaemonProcess::start(&db, config, &[]);
+    let id: i64 = within(
+        WAIT,
+        "a task that runs until the end",
+        client.query_one(
+            "INSERT INTO pgtaskd.tasks (queue, payload) VALUES ('slow', 'x') RETURNING id",
+            &[],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    let running = "SELECT status = 'RUNNING' AND lease_expires_at > clock_timestamp() \
+                   FROM pgtaskd.task_view WHERE id = $1";
+    eventually(WAIT, "the task running", || async {
+        let row = client.query_one(running, &[&id]).await.ok()?;
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    within(
+        WAIT,
+        "a hundred rules of no date",
+        client.execute(
+            "SELECT count(pgtaskd.put_schedule('nodate-' || lpad(n::text, 3, '0'), \
+                    (n % 60) || ' ' || (n / 60) || ' 30 2 *', NULL::interval, 'x', 'q', 'UTC')) \
+               FROM generate_series(0, 99) AS n",
+            &[],
+        ),
+    )
+    .await
+    .unwrap();
+    // Until the daemon warned of the last of them (they are read in name order), the task's
+    // lease is always ahead of the clock.
+    let mut looks = 0;
+    within(WAIT * 4, "the daemon reading every rule", async {
+        while !daemon.log_text().contains("nodate-099") {
+            let ahead: bool = client.query_one(running, &[&id]).await.unwrap().get(0);
+            assert!(
+                ahead,
+                "after {looks} looks the lease of task {id} fell behind the clock:\n{}",
+                daemon.log_text()
+            );
+            looks += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        daemon.log_text().contains("never fires"),
+        "{}",
+        daemon.log_text()
+    );
+    within(
+        WAIT,
+        "the task canceled",
+        client.execute("SELECT pgtaskd.cancel($1)", &[&id]),
+    )
+    .await
+    .unwrap();
+    daemon.stop_cleanly().await;
+}

@@ -504,3 +504,88 @@ async fn schema_46_takes_back_the_state_rights_that_schema_36_copied_beyond_the_
         vec!["0".to_string()]
     );
 }
+
+/// A `created_at` that no reader can use (infinite, or past the year 262142) stopped every
+/// claim of its queue and failed every read of the task through the view. Schema 47 gives
+/// such rows the migration's time, and refuses them at the insert, naming the constraint.
+#[tokio::test]
+async fn schema_47_mends_a_creation_time_no_reader_could_use_and_refuses_new_ones() {
+    let (_db, mut owner) = database_at(46).await;
+    within(
+        WAIT,
+        "tasks of schema 46, three with a creation time no reader can use",
+        owner.batch_execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload, created_at) VALUES
+                 ('when', 'infinite', 'infinity'),
+                 ('when', 'before all', '-infinity'),
+                 ('when', 'far', '294000-01-01 00:00:00+00'),
+                 ('when', 'now', now());",
+        ),
+    )
+    .await
+    .unwrap();
+    let claim = "SELECT count(*)::text FROM pgtaskd.claim(ARRAY['when'], 10, 'k0123456789', \
+                 60000, 1048576, true, 1048576, NULL, NULL) WHERE task_id IS NOT NULL";
+    let stopped = within(WAIT, "a claim at schema 46", owner.query(claim, &[]))
+        .await
+        .expect_err("schema 46 could not claim past an infinite creation time");
+    assert_eq!(
+        stopped.code(),
+        Some(&SqlState::DATETIME_FIELD_OVERFLOW),
+        "{stopped:?}"
+    );
+
+    within(WAIT, "migrating", pgtaskd::db::migrate::migrate(&mut owner))
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(
+            &owner,
+            "SELECT payload || ' ' || (created_at > now() - interval '1 hour' \
+                                       AND created_at <= now())::text \
+               FROM pgtaskd.task_view ORDER BY id"
+        )
+        .await,
+        ["infinite true", "before all true", "far true", "now true"],
+        "every creation time is one a reader can use, the mended ones the migration's"
+    );
+    assert_eq!(texts(&owner, claim).await, ["4"], "the queue claims again");
+
+    for bad in ["infinity", "-infinity", "262142-01-01 00:00:00+00"] {
+        let refused = within(
+            WAIT,
+            "an insert of a creation time no reader can use",
+            owner.execute(
+                "INSERT INTO pgtaskd.tasks (queue, payload, created_at) \
+                 VALUES ('when', 'x', $1::text::timestamptz)",
+                &[&bad],
+            ),
+        )
+        .await
+        .expect_err(bad);
+        let message = refused.as_db_error().map(|e| e.message().to_string());
+        assert_eq!(
+            refused.code(),
+            Some(&SqlState::CHECK_VIOLATION),
+            "{bad}: {refused:?}"
+        );
+        assert!(
+            message
+                .as_deref()
+                .unwrap_or("")
+                .contains("tasks_created_at_range"),
+            "{bad}: {message:?}"
+        );
+    }
+    within(
+        WAIT,
+        "an insert of a creation time long ago",
+        owner.execute(
+            "INSERT INTO pgtaskd.tasks (queue, payload, created_at) \
+             VALUES ('when', 'old', '0001-01-01 00:00:00+00 BC')",
+            &[],
+        ),
+    )
+    .await
+    .expect("a finite time before 1970 is a time the key holds");
+}
