@@ -192,6 +192,9 @@ pub async fn run(
             None => None,
         };
         let listener = http::bind(addr).await.map_err(DaemonError::Bind)?;
+        let loopback = listener
+            .local_addr()
+            .is_ok_and(|bound| bound.ip().is_loopback());
         let state = http::AppState {
             pool: pool.clone(),
             metrics: Arc::clone(&metrics),
@@ -201,6 +204,7 @@ pub async fn run(
             served: config.worker.queues.clone().into(),
             waiters: http::waiters(config.http.max_connections),
             progress: Arc::clone(&progress),
+            loopback,
         };
         let router = http::router(state, config.http.max_body);
         tokio::spawn(http::serve(

@@ -45,6 +45,14 @@ fn main() -> ExitCode {
         }
     };
     let log = init_tracing(&config);
+    if cli
+        .database_url
+        .as_deref()
+        .and_then(|url| url.parse::<tokio_postgres::Config>().ok())
+        .is_some_and(|url| url.get_password().is_some())
+    {
+        tracing::warn!("--database-url holds a password, which every local user can read from pgtaskd's command line (/proc/PID/cmdline): give it in the configuration file, PGTASKD_DATABASE_URL, PGPASSWORD or a PGPASSFILE instead");
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

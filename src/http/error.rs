@@ -37,6 +37,9 @@ pub(crate) enum ApiError {
     BadTaskId,
     #[error("unauthorized")]
     Unauthorized,
+    /// A request a browser made for another site's page, or through another name (`origin.rs`).
+    #[error("{0}")]
+    OtherSite(String),
     #[error("no such task")]
     NoSuchTask,
     #[error("no such route")]
@@ -126,6 +129,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) | ApiError::BadTaskId => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::OtherSite(_) => StatusCode::FORBIDDEN,
             ApiError::NoSuchTask
             | ApiError::NoSuchRoute
             | ApiError::NoSuchQueue

@@ -26,7 +26,8 @@
 //! Every answer about a task comes from the database, never from daemon memory; an
 //! unreachable database is 503, never 404. An optional bearer token (from `http.token_file`)
 //! guards every route but `/healthz` and `/ui` (a page without
-//! data, whose script sends the token). Bodies over `http.max_body` are 413 (at once when the
+//! data, whose script sends the token); without it, requests of other sites' pages and, on a
+//! loopback address, other names than the loopback's are refused (`origin.rs`). Bodies over `http.max_body` are 413 (at once when the
 //! declared length is over); request headers, bodies and handling each have a deadline and open
 //! connections are capped (`server.rs`), so that slow clients cannot hold the server.
 
@@ -39,6 +40,7 @@ mod extract;
 mod graphs;
 mod list;
 mod ops;
+mod origin;
 mod progress;
 mod queues;
 mod schedules;
@@ -93,6 +95,9 @@ pub struct AppState {
     pub waiters: Arc<tokio::sync::Semaphore>,
     /// The handlers' progress reports, written by the daemon's flusher.
     pub progress: Arc<crate::progress::Progress>,
+    /// The server is bound to a loopback address: without a token, it takes no other name
+    /// (`origin.rs`).
+    pub loopback: bool,
 }
 
 /// Why the HTTP server could not start.
@@ -190,6 +195,10 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/ui", get(ui::page))
         .fallback(|| async { ApiError::NoSuchRoute })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            origin::refuse_other_sites,
+        ))
         .layer(middleware::from_fn(wait::deadline))
         .layer(middleware::from_fn(error::database_answered))
         .layer(middleware::from_fn(move |request: Request, next: Next| {

@@ -310,3 +310,31 @@ async fn migrate_and_run_migrate_name_the_database_but_never_the_password() {
     );
     assert!(!log.contains(password), "{log}");
 }
+
+/// A password on the command line is readable by every local user (`/proc/PID/cmdline`): the
+/// daemon says so, and where to give it instead; one in `PGTASKD_DATABASE_URL` is not warned of.
+#[tokio::test]
+async fn a_password_in_the_database_url_flag_is_warned_of() {
+    let db = TestDb::new().await;
+    let with_password = if db.url.contains("password=") {
+        db.url.clone()
+    } else {
+        // The tests' server trusts the connection: the password is not checked.
+        format!("{} password=on-the-command-line", db.url)
+    };
+    let config = "[worker]\nqueues = [\"default\"]\n";
+    let mut flagged = DaemonProcess::start(&db, config, &["--database-url", &with_password]);
+    flagged
+        .wait_for_log("--database-url holds a password, which every local user can read")
+        .await;
+    flagged.wait_for_log("listening for notifications").await;
+    flagged.stop_cleanly().await;
+    let mut from_env = DaemonProcess::start_url(&with_password, config, &[]);
+    from_env.wait_for_log("listening for notifications").await;
+    assert!(
+        !from_env.log_text().contains("holds a password"),
+        "{}",
+        from_env.log_text()
+    );
+    from_env.stop_cleanly().await;
+}

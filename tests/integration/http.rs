@@ -345,6 +345,81 @@ async fn a_bearer_token_guards_every_route_but_healthz() {
     daemon.stop().await;
 }
 
+/// Without a token, a page of another site cannot drive the API through the visitor's
+/// browser: a request whose `Origin` is not the server is 403 and does nothing, and a server
+/// on a loopback address takes no other name (a name of the attacker's pointed at 127.0.0.1,
+/// DNS rebinding). The API's own page, and clients that are not browsers, are served; with a
+/// token, both checks are left to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_requests_of_other_sites_and_names_are_refused() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (daemon, api) = daemon_with_http(&db, GatedAnalyzer::counting(), "").await;
+    let other_site = api
+        .request(reqwest::Method::POST, "/tasks?queue=cross")
+        .header("origin", "http://localhost:5794")
+        .header("content-type", "text/plain")
+        .body("enqueued by another origin");
+    let (status, _, body) = api.send(other_site).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("another site"), "{body}");
+    let pause = api
+        .request(reqwest::Method::POST, "/queues/default/pause")
+        .header("origin", "null");
+    assert_eq!(api.send(pause).await.0, StatusCode::FORBIDDEN);
+    let rebound = api
+        .request(reqwest::Method::GET, "/tasks")
+        .header("host", "evil.example:80");
+    let (status, _, body) = api.send(rebound).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("loopback"), "{body}");
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtaskd.tasks WHERE queue = 'cross'"
+        )
+        .await,
+        0,
+        "the refused request enqueued nothing"
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM pgtaskd.paused_queues").await,
+        0,
+        "the refused request paused nothing"
+    );
+    // The server's own origin, a client without one, a probe by any name.
+    let own = api
+        .request(reqwest::Method::POST, "/tasks?queue=own")
+        .header("origin", api.base.as_str())
+        .header("content-type", "text/plain")
+        .body("from the dashboard");
+    assert_eq!(api.send(own).await.0, StatusCode::ACCEPTED);
+    let (status, _, _) = api.post("/tasks?queue=own", "from curl", false).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let named = api.request(reqwest::Method::GET, "/tasks").header(
+        "host",
+        format!("localhost:{}", api.base.rsplit(':').next().unwrap()),
+    );
+    assert_eq!(api.send(named).await.0, StatusCode::OK);
+    let probe = api
+        .request(reqwest::Method::GET, "/healthz")
+        .header("host", "pgtaskd.internal");
+    assert_eq!(api.send(probe).await.0, StatusCode::OK);
+    daemon.stop().await;
+
+    // With a token, the token decides.
+    let token = TempPath::write("s3cret-token\n");
+    let extra = format!("token_file = \"{}\"\n", token.path().display());
+    let (daemon, mut api) = daemon_with_http(&db, GatedAnalyzer::counting(), &extra).await;
+    api.token = Some("s3cret-token".into());
+    let proxied = api
+        .request(reqwest::Method::GET, "/tasks")
+        .header("host", "pgtaskd.internal")
+        .header("origin", "https://console.internal");
+    assert_eq!(api.send(proxied).await.0, StatusCode::OK);
+    daemon.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_metrics_and_openapi_describe_a_running_daemon() {
     let db = TestDb::new().await;

@@ -413,7 +413,7 @@ async fn waiting_requests_leave_room_for_healthz() {
         let mut stream = connect(port).await;
         stream
             .write_all(
-                format!("GET /tasks/{id}?wait=30s HTTP/1.1\r\nHost: pgtaskd\r\n\r\n").as_bytes(),
+                format!("GET /tasks/{id}?wait=30s HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
             )
             .await
             .unwrap();

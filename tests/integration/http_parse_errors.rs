@@ -26,21 +26,24 @@ async fn malformed_request_heads_get_their_status_with_a_json_error_body() {
     let db = TestDb::new().await;
     let (daemon, port) = daemon_with_http(&db, "").await;
     let long_header = format!(
-        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Long: {}\r\n\r\n",
         "a".repeat(1 << 20)
     );
-    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
+    let long_uri = format!(
+        "GET /{} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "a".repeat(100_000)
+    );
     let cases: [(&str, &[u8], u16, &str); 5] = [
         ("a garbage request line", b"GARBAGE\r\n\r\n", 400, "method"),
         (
             "a header line without a colon",
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+            b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n",
             400,
             "header",
         ),
         (
             "a bad content-length",
-            b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: ten\r\n\r\n",
             400,
             "content-length",
         ),
@@ -70,7 +73,7 @@ async fn malformed_request_heads_get_their_status_with_a_json_error_body() {
     within(
         WAIT,
         "a valid request, then garbage",
-        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n"),
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\nGARBAGE\r\n\r\n"),
     )
     .await
     .unwrap();
@@ -96,7 +99,7 @@ async fn a_malformed_chunked_body_gets_400_with_a_json_error() {
         WAIT,
         "a chunked body with a bad chunk size",
         stream.write_all(
-            b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+            b"POST /tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n\
               Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
         ),
     )

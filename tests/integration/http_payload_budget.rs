@@ -14,7 +14,7 @@ use crate::support::{eventually, within, TestDb, WAIT};
 /// stays in progress.
 async fn get_head_only(port: u16, path: &str) -> (TcpStream, u16, usize) {
     let mut stream = connect(port).await;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
     within(WAIT, "a request", stream.write_all(request.as_bytes()))
         .await
         .unwrap();
@@ -70,7 +70,7 @@ async fn reads_of_large_payloads_past_the_http_byte_budget_get_503_with_retry_af
     assert_eq!(status, 200);
 
     let mut third = connect(port).await;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
     within(WAIT, "a third read", third.write_all(request.as_bytes()))
         .await
         .unwrap();

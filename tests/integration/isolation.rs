@@ -440,3 +440,81 @@ async fn a_daemon_that_cannot_switch_users_is_refused_at_start() {
         "{stdout}"
     );
 }
+
+/// What a `/bin/sh` child reports of its session and terminal, and of its parent's terminal.
+const TTY_PROBE: &str = r#"set -- $(cat /proc/$$/stat)
+echo "pid=$1 session=$6 tty=$7 daemon=$PPID daemon_tty=$(cut -d' ' -f7 /proc/$PPID/stat)"
+if (: > /dev/tty) 2>/dev/null; then echo "devtty=open"; else echo "devtty=closed"; fi
+"#;
+
+/// A daemon started from a terminal (here a pseudo-terminal of util-linux's `script`) lends
+/// it to no command: the child leads a session of its own with no controlling terminal, so it
+/// cannot open `/dev/tty` and type into the shell that started the daemon (`TIOCSTI`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_has_no_terminal_when_the_daemon_was_started_from_one() {
+    let script = "/usr/bin/script";
+    assert!(
+        Path::new(script).exists(),
+        "{script} gives the daemon a terminal here: apt-get install util-linux"
+    );
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let config = TempPath::write(&config(
+        &["tty"],
+        &section("tty", &["/bin/sh", "-c", TTY_PROBE], ""),
+    ));
+    let line = format!(
+        "exec {} run --config {}",
+        binary().display(),
+        config.path().display()
+    );
+    let mut terminal = tokio::process::Command::new(script)
+        .args(["-qefc", &line, "/dev/null"])
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .env("RUST_LOG", "pgtaskd=info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script starts");
+
+    let report = run_task(&client, "tty").await;
+    let field = |name: &str| -> String {
+        report
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in {report:?}"))
+            .to_string()
+    };
+    // Stopped before anything is asserted: the daemon ignores the SIGHUP of its terminal's
+    // end, and would outlive a failed test.
+    let daemon: i32 = field("daemon").parse().unwrap();
+    // SAFETY: a plain system call, to the daemon the child named as its parent.
+    unsafe {
+        libc::kill(daemon, libc::SIGTERM);
+    }
+    within(WAIT, "the daemon under script to stop", terminal.wait())
+        .await
+        .unwrap();
+    assert_ne!(
+        field("daemon_tty"),
+        "0",
+        "the daemon has no terminal under script, so the test cannot tell: {report}"
+    );
+    assert_eq!(
+        field("tty"),
+        "0",
+        "the child has a controlling terminal: {report}"
+    );
+    assert_eq!(
+        field("session"),
+        field("pid"),
+        "the child leads no session: {report}"
+    );
+    assert_eq!(
+        field("devtty"),
+        "closed",
+        "the child opened /dev/tty: {report}"
+    );
+}

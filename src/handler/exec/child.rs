@@ -1,8 +1,8 @@
 //! Starting an `exec` handler's child in a process group of its own, and signalling that group.
 //!
-//! The child is started without `fork` (`spawn.rs`). It is the leader of a new group
-//! (`setpgid(0, 0)`), so one `kill(-pgid, ...)` reaches it and whatever it started that stayed
-//! in the group. It is also asked to be SIGKILLed by the kernel when the thread that started
+//! The child is started without `fork` (`spawn.rs`). It is the leader of a new session and so
+//! of a new group (`setsid()`, which also leaves it no controlling terminal), so one
+//! `kill(-pgid, ...)` reaches it and whatever it started that stayed in the group. It is also asked to be SIGKILLed by the kernel when the thread that started
 //! it ends (`PR_SET_PDEATHSIG`): a daemon that is SIGKILLed itself leaves no direct child
 //! running. The request is per thread, so `super::run` must be awaited on a runtime's worker
 //! (which lives as long as the runtime), never inside `spawn_blocking`, whose threads end when

@@ -12,7 +12,8 @@
 //!
 //! The child, in order: every signal with a handler back to its default (the handlers are the
 //! daemon's, and would run in its memory), SIGPIPE too (the daemon ignores it; a command
-//! expects the default, as `std` gives it); `setpgid(0, 0)`; the three pipes as its standard
+//! expects the default, as `std` gives it); `setsid()` (a session and a process group of its
+//! own, no controlling terminal); the three pipes as its standard
 //! streams, and, when asked, the write end of the progress pipe as descriptor
 //! [`PROGRESS_FD`]; every other descriptor closed (`close_range(3, ~0, 0)`, from 4 with the
 //! progress pipe, a loop of `close` on a kernel without it), those the daemon inherited from
@@ -217,7 +218,7 @@ impl Child {
 
     /// Send `signal` to the child itself, unless it was reaped (its pid may then be
     /// another's). The group's signal misses a child that left its group (`setpgid` into
-    /// another group of the daemon's session): this one does not.
+    /// another group of its session): this one does not.
     pub fn signal(&self, signal: libc::c_int) {
         if self.status.is_none() {
             // SAFETY: a plain system call on our own unreaped child.
@@ -327,7 +328,10 @@ extern "C" fn child(shared: *mut c_void) -> c_int {
                 }
             }
         }
-        if libc::setpgid(0, 0) != 0 {
+        // A session of its own, and so a process group of its own (its id is the child's):
+        // no controlling terminal, so that a command cannot open the terminal that started
+        // the daemon (`/dev/tty`) and type into it (`TIOCSTI`) as the operator's shell.
+        if libc::setsid() < 0 {
             fail(shared);
         }
         for (target, fd) in shared.fds.into_iter().enumerate() {
