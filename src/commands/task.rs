@@ -1,7 +1,7 @@
 //! `pgtaskd enqueue`, `pgtaskd status` and `pgtaskd cancel`: one statement each on the task
 //! table, through `queue`. Called by `dispatch`; `enqueue --wait` hands over to `wait.rs`.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use crate::cli::EnqueueArgs;
@@ -56,7 +56,18 @@ pub(super) async fn enqueue(config: &Config, args: &EnqueueArgs) -> Result<ExitC
         .map_err(parents_refused)?;
         let id = enqueued(args, outcome)?;
         warn_if_unserved(&waiter.client, &task.queue).await;
-        return waiter.wait(config, &[id], args.timeout, args.json).await;
+        let waited = waiter.wait(config, &[id], args.timeout, args.json).await;
+        if let Err(CommandError::Db(err)) = &waited {
+            // The task is in the table whatever happened to the wait: its id is printed, as
+            // `enqueue` without `--wait` prints it, so that a script that retries on exit 69
+            // does not enqueue it again.
+            println!("{id}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "pgtaskd: task {id} was enqueued; waiting for it failed: {err}"
+            );
+        }
+        return waited;
     }
     let mut client = session(config).await?;
     let outcome = match streamed {

@@ -154,10 +154,24 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The answer of this error, met about task `id` that is in the table (a wait after its
+    /// insert failed): the task's `id` in the body, and its `Location`, so that a client
+    /// retrying on the error does not enqueue the task again.
+    pub(super) fn about_enqueued(self, id: i64) -> Response {
         let status = self.status();
-        let body = match &self {
+        let mut body = self.body();
+        body["id"] = id.into();
+        let mut response = (status, Json(body)).into_response();
+        if let Ok(location) = HeaderValue::from_str(&format!("/tasks/{id}")) {
+            response.headers_mut().insert(header::LOCATION, location);
+        }
+        response
+    }
+
+    /// The JSON body of this error's answer; a database's failure is logged here.
+    fn body(&self) -> serde_json::Value {
+        match self {
             ApiError::Db(err) if err.is_transient() => {
                 log_failure!(
                     DATABASE_FAILURES,
@@ -179,7 +193,14 @@ impl IntoResponse for ApiError {
                 serde_json::json!({ "error": self.to_string(), "id": id })
             }
             other => serde_json::json!({ "error": other.to_string() }),
-        };
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = self.body();
         let mut response = (status, Json(body)).into_response();
         if matches!(self, ApiError::ReadBudget | ApiError::ProgressFull) {
             response

@@ -84,7 +84,12 @@ pub(super) async fn submit(
         }
         return Ok((code, location, Json(body)).into_response());
     };
-    let (done, answer) = read_until_terminal(&state, &budget, id, Some(wait)).await?;
+    // The task is in the table whatever happens to the wait: an error of the wait (the
+    // database gone) names it too, so that a client retrying on 503 does not enqueue it again.
+    let (done, answer) = match read_until_terminal(&state, &budget, id, Some(wait)).await {
+        Ok(read) => read,
+        Err(err) => return Ok(err.about_enqueued(id)),
+    };
     let code = if done {
         StatusCode::OK
     } else {

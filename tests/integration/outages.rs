@@ -404,3 +404,97 @@ async fn http_requests_through_an_outage_are_said_once_and_so_is_the_recovery() 
     daemon.signal(libc::SIGTERM);
     let _ = daemon.wait().await;
 }
+
+/// A wait that the database's outage ends, after the task was enqueued, names the task:
+/// `enqueue --wait` prints its id and exits 69, `POST /tasks?wait=` answers 503 with its id
+/// and `Location`, so that a client retrying on either does not enqueue it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_ended_by_an_outage_still_names_the_task_it_enqueued() {
+    let cluster = crate::support::Cluster::start();
+    let db = TestDb::on(&cluster).await;
+    let client = db.client().await;
+    let mut daemon = DaemonProcess::start_with_env(
+        &db.url,
+        "[http]\nlisten = \"127.0.0.1:0\"\n[database]\nconnect_timeout = \"1s\"\n",
+        &[],
+        &[],
+    );
+    let addr = daemon.http_addr().await;
+    // Neither task's queue is served: both wait until the database goes.
+    let mut cli = tokio::process::Command::new(crate::support::daemon::binary())
+        .args([
+            "enqueue",
+            "--queue",
+            "parked",
+            "--wait",
+            "--timeout",
+            "60s",
+            "by-cli",
+        ])
+        .env_remove("PGTASKD_CONFIG")
+        .env("PGTASKD_DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pgtaskd enqueue starts");
+    let http = tokio::spawn({
+        let url = format!("http://{addr}/tasks?queue=parked&wait=30s");
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .header("content-type", "text/plain")
+                .body("by-http")
+                .send()
+                .await
+        }
+    });
+    let ids = "SELECT count(*) FROM pgtaskd.tasks WHERE payload IN ('by-cli', 'by-http')";
+    wait_count(&client, ids, 2, "both tasks enqueued").await;
+    let cli_id = count(
+        &client,
+        "SELECT id FROM pgtaskd.tasks WHERE payload = 'by-cli'",
+    )
+    .await;
+    let http_id = count(
+        &client,
+        "SELECT id FROM pgtaskd.tasks WHERE payload = 'by-http'",
+    )
+    .await;
+    drop(client);
+    cluster.stop_server(true);
+
+    let response = within(WAIT, "the waiting POST to end", http)
+        .await
+        .unwrap()
+        .expect("an answer");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("/tasks/{http_id}").as_str())
+    );
+    let body: serde_json::Value = within(WAIT, "its body", response.json()).await.unwrap();
+    assert_eq!(body["id"], http_id, "{body}");
+    assert_eq!(body["error"], "database unavailable", "{body}");
+
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    use tokio::io::AsyncReadExt;
+    let (mut out, mut err) = (cli.stdout.take().unwrap(), cli.stderr.take().unwrap());
+    let status = within(WAIT, "the waiting enqueue to end", async {
+        out.read_to_string(&mut stdout).await.unwrap();
+        err.read_to_string(&mut stderr).await.unwrap();
+        cli.wait().await.unwrap()
+    })
+    .await;
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert_eq!(stdout.trim(), cli_id.to_string(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("task {cli_id} was enqueued")),
+        "{stderr}"
+    );
+    daemon.signal(libc::SIGKILL);
+}
