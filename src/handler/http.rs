@@ -223,14 +223,22 @@ fn headers(job: &Job, payload: &[u8]) -> HeaderMap {
     }
     // An earlier attempt's progress, the same JSON in ASCII (`\uXXXX` escapes), so that a
     // header can carry it whatever its characters.
+    // A report is refused when that form is over `MAX_LINE`; one written before that rule
+    // (up to three times as long) is left out rather than sent into a proxy's header limit.
     if let Some(progress) = &job.progress {
-        match HeaderValue::from_str(&crate::progress::ascii_json(progress)) {
+        let ascii = crate::progress::ascii_json(progress);
+        let value = if ascii.len() > crate::progress::MAX_LINE {
+            Err(())
+        } else {
+            HeaderValue::from_str(&ascii).map_err(|_| ())
+        };
+        match value {
             Ok(value) => {
                 headers.insert(HeaderName::from_static("pgtaskd-progress"), value);
             }
-            Err(_) => tracing::warn!(
+            Err(()) => tracing::warn!(
                 task = job.id,
-                "the task's progress is not a valid header value; sent without it"
+                "the task's progress is not a valid header value of at most 4096 bytes; sent without it"
             ),
         }
     }

@@ -71,6 +71,13 @@ pub fn check(line: &[u8]) -> Result<String, Refused> {
     if printed_len(&value) > MAX_LINE {
         return Err(Refused::TooLong);
     }
+    // Nor may its ASCII form, which the next attempt of an `http` handler gets as a header
+    // ([`ascii_json`]: a character outside ASCII as one or two `\uXXXX`): 1,000 emoji, 4 KB
+    // of text, were a 12 KB header, which a proxy's 8 KB buffer answers with 400 at every
+    // attempt after.
+    if printed_len(&value) + escapes_added(&value) > MAX_LINE {
+        return Err(Refused::TooLong);
+    }
     // Checked as UTF-8 by the parse.
     let text = std::str::from_utf8(line).map_err(|err| Refused::NotJson(err.to_string()))?;
     Ok(text.trim().to_string())
@@ -156,6 +163,26 @@ fn string_len(text: &str) -> usize {
         .sum::<usize>()
 }
 
+/// The bytes [`ascii_json`] adds to `value`'s text: six a UTF-16 unit for every character
+/// outside ASCII (and DEL) of its strings and keys, less the character's own UTF-8 bytes.
+fn escapes_added(value: &Value) -> usize {
+    let of = |text: &str| -> usize {
+        text.chars()
+            .filter(|&c| !c.is_ascii() || c == '\x7f')
+            .map(|c| 6 * c.len_utf16() - c.len_utf8())
+            .sum()
+    };
+    match value {
+        Value::String(text) => of(text),
+        Value::Array(items) => items.iter().map(escapes_added).sum(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(key, value)| of(key) + escapes_added(value))
+            .sum(),
+        _ => 0,
+    }
+}
+
 fn holds_nul(value: &Value) -> bool {
     match value {
         Value::String(text) => text.contains('\0'),
@@ -190,6 +217,21 @@ pub fn ascii_json(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_whose_header_form_is_over_the_bound_is_refused() {
+        // 1,015 emoji: 4,084 bytes as text, 12,204 as the header's \uXXXX escapes.
+        let emoji = format!(r#"{{"percent":10,"m":"{}"}}"#, "\u{1F600}".repeat(1015));
+        assert!(emoji.len() <= MAX_LINE);
+        assert!(ascii_json(&emoji).len() > 2 * MAX_LINE);
+        assert_eq!(check(emoji.as_bytes()), Err(Refused::TooLong));
+        // As many as fit: the header form at most MAX_LINE.
+        let fits = format!(r#"{{"percent":10,"m":"{}"}}"#, "\u{1F600}".repeat(330));
+        let kept = check(fits.as_bytes()).expect("within the bound");
+        assert!(ascii_json(&kept).len() <= MAX_LINE, "{}", ascii_json(&kept).len());
+        let accents = format!(r#"{{"m":"{}"}}"#, "é".repeat(1000));
+        assert_eq!(check(accents.as_bytes()), Err(Refused::TooLong));
+    }
 
     #[test]
     fn objects_with_a_percent_of_0_to_100_are_kept() {
