@@ -52,7 +52,15 @@ impl ListParams {
                     params.meta.push(value.into_owned());
                     continue;
                 }
-                _ => continue,
+                // A misspelt filter (`staus`, or `tags` for `tag`) would list every task, and
+                // a script acting on the list would act on all of them: refused, as
+                // `POST /tasks` refuses one.
+                other => {
+                    return Err(ApiError::BadRequest(format!(
+                        "unknown query parameter {other:?}: GET /tasks takes queue, status, \
+                         tag, meta, limit and after"
+                    )))
+                }
             };
             if slot.replace(value.into_owned()).is_some() {
                 return Err(ApiError::BadRequest(format!(

@@ -159,6 +159,15 @@ async fn bad_requests_get_400_404_and_413_with_a_json_error() {
     let (status, error) = api.get("/tasks/987654").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(error["error"], "no such task");
+    // A misspelt filter lists nothing rather than everything.
+    for query in ["staus=failed", "tags=nightly", "status=failed&limt=3"] {
+        let (status, error) = api.get(&format!("/tasks?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
+        assert!(
+            error["error"].as_str().unwrap_or("").contains("unknown query parameter"),
+            "{query}: {error}"
+        );
+    }
     let (status, _, _) = api.post("/tasks/987654/cancel", "", false).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _, _) = api.post("/tasks", &"x".repeat(65), false).await;
