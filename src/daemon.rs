@@ -344,9 +344,7 @@ async fn prepare_schema(
             tracing::info!(version, "schema checked");
             // A standby answers the checks above, and would fail every claim.
             health::check_writable(&client).await?;
-            if start.settings.pooler() == Pooler::Transaction {
-                pooler::check_defaults(&client).await?;
-            }
+            pooler::check_defaults(&client, start.settings.pooler() == Pooler::Transaction).await?;
             pooler::check_listen(start.direct, start.listen_setting).await?;
             Ok::<(), DaemonError>(())
         };

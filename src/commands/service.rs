@@ -109,9 +109,10 @@ async fn check_pooler(
         PoolerError::Db(err) => CommandError::Db(err),
         PoolerError::Misplaced(message) => CommandError::Daemon(DaemonError::Pooler(message)),
     };
-    if config.database.pooler == crate::config::Pooler::Transaction {
-        pooler::check_defaults(client).await.map_err(misplaced)?;
-    }
+    let transaction_pooler = config.database.pooler == crate::config::Pooler::Transaction;
+    pooler::check_defaults(client, transaction_pooler)
+        .await
+        .map_err(misplaced)?;
     pooler::check_listen(listen, pooler::listen_setting(&config.database))
         .await
         .map_err(misplaced)

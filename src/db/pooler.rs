@@ -8,11 +8,14 @@
 //! a pooler that refuses the startup options is found sooner, by its refusal. Either is a
 //! configuration error (exit 78) that says to point `database.listen_url` at PostgreSQL.
 //!
-//! [`check_defaults`] is for `database.pooler = "transaction"`, where pgtaskd cannot send
-//! the startup options that set what its statements rely on: the transaction defaults must
-//! then come from the role or the database (`ALTER ROLE ... SET`), and a session that gets
-//! others is a configuration error that names the statement to run. Timeouts left off are
-//! said in the log: the client-side deadline of every operation still holds.
+//! [`check_defaults`] reads the transaction defaults a session got. With `database.pooler =
+//! "transaction"`, where pgtaskd cannot send the startup options that set what its statements
+//! rely on, they must come from the role or the database (`ALTER ROLE ... SET`), and a session
+//! that gets others is a configuration error that names the statement to run; timeouts left
+//! off are said in the log (the client-side deadline of every operation still holds).
+//! Otherwise the startup options set them, and a session that gets others had its options
+//! dropped on the way (a pooler's `ignore_startup_parameters = options`): a configuration
+//! error too, where every finish would have been refused.
 
 use std::time::Duration;
 
@@ -149,14 +152,18 @@ const REQUIRED: [(&str, &str); 3] = [
     ("default_transaction_deferrable", "off"),
 ];
 
-/// Check that a session through the pooler gets the transaction defaults pgtaskd relies on,
-/// and say in the log which timeouts it runs without.
+/// Check that a session gets the transaction defaults pgtaskd relies on; behind a
+/// transaction pooler (`transaction_pooler`), say in the log which timeouts it runs without.
 ///
 /// # Errors
 ///
-/// [`PoolerError::Misplaced`] naming the `ALTER ROLE` to run when a default is another;
+/// [`PoolerError::Misplaced`] naming the `ALTER ROLE` to run (behind a transaction pooler),
+/// or saying that the startup options were dropped (otherwise), when a default is another;
 /// [`PoolerError::Db`] when the database could not be asked.
-pub async fn check_defaults(client: &tokio_postgres::Client) -> Result<(), PoolerError> {
+pub async fn check_defaults(
+    client: &tokio_postgres::Client,
+    transaction_pooler: bool,
+) -> Result<(), PoolerError> {
     let row = client
         .query_typed_one(DEFAULTS, &[])
         .await
@@ -169,6 +176,19 @@ pub async fn check_defaults(client: &tokio_postgres::Client) -> Result<(), Poole
         .filter(|(i, (_, want))| value(i + 1) != *want)
         .map(|(i, (name, want))| format!("{name} is {:?}, not {want:?}", value(i + 1)))
         .collect();
+    if !wrong.is_empty() && !transaction_pooler {
+        return Err(PoolerError::Misplaced(format!(
+            "pgtaskd's sessions set their transaction defaults in their startup options, and \
+             this one has others ({}): the options are dropped on the way, by a connection \
+             pooler (PgBouncer's ignore_startup_parameters?), and every task's end would be \
+             refused. Connect to PostgreSQL itself, or set database.pooler = \"transaction\" \
+             and the role's defaults (docs/operations.md, \"Behind PgBouncer\")",
+            wrong.join(", ")
+        )));
+    }
+    if !transaction_pooler {
+        return Ok(());
+    }
     if !wrong.is_empty() {
         let fix: Vec<String> = REQUIRED
             .iter()

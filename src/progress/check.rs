@@ -228,7 +228,11 @@ mod tests {
         // As many as fit: the header form at most MAX_LINE.
         let fits = format!(r#"{{"percent":10,"m":"{}"}}"#, "\u{1F600}".repeat(330));
         let kept = check(fits.as_bytes()).expect("within the bound");
-        assert!(ascii_json(&kept).len() <= MAX_LINE, "{}", ascii_json(&kept).len());
+        assert!(
+            ascii_json(&kept).len() <= MAX_LINE,
+            "{}",
+            ascii_json(&kept).len()
+        );
         let accents = format!(r#"{{"m":"{}"}}"#, "é".repeat(1000));
         assert_eq!(check(accents.as_bytes()), Err(Refused::TooLong));
     }

@@ -164,7 +164,10 @@ async fn bad_requests_get_400_404_and_413_with_a_json_error() {
         let (status, error) = api.get(&format!("/tasks?{query}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {error}");
         assert!(
-            error["error"].as_str().unwrap_or("").contains("unknown query parameter"),
+            error["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("unknown query parameter"),
             "{query}: {error}"
         );
     }

@@ -248,3 +248,39 @@ async fn behind_the_pooler_a_role_whose_sessions_default_to_serializable_is_refu
         "{log}"
     );
 }
+
+/// A pooler told to drop the startup options (`ignore_startup_parameters = options`) with
+/// `database.pooler` left at its default: the sessions get the database's defaults instead of
+/// the options'. A `serializable` default refused every finish (the tasks stayed RUNNING while
+/// the daemon said it was ready); it is refused at start, saying the options were dropped, and
+/// `check-config --connect` says the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_options_dropped_by_the_pooler_are_refused_at_start() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let lenient = PgBouncer::start(&["ignore_startup_parameters = options"]);
+    let toml = format!("[database]\nlisten_url = \"{}\"\n", db.url);
+    let mut daemon = DaemonProcess::start_url(&lenient.url(&db.name), &toml, &[]);
+    let status = within(WAIT, "the daemon to refuse", daemon.wait()).await;
+    let log = daemon.log_text();
+    assert_eq!(status.code(), Some(78), "{log}");
+    assert!(
+        log.contains("default_transaction_isolation is \"serializable\"")
+            && log.contains("the options are dropped on the way"),
+        "{log}"
+    );
+    let config = TempPath::write(&toml);
+    let (status, _, stderr) = cli(&lenient, &db, &config, &["check-config", "--connect"]).await;
+    assert_eq!(status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("the options are dropped on the way"),
+        "{stderr}"
+    );
+}
