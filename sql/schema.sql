@@ -3103,14 +3103,22 @@ CREATE TRIGGER tasks_parents_check BEFORE INSERT ON pgtaskd.tasks
 
 -- Before each new member of a batch (version 39): the batch must exist and not be sealed.
 -- Its row is held FOR KEY SHARE until the producer's commit: a seal (FOR UPDATE) waits for
--- it, so the member is counted; the ends of other members (FOR NO KEY UPDATE) do not.
+-- it, so the member is counted; the ends of other members (FOR NO KEY UPDATE) do not. The
+-- callback waits for the member, so the member may wait for nothing that waits for the
+-- callback (version 48): neither the callback itself, nor a task that waits for it through
+-- other tasks' parents or through other batches' callbacks (a member of an open batch is
+-- waited for by that batch's callback). The walk goes from the callback to what waits for
+-- it, which is nothing at all unless a task depends on the callback.
 CREATE FUNCTION pgtaskd.tasks_batch_check() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Each row found by its key, whatever the statistics say.
+SET enable_seqscan = off
 AS $$
 DECLARE
     batch record;
+    waiting_parent bigint;
 BEGIN
     SELECT b.sealed_at, b.callback INTO batch
       FROM pgtaskd.batches AS b
@@ -3124,6 +3132,34 @@ BEGIN
     IF batch.callback OPERATOR(pg_catalog.=) ANY (NEW.depends_on) THEN
         RAISE EXCEPTION 'a member of batch % cannot depend on its callback, task %', NEW.batch_id, batch.callback
             USING ERRCODE = '23514';
+    END IF;
+    IF pg_catalog.cardinality(NEW.depends_on) OPERATOR(pg_catalog.>) 0 THEN
+        WITH RECURSIVE after (id) AS (
+            SELECT batch.callback
+            UNION
+            SELECT n.next
+              FROM after AS a
+             CROSS JOIN LATERAL (
+                   SELECT d.child AS next
+                     FROM pgtaskd.task_deps AS d
+                    WHERE d.parent OPERATOR(pg_catalog.=) a.id
+                   UNION ALL
+                   SELECT b.callback
+                     FROM pgtaskd.task_state AS s, pgtaskd.batches AS b
+                    WHERE s.id OPERATOR(pg_catalog.=) a.id
+                      AND b.id OPERATOR(pg_catalog.=) s.batch_id
+                      AND b.ended_at IS NULL
+                      AND s.status OPERATOR(pg_catalog.=) ANY (ARRAY['WAITING', 'QUEUED', 'RUNNING'])
+                   OFFSET 0) AS n
+        )
+        SELECT a.id INTO waiting_parent
+          FROM after AS a
+         WHERE a.id OPERATOR(pg_catalog.=) ANY (NEW.depends_on)
+         LIMIT 1;
+        IF waiting_parent IS NOT NULL THEN
+            RAISE EXCEPTION 'a member of batch % cannot depend on task %, which waits for the batch''s callback, task %', NEW.batch_id, waiting_parent, batch.callback
+                USING ERRCODE = '23514';
+        END IF;
     END IF;
     IF batch.sealed_at IS NOT NULL THEN
         RAISE EXCEPTION 'batch % is sealed: no task can join it', NEW.batch_id

@@ -84,6 +84,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(45, "0045_settle_lookups"),
     migration!(46, "0046_state_rights"),
     migration!(47, "0047_created_at_range"),
+    migration!(48, "0048_batch_loops"),
 ];
 
 /// The schema version this binary was built for.

@@ -346,6 +346,70 @@ async fn members_join_only_a_batch_that_exists_and_is_open() {
     assert_eq!(status(&client, callback).await, "WAITING");
 }
 
+/// The callback waits for every member, so a member may wait for nothing that waits for the
+/// callback: not the callback itself, not a task that depends on it, not another batch's
+/// callback whose batch has a member that waits for this one's. Each such loop left every
+/// task in it WAITING for ever; each is refused at the member's insert, naming the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_wait_for_what_waits_for_its_callback() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let insert_member = |batch: i64, parent: i64| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "INSERT INTO pgtaskd.tasks (payload, batch_id, depends_on) \
+                     VALUES ('m', $1, ARRAY[$2::bigint]) RETURNING id",
+                    &[&batch, &parent],
+                )
+                .await
+        }
+    };
+    let (batch, callback) = open(&client, "finish").await;
+    let refused = insert_member(batch, callback).await.unwrap_err();
+    assert_eq!(refused.as_db_error().unwrap().code().code(), "23514");
+
+    // Through a task that depends on the callback.
+    let after: i64 = client
+        .query_one(
+            "INSERT INTO pgtaskd.tasks (payload, depends_on) VALUES ('after', ARRAY[$1::bigint]) \
+             RETURNING id",
+            &[&callback],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let refused = insert_member(batch, after).await.unwrap_err();
+    let refused = refused.as_db_error().unwrap();
+    assert_eq!(refused.code().code(), "23514");
+    assert_eq!(
+        refused.message(),
+        format!(
+            "a member of batch {batch} cannot depend on task {after}, which waits for the \
+             batch's callback, task {callback}"
+        )
+    );
+
+    // Through another batch: a member of the second depends on the first's callback, so the
+    // second's callback waits for the first's; a member of the first cannot wait for it.
+    let (other, other_callback) = open(&client, "finish").await;
+    insert_member(other, callback)
+        .await
+        .expect("a member of another batch may wait for this callback");
+    let refused = insert_member(batch, other_callback).await.unwrap_err();
+    assert_eq!(
+        refused.as_db_error().unwrap().code().code(),
+        "23514",
+        "{refused:?}"
+    );
+
+    // What does not loop is taken: a member waiting for a task that waits for nothing.
+    let free = crate::support::enqueue(&client, "free").await;
+    insert_member(batch, free).await.expect("no loop");
+    assert!(problems(&client).await.is_empty());
+}
+
 /// A seal waits for a producer still adding a member, and counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seal_waits_for_the_members_being_added_and_counts_them() {
