@@ -23,6 +23,9 @@ pub(super) async fn graph(
     if let Err(err) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
         return Err(CommandError::Usage(format!("{file} is not JSON: {err}")));
     }
+    if let Some(unknown) = graph::unknown_key(&text) {
+        return Err(CommandError::Usage(format!("{file}: {unknown}")));
+    }
     let client = session(config).await?;
     let inserted = match checked(&client, graph::enqueue_graph(&client, &text)).await {
         Ok(inserted) => inserted,

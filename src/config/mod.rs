@@ -75,6 +75,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// A `worker.lease` under this is accepted with a warning (`1ms` for `1m` is an easy typo).
 pub const SHORT_LEASE: Duration = Duration::from_secs(1);
+/// A `worker.poll_interval` under this is accepted with a warning (`1ns`, or `1ms` for `1m`).
+pub const SHORT_POLL: Duration = Duration::from_millis(10);
 /// Payload bytes one daemon holds at most (claimed and not yet analyzed, or being analyzed),
 /// a single larger payload aside.
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 256 << 20;

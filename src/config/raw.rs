@@ -20,7 +20,7 @@ use super::{
     DEFAULT_HTTP_MAX_BODY, DEFAULT_HTTP_MAX_CONNECTIONS, DEFAULT_HTTP_MAX_INFLIGHT_BYTES,
     DEFAULT_LEASE, DEFAULT_LOG_LEVEL, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_POLL_INTERVAL,
     DEFAULT_POOL_SIZE, DEFAULT_QUEUE, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATEMENT_TIMEOUT,
-    DEFAULT_XMIN_HORIZON_WARNING, SHORT_LEASE,
+    DEFAULT_XMIN_HORIZON_WARNING, SHORT_LEASE, SHORT_POLL,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -222,6 +222,15 @@ impl RawConfig {
                  again; \"30s\" is the default",
                 humantime::format_duration(worker.lease),
                 humantime::format_duration(SHORT_LEASE)
+            ));
+        }
+        if worker.poll_interval < SHORT_POLL {
+            warnings.push(format!(
+                "worker.poll_interval = {} is under {}: an idle daemon asks the database for \
+                 work that often (at 1ns, 15,000 transactions in 5 s where the default made 42); \
+                 notifications wake it at once whatever the interval, \"2s\" is the default",
+                humantime::format_duration(worker.poll_interval),
+                humantime::format_duration(SHORT_POLL)
             ));
         }
         let repeated = once_each(&mut worker.queues);

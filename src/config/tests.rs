@@ -332,6 +332,20 @@ fn a_lease_under_a_second_is_taken_with_a_warning() {
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 }
 
+#[test]
+fn a_poll_interval_under_ten_milliseconds_is_taken_with_a_warning() {
+    let config = Config::from_toml("[worker]\npoll_interval = \"1ns\"\n", "test").unwrap();
+    assert_eq!(config.worker.poll_interval, Duration::from_nanos(1));
+    assert_eq!(config.warnings.len(), 1, "{:?}", config.warnings);
+    assert!(
+        config.warnings[0].starts_with("worker.poll_interval = 1ns is under 10ms"),
+        "{:?}",
+        config.warnings
+    );
+    let config = Config::from_toml("[worker]\npoll_interval = \"10ms\"\n", "test").unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
 /// An exec queue's `kill_after` over half the lease is said: such a command's run may overlap
 /// another daemon's when a lease cannot be extended.
 #[test]

@@ -18,7 +18,7 @@ struct Graph {
 
 /// `POST /graphs` with a JSON array of tasks, each `{"ref", "payload", "after": [refs or
 /// ids], ...}` as `pgtaskd.enqueue_graph` takes them: 201 with `{"tasks": [{"ref", "id"}]}`;
-/// 400 for a body that is not JSON; 422 for a graph the database refuses (a cycle, named; a
+/// 400 for a body that is not JSON or a task with a key a graph does not take; 422 for a graph the database refuses (a cycle, named; a
 /// ref twice; an unknown ref; an `after` naming a task that does not exist; a task the table
 /// refuses), nothing inserted.
 pub(super) async fn submit(Db(session): Db, body: Bytes) -> Result<Response, ApiError> {
@@ -26,6 +26,9 @@ pub(super) async fn submit(Db(session): Db, body: Bytes) -> Result<Response, Api
         .map_err(|_| ApiError::BadRequest("the graph is not UTF-8".into()))?;
     serde_json::from_str::<serde::de::IgnoredAny>(text)
         .map_err(|err| ApiError::BadRequest(format!("the graph is not JSON: {err}")))?;
+    if let Some(unknown) = graph::unknown_key(text) {
+        return Err(ApiError::BadRequest(unknown));
+    }
     let tasks = session
         .bounded(graph::enqueue_graph(&session, text))
         .await

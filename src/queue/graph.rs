@@ -57,6 +57,46 @@ pub async fn enqueue_graph(client: &Client, graph: &str) -> Result<Vec<Inserted>
         .collect())
 }
 
+/// The keys a task of a graph takes (`pgtaskd.enqueue_graph`).
+const GRAPH_KEYS: [&str; 12] = [
+    "ref",
+    "payload",
+    "after",
+    "queue",
+    "priority",
+    "run_at",
+    "max_attempts",
+    "idempotency_key",
+    "concurrency_key",
+    "on_dep_failure",
+    "tags",
+    "metadata",
+];
+
+/// The first key of a task of `graph` (a JSON array of objects) that a graph does not take,
+/// in words: the database passes over such a key, so a misspelt one (`tag`) or one a graph
+/// has not (`batch_id`) would be dropped without a word. `None` when there is none, or when
+/// `graph` is not an array of objects (the database says what is wrong with it then).
+pub fn unknown_key(graph: &str) -> Option<String> {
+    use std::collections::BTreeMap;
+    let tasks: Vec<BTreeMap<String, serde::de::IgnoredAny>> = serde_json::from_str(graph).ok()?;
+    tasks.iter().enumerate().find_map(|(i, task)| {
+        let key = task
+            .keys()
+            .find(|key| !GRAPH_KEYS.contains(&key.as_str()))?;
+        Some(format!(
+            "task {} of the graph has the key {key:?}, which a graph's task does not take: {}{}",
+            i + 1,
+            GRAPH_KEYS.join(", "),
+            if key == "batch_id" {
+                " (a graph's tasks join no batch: enqueue them one by one with batch_id)"
+            } else {
+                ""
+            }
+        ))
+    })
+}
+
 /// What a graph's failure `err` says of the graph, if it is about it.
 pub fn refusal(err: &DbError) -> Option<GraphRefusal> {
     let code = err.code()?;

@@ -556,6 +556,22 @@ async fn a_graph_posted_over_http_runs_in_order_and_a_cycle_is_refused() {
     assert_eq!(body["error"], "cycle: a -> b -> a");
     let (status, _, body) = api.post("/graphs", "[{", true).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // A key a graph's task does not take is refused, not dropped: `batch_id`, a misspelt tag.
+    for (graph, key) in [
+        (
+            r#"[{"ref": "a", "payload": "x", "batch_id": 5}]"#,
+            "batch_id",
+        ),
+        (
+            r#"[{"ref": "a", "payload": "x"}, {"ref": "b", "payload": "y", "tag": ["t"]}]"#,
+            "tag",
+        ),
+    ] {
+        let (status, _, body) = api.post("/graphs", graph, true).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let error = body["error"].as_str().unwrap_or("");
+        assert!(error.contains(&format!("the key \"{key}\"")), "{body}");
+    }
     assert_eq!(
         count(&client, "SELECT count(*) FROM pgtaskd.tasks").await,
         0
