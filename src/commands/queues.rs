@@ -13,12 +13,11 @@ use super::{checked, session, CommandError};
 /// Pause `queue` and say so (also when it was paused already).
 pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;
+    let shown = printable(queue_name);
     if checked(&client, queue::pause(&client, queue_name)).await? {
-        println!(
-            "queue {queue_name} paused: daemons claim nothing more from it; running tasks finish"
-        );
+        println!("queue {shown} paused: daemons claim nothing more from it; running tasks finish");
     } else {
-        println!("queue {queue_name} was already paused");
+        println!("queue {shown} was already paused");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -26,10 +25,11 @@ pub(super) async fn pause(config: &Config, queue_name: &str) -> Result<ExitCode,
 /// Resume `queue` and say so (also when it was not paused).
 pub(super) async fn resume(config: &Config, queue_name: &str) -> Result<ExitCode, CommandError> {
     let client = session(config).await?;
+    let shown = printable(queue_name);
     if checked(&client, queue::resume(&client, queue_name)).await? {
-        println!("queue {queue_name} resumed");
+        println!("queue {shown} resumed");
     } else {
-        println!("queue {queue_name} was not paused");
+        println!("queue {shown} was not paused");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -85,10 +85,13 @@ pub(super) async fn retry_failed(
         }
     }
     if retried == 0 && !checked(&client, queue::queue_known(&client, queue_name)).await? {
-        return Err(CommandError::NoSuchQueue(queue_name.to_string()));
+        return Err(CommandError::NoSuchQueue(printable(queue_name)));
     }
     let remaining = checked(&client, queue::failed_count(&client, queue_name, 0)).await?;
-    println!("queue {queue_name}: {retried} FAILED tasks QUEUED again, {remaining} FAILED left");
+    println!(
+        "queue {}: {retried} FAILED tasks QUEUED again, {remaining} FAILED left",
+        printable(queue_name)
+    );
     Ok(ExitCode::SUCCESS)
 }
 

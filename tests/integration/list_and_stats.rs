@@ -178,7 +178,7 @@ async fn stats_json(url: &str) -> Value {
 }
 
 /// A queue name with an escape sequence (any producer may choose one) is shown escaped by
-/// `list`, `stats` and `status`, so that it cannot drive the operator's terminal; the JSON
+/// `list`, `stats`, `status`, `pause`, `resume` and `retry --queue`, so that it cannot drive the operator's terminal; the JSON
 /// forms keep it exact.
 #[tokio::test]
 async fn list_stats_and_status_show_control_characters_of_a_queue_name_escaped() {
@@ -193,7 +193,15 @@ async fn list_stats_and_status_show_control_characters_of_a_queue_name_escaped()
         .await
         .unwrap()
         .get(0);
-    for args in [&["list"][..], &["stats"], &["status", &id.to_string()]] {
+    let id_text = id.to_string();
+    for args in [
+        &["list"][..],
+        &["stats"],
+        &["status", &id_text],
+        &["pause", name],
+        &["resume", name],
+        &["retry", "--queue", name, "--failed"],
+    ] {
         let (status, stdout, stderr) = pgtaskd(Some(&db.url), args).await;
         assert!(status.success(), "{args:?}: {stderr}");
         assert!(
