@@ -285,6 +285,28 @@ impl TestDb {
         within(WAIT, "refusing connections", admin.batch_execute(&refuse))
             .await
             .unwrap_or_else(|err| panic!("cannot refuse connections to {}: {err:?}", self.name));
+        // A session whose start passed the database's check before the ALTER committed, but
+        // was not yet listed when the others were terminated, would live on (and serve a
+        // request the test expects refused): terminated again until three looks in a row,
+        // 50 ms apart, find none.
+        let remaining = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = '{0}' AND pid <> pg_backend_pid()",
+            self.name
+        );
+        let mut quiet = 0;
+        within(WAIT, "every session of the database ended", async {
+            while quiet < 3 {
+                let found: i64 = admin
+                    .query_one(&remaining, &[])
+                    .await
+                    .unwrap_or_else(|err| panic!("cannot list the sessions: {err:?}"))
+                    .get(0);
+                quiet = if found == 0 { quiet + 1 } else { 0 };
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
         Refusal {
             admin,
             name: self.name.clone(),
