@@ -111,15 +111,15 @@ async fn look(
         match kept {
             Some(kept) if kept.quiet_at(&schedule, now) => {
                 if let Some((_, Some(next))) = kept.quiet {
-                    wait = wait.min((next - now).to_std().unwrap_or(Duration::ZERO));
+                    wait = wait.min(until(next, now));
                 }
                 known.insert(schedule.name.clone(), kept);
             }
-            kept => due.push((schedule, kept.map(|kept| kept.rule))),
+            kept => due.push((schedule, definition, kept.map(|kept| kept.rule))),
         }
     }
     let client = pool.get().await?;
-    for (schedule, rule) in due {
+    for (schedule, definition, rule) in due {
         // Read and planned on a blocking thread, one schedule at a time: the daemon's claims
         // and heartbeats go on meanwhile, and a stop waits for one schedule at most.
         let (rule, planned) = tokio::task::spawn_blocking({
@@ -146,7 +146,7 @@ async fn look(
             }
             (Ok(_), Some(planned)) => {
                 if let Some(next) = planned.next {
-                    wait = wait.min((next - now).to_std().unwrap_or(Duration::ZERO));
+                    wait = wait.min(until(next, now));
                 }
                 match client.bounded(fire(&client, &schedule, &planned)).await {
                     Ok(()) => {}
@@ -171,13 +171,18 @@ async fn look(
         known.insert(
             schedule.name.clone(),
             Known {
-                definition: Known::definition(&schedule),
+                definition,
                 rule,
                 quiet,
             },
         );
     }
     Ok(wait)
+}
+
+/// How long from `now` until `next` (nothing, when it has passed).
+fn until(next: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (next - now).to_std().unwrap_or(Duration::ZERO)
 }
 
 async fn fire(

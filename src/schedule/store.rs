@@ -114,7 +114,8 @@ async fn judge_all(schedules: Vec<Schedule>, now: DateTime<Utc>) -> Vec<Schedule
             .map(|schedule| schedule.judged(now))
             .collect()
     });
-    // The work panicking is a bug of the rule's parser: the schedules are listed unjudged.
+    // The work panicking is a bug of the rule's parser: the list is then empty, not an
+    // answer that never comes.
     work.await.unwrap_or_default()
 }
 

@@ -173,6 +173,22 @@ async fn the_cli_works_through_pgbouncer_in_transaction_mode() {
     );
 }
 
+/// A database whose sessions default to `serializable` (sessions started after it get it).
+async fn serializable_by_default() -> TestDb {
+    let db = TestDb::new().await;
+    within(
+        WAIT,
+        "a serializable default",
+        db.client().await.batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
+            db.name
+        )),
+    )
+    .await
+    .unwrap();
+    db
+}
+
 /// Start a daemon whose LISTEN session goes through `bouncer`, and check that it exits 78
 /// saying to give database.listen_url a direct connection.
 async fn refused_at_start(bouncer: &PgBouncer, db: &TestDb, listen_url: Option<&str>) -> String {
@@ -227,15 +243,7 @@ async fn a_daemon_whose_listen_session_goes_through_the_pooler_exits_78() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_the_pooler_a_role_whose_sessions_default_to_serializable_is_refused_at_start() {
-    let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
-            db.name
-        ))
-        .await
-        .unwrap();
+    let db = serializable_by_default().await;
     // Started after the ALTER: its server sessions are new, and get the default.
     let bouncer = PgBouncer::start(&[]);
     let mut daemon = DaemonProcess::start_url(&bouncer.url(&db.name), &behind(&db), &[]);
@@ -256,15 +264,7 @@ async fn behind_the_pooler_a_role_whose_sessions_default_to_serializable_is_refu
 /// `check-config --connect` says the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_options_dropped_by_the_pooler_are_refused_at_start() {
-    let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'",
-            db.name
-        ))
-        .await
-        .unwrap();
+    let db = serializable_by_default().await;
     let lenient = PgBouncer::start(&["ignore_startup_parameters = options"]);
     let toml = format!("[database]\nlisten_url = \"{}\"\n", db.url);
     let mut daemon = DaemonProcess::start_url(&lenient.url(&db.name), &toml, &[]);
